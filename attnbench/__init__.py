@@ -1,0 +1,50 @@
+"""attnbench: is a multi-head attention implementation correct, how fast is it, how much memory does it take.
+
+Python API (the CLI is a thin layer over it)::
+
+    import attnbench
+    attnbench.list_implementations()            # names registered here
+    impl = attnbench.get("weight_split")        # an Implementation: build(), capabilities
+    report = attnbench.check(["sdpa"])          # the correctness matrix, as a DataFrame
+    df = attnbench.run(impl=["sdpa"], seq_len=[128, 256])   # a sweep, tidy results
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from attnbench.errors import (  # noqa: E402
+    AttnbenchError,
+    InputShapeError,
+    InvalidSpecError,
+    PluginLoadError,
+    ResultsError,
+    SweepError,
+    UnavailableError,
+    UnknownImplementationError,
+)
+from attnbench.registry import Implementation, get, names as list_implementations, register  # noqa: E402
+from attnbench.spec import AttnSpec  # noqa: E402
+from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_weights, random_weights  # noqa: E402
+
+
+def check(impls=None, **kwargs):
+    """Run the correctness matrix (see :func:`attnbench.check.run_matrix`)."""
+    from attnbench.check import run_matrix
+
+    return run_matrix(impls, **kwargs)
+
+
+def run(*args, **kwargs):
+    """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.run`)."""
+    from attnbench.runner import run as _run
+
+    return _run(*args, **kwargs)
+
+
+__all__ = [
+    "Adapter", "AttnSpec", "AttnbenchError", "CanonicalWeights", "Implementation", "InputShapeError",
+    "InvalidSpecError", "PluginLoadError", "ResultsError", "SweepError", "UnavailableError",
+    "UnknownImplementationError", "check", "export_weights", "get", "list_implementations", "load_weights",
+    "random_weights", "register", "run",
+]

@@ -1,0 +1,73 @@
+"""What a result was measured on: versions, hardware, threads, commit, command line."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit(path: str | Path | None = None) -> str | None:
+    """The commit of the git checkout containing ``path`` (default: the working directory), with ``-dirty``."""
+    cwd = Path(path) if path else Path.cwd()
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=5)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def collect(argv: list[str] | None = None) -> dict:
+    """Run metadata: timestamp, command line, commit, versions, CPU, GPUs and driver, threads, hostname."""
+    import attnbench
+
+    meta = {
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(argv if argv is not None else sys.argv),
+        "git_commit": git_commit(),
+        "attnbench_version": attnbench.__version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_version": torch.version.cuda,
+        "gpus": [],
+        "cuda_driver": None,
+    }
+    from attnbench.devices import cuda_available
+
+    if cuda_available():
+        meta["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            meta["cuda_driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, IndexError):
+            meta["cuda_driver"] = None
+    return meta

@@ -1,0 +1,313 @@
+"""The registry of interchangeable multi-head attention implementations.
+
+Built-ins (the ``implementations/`` folder, imported as ``attnbench.implementations``) and plug-ins go
+through one path, :func:`register`. A name given anywhere an implementation is accepted resolves as:
+
+* a registered name (``weight_split``, ``sdpa_flash``, ...);
+* ``compiled:NAME`` or ``compiled:NAME@MODE``: ``torch.compile`` applied to ``NAME`` as a transform;
+* ``path/to/file.py:ClassName`` or ``package.module:ClassName``: a user's class with the book's
+  constructor ``(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``;
+* plug-ins registered through the ``attnbench.implementations`` entry-point group (the entry point's
+  name is the implementation's name; it points at such a class or at an :class:`Implementation`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attnbench.devices import DTYPES, cuda_available, dtype_name, parse_device
+from attnbench.errors import AttnbenchError, PluginLoadError, UnavailableError, UnknownImplementationError
+from attnbench.spec import AttnSpec
+from attnbench.weights import CanonicalWeights, adapter_for, load_weights
+
+ENTRY_POINT_GROUP = "attnbench.implementations"
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+ALL_DTYPES = tuple(DTYPES)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One registered implementation: how to build it, what it is, where it runs."""
+
+    name: str
+    factory: Callable[[AttnSpec], nn.Module]
+    description: str
+    source: str
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    backward: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
+    dropout: tuple[str, ...] = ("cpu", "cuda")  # device types where attention dropout is applied
+    same_width_only: bool = False
+    min_torch: str = "2.0"
+    probe: Callable[[torch.device], str | None] | None = field(default=None, compare=False)
+    transform: Callable[[nn.Module], nn.Module] | None = field(default=None, compare=False)
+    origin: str = "builtin"
+
+    def __post_init__(self) -> None:  # accept plain booleans from plug-ins: True = everywhere it runs
+        for name in ("backward", "dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool):
+                object.__setattr__(self, name, tuple(self.devices) if value else ())
+
+    def supports_backward(self, device: str | torch.device) -> bool:
+        """Whether gradients can be taken on ``device``'s type."""
+        return torch.device(device).type in self.backward
+
+    def supports_dropout(self, device: str | torch.device) -> bool:
+        """Whether attention dropout is applied in train mode on ``device``'s type."""
+        return torch.device(device).type in self.dropout
+
+    def unavailable_reason(self, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> str | None:
+        """Why this implementation cannot run on ``device``/``dtype`` here, or ``None`` when it can."""
+        if _version_tuple(torch.__version__) < _version_tuple(self.min_torch):
+            return f"needs torch >= {self.min_torch} (installed {torch.__version__})"
+        dev_type = torch.device(device).type if not isinstance(device, torch.device) else device.type
+        if dev_type not in self.devices:
+            if self.devices == ("cuda",) and not cuda_available():
+                return "needs CUDA"
+            return f"runs only on {', '.join(self.devices)}"
+        if dev_type == "cuda" and not cuda_available():
+            return "needs CUDA"
+        if dtype is not None and dtype_name(dtype) not in self.dtypes:
+            return f"does not support {dtype_name(dtype)} (supports {', '.join(self.dtypes)})"
+        if self.probe is not None:
+            return self.probe(parse_device(device))
+        return None
+
+    def build(self, spec: AttnSpec, device: str | torch.device = "cpu", dtype: str | torch.dtype = torch.float32,
+              weights: CanonicalWeights | None = None) -> nn.Module:
+        """Construct for ``spec`` on ``device`` in ``dtype``, load ``weights`` if given, apply the transform.
+
+        Raises :class:`UnavailableError` when it cannot run there and :class:`PluginLoadError` when
+        the constructor fails.
+        """
+        dev = parse_device(device)
+        reason = self.unavailable_reason(dev, dtype)
+        if reason:
+            raise UnavailableError(f"{self.name} cannot run on {dev} ({dtype_name(dtype)}): {reason}")
+        if self.same_width_only and spec.d_in != spec.d_out:
+            raise UnavailableError(f"{self.name} needs d_in == d_out, got d_in={spec.d_in}, d_out={spec.d_out}")
+        try:
+            module = self.factory(spec)
+        except AttnbenchError:
+            raise
+        except Exception as exc:  # a plug-in's constructor: name it and say what failed
+            raise PluginLoadError(f"{self.name} failed to build for {spec}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(module, nn.Module):
+            raise PluginLoadError(f"{self.name}'s factory returned {type(module).__name__}, not an nn.Module")
+        module = module.to(device=dev, dtype=DTYPES[dtype_name(dtype)])
+        if weights is not None:
+            load_weights(module, weights, spec)
+        if self.transform is not None:
+            module = self.transform(module)
+        return module
+
+
+_REGISTRY: dict[str, Implementation] = {}
+_RESOLVED: dict[str, Implementation] = {}
+_LOADED = {"builtins": False, "entry_points": False}
+
+
+def register(name: str, factory: Callable[[AttnSpec], nn.Module] | None = None, **info) -> Callable:
+    """Register an implementation under ``name``; usable as ``register("x", factory, ...)`` or as a class decorator.
+
+    ``info`` takes the :class:`Implementation` fields (``description``, ``source``, ``devices``, ...).
+    A class is called with the spec's keyword arguments (the book's constructor).
+    """
+
+    def add(obj):
+        fac = _class_factory(obj) if inspect.isclass(obj) else obj
+        doc = info.pop("description", None) or _first_line(obj)
+        _REGISTRY[name] = Implementation(name=name, factory=fac, description=doc,
+                                         source=info.pop("source", ""), **info)
+        _RESOLVED.clear()
+        return obj
+
+    return add(factory) if factory is not None else add
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` (for tests and plug-in reloads)."""
+    _REGISTRY.pop(name, None)
+    _RESOLVED.clear()
+
+
+def _first_line(obj) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else getattr(obj, "__name__", str(obj))
+
+
+def _class_factory(cls) -> Callable[[AttnSpec], nn.Module]:
+    def factory(spec: AttnSpec) -> nn.Module:
+        return cls(spec.d_in, spec.d_out, spec.context_length, spec.dropout, spec.num_heads, qkv_bias=spec.qkv_bias)
+
+    factory.__name__ = f"{cls.__name__}_factory"
+    return factory
+
+
+def _load_builtins() -> None:
+    if not _LOADED["builtins"]:
+        _LOADED["builtins"] = True
+        importlib.import_module("attnbench.implementations")
+
+
+def _load_entry_points() -> None:
+    if _LOADED["entry_points"]:
+        return
+    _LOADED["entry_points"] = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plug-in must not hide the others: list it as unavailable
+            reason = f"entry point {ep.value} failed to load: {type(exc).__name__}: {exc}"
+            _REGISTRY[ep.name] = Implementation(name=ep.name, factory=_raiser(reason), description=reason,
+                                                source=ep.value, probe=lambda _d, r=reason: r, origin="entry-point")
+            continue
+        _REGISTRY[ep.name] = _from_object(ep.name, obj, source=ep.value, origin="entry-point")
+
+
+def _raiser(message: str) -> Callable[[AttnSpec], nn.Module]:
+    def factory(spec: AttnSpec) -> nn.Module:
+        raise PluginLoadError(message)
+
+    return factory
+
+
+def _from_object(name: str, obj, source: str, origin: str) -> Implementation:
+    if isinstance(obj, Implementation):
+        return replace(obj, name=name, origin=origin)
+    if inspect.isclass(obj) and issubclass(obj, nn.Module):
+        caps = dict(getattr(obj, "attnbench_capabilities", {}) or {})
+        return Implementation(name=name, factory=_class_factory(obj), description=caps.pop("description", _first_line(obj)),
+                              source=caps.pop("source", source), origin=origin, **caps)
+    if callable(obj):
+        return Implementation(name=name, factory=obj, description=_first_line(obj), source=source, origin=origin)
+    raise PluginLoadError(f"{source} is a {type(obj).__name__}; a plug-in must be an nn.Module subclass with the "
+                          "book's constructor, a factory callable(spec) -> nn.Module, or an attnbench Implementation")
+
+
+def _load_file(path_text: str, attr: str, name: str) -> Implementation:
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise PluginLoadError(f"plug-in file {path_text!r} does not exist (resolved to {path.resolve()}); "
+                              "check the path, which is relative to the current directory")
+    resolved = path.resolve()
+    mod_name = f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    module = sys.modules.get(mod_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(mod_name, resolved)
+        if spec is None or spec.loader is None:
+            raise PluginLoadError(f"cannot import {path_text!r} as Python; it must be a .py file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[mod_name]
+            raise PluginLoadError(f"importing plug-in {path_text!r} failed: {type(exc).__name__}: {exc}") from exc
+    return _attr(module, attr, name, source=str(resolved), origin="file")
+
+
+def _load_module(mod_path: str, attr: str, name: str) -> Implementation:
+    try:
+        module = importlib.import_module(mod_path)
+    except ModuleNotFoundError as exc:
+        raise PluginLoadError(f"module {mod_path!r} not found ({exc}); install it or add its folder to PYTHONPATH") from exc
+    except Exception as exc:
+        raise PluginLoadError(f"importing {mod_path!r} failed: {type(exc).__name__}: {exc}") from exc
+    return _attr(module, attr, name, source=f"{mod_path}:{attr}", origin="module")
+
+
+def _attr(module, attr: str, name: str, source: str, origin: str) -> Implementation:
+    obj = getattr(module, attr, None)
+    if obj is None:
+        public = [n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, nn.Module)
+                  and v.__module__ == module.__name__]
+        hint = difflib.get_close_matches(attr, public, n=3) or public[:5]
+        raise PluginLoadError(f"{source.rsplit(':', 1)[0]} has no attribute {attr!r}"
+                              + (f"; its nn.Module classes: {', '.join(hint)}" if hint else ""))
+    return _from_object(name, obj, source=source, origin=origin)
+
+
+def _compiled(name: str) -> Implementation:
+    rest = name[len("compiled:"):]
+    base_name, _, mode = rest.partition("@")
+    mode = mode or "default"
+    if mode not in COMPILE_MODES:
+        raise UnknownImplementationError(f"unknown torch.compile mode {mode!r} in {name!r}; use one of {', '.join(COMPILE_MODES)}")
+    if base_name.startswith("compiled:"):
+        raise UnknownImplementationError(f"{name!r} compiles twice; use compiled:NAME once")
+    base = get(base_name)
+
+    def transform(module: nn.Module, _mode=mode) -> nn.Module:
+        compiled = torch.compile(module, mode=None if _mode == "default" else _mode)
+        return compiled
+
+    return replace(base, name=name, transform=transform,
+                   description=f"torch.compile(mode={mode!r}) of {base_name}: {base.description}",
+                   source=f"torch.compile over {base.source}", min_torch=max(base.min_torch, "2.1", key=_version_tuple))
+
+
+def get(name: str) -> Implementation:
+    """The :class:`Implementation` called ``name`` (see the module docstring for the accepted forms)."""
+    name = name.strip()
+    if name in _RESOLVED:
+        return _RESOLVED[name]
+    _load_builtins()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name.startswith("compiled:"):
+        impl = _compiled(name)
+    elif ":" in name:
+        target, _, attr = name.rpartition(":")
+        if not target or not attr:
+            raise UnknownImplementationError(f"{name!r} is not NAME, path/to/file.py:Class or package.module:Class")
+        impl = _load_file(target, attr, name) if target.endswith(".py") or "/" in target else _load_module(target, attr, name)
+    else:
+        _load_entry_points()
+        if name in _REGISTRY:
+            return _REGISTRY[name]
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UnknownImplementationError(f"unknown implementation {name!r}{hint} (`attnbench list` shows all)")
+    _RESOLVED[name] = impl
+    return impl
+
+
+def names() -> list[str]:
+    """Registered names: built-ins first (in registration order), then entry-point plug-ins."""
+    _load_builtins()
+    _load_entry_points()
+    return list(_REGISTRY)
+
+
+def available(device: str = "cpu", dtype: str | None = None) -> list[str]:
+    """Registered names that can run on ``device`` (and ``dtype``) here."""
+    return [n for n in names() if get(n).unavailable_reason(device, dtype) is None]
+
+
+def check_adapter(impl: Implementation, spec: AttnSpec) -> None:
+    """Build ``impl`` on CPU and resolve its weight adapter (raises :class:`PluginLoadError` if it has none)."""
+    adapter_for(impl.build(spec, "cpu", torch.float32))

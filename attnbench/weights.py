@@ -1,0 +1,187 @@
+"""Canonical weights: one layout every implementation imports and exports.
+
+The canonical layout is the book's: ``W_q, W_k, W_v`` of shape ``(d_out, d_in)`` (``nn.Linear``
+orientation, ``y = x @ W.T + b``), optional q/k/v biases of shape ``(d_out,)``, ``W_o`` of shape
+``(d_out, d_out)`` and ``b_o``. Loading the same canonical weights into every implementation is what
+makes "the same function" testable and every timing comparison fair.
+
+A weight layout is described by an :class:`Adapter`: a *differentiable* map from canonical weights
+to the module's parameter names (``to_state``) and its inverse (``from_state``). Because ``to_state``
+is differentiable, gradients with respect to the canonical parameters of any implementation can be
+taken with :func:`torch.func.functional_call`, whatever its layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import nn
+
+from attnbench.errors import PluginLoadError
+from attnbench.spec import AttnSpec
+
+NAMES = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "W_o", "b_o")
+
+
+@dataclass(frozen=True)
+class CanonicalWeights:
+    """The canonical parameters of one multi-head attention layer (biases ``None`` when absent)."""
+
+    W_q: torch.Tensor  # (d_out, d_in)
+    W_k: torch.Tensor  # (d_out, d_in)
+    W_v: torch.Tensor  # (d_out, d_in)
+    b_q: torch.Tensor | None  # (d_out,) or None
+    b_k: torch.Tensor | None
+    b_v: torch.Tensor | None
+    W_o: torch.Tensor  # (d_out, d_out)
+    b_o: torch.Tensor  # (d_out,)
+
+    def items(self) -> list[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` pairs of the parameters that exist, in canonical order."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> CanonicalWeights:
+        """A copy with ``fn`` applied to every present tensor."""
+        return replace(self, **{name: fn(t) for name, t in self.items()})
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> CanonicalWeights:
+        """A copy on ``device`` in ``dtype``."""
+        return self.map(lambda t: t.detach().to(device=device, dtype=dtype))
+
+    def leaves(self) -> CanonicalWeights:
+        """A detached copy whose tensors require grad (for gradient checks)."""
+        return self.map(lambda t: t.detach().clone().requires_grad_(True))
+
+    def check(self, spec: AttnSpec) -> None:
+        """Raise ``ValueError`` unless the shapes match ``spec``."""
+        want = {"W_q": (spec.d_out, spec.d_in), "W_k": (spec.d_out, spec.d_in), "W_v": (spec.d_out, spec.d_in),
+                "b_q": (spec.d_out,), "b_k": (spec.d_out,), "b_v": (spec.d_out,),
+                "W_o": (spec.d_out, spec.d_out), "b_o": (spec.d_out,)}
+        for name, t in self.items():
+            if tuple(t.shape) != want[name]:
+                raise ValueError(f"canonical {name} has shape {tuple(t.shape)}, expected {want[name]}")
+        if (self.b_q is None) == spec.qkv_bias:
+            raise ValueError(f"spec.qkv_bias={spec.qkv_bias} but the weights {'lack' if spec.qkv_bias else 'have'} q/k/v biases")
+
+
+def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.float64,
+                   scale: str = "unit") -> CanonicalWeights:
+    """Canonical weights drawn from a seeded generator, independent of the global RNG.
+
+    ``scale="unit"`` draws ``W_q, W_k, W_v ~ N(0, 1/d_in)`` so queries and keys have unit variance and
+    the scaled scores are O(1): softmax is then far from uniform, so a wrong scale factor, a wrong
+    mask or mixed heads changes the output by O(1), not by a rounding error.
+    ``scale="linear"`` mimics ``nn.Linear``'s default init (for timing, where values do not matter).
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * std).to(dtype)
+
+    if scale == "unit":
+        s_in, s_out, s_b = 1 / math.sqrt(spec.d_in), 1 / math.sqrt(spec.d_out), 0.5
+    elif scale == "linear":
+        s_in, s_out = 1 / math.sqrt(3 * spec.d_in), 1 / math.sqrt(3 * spec.d_out)
+        s_b = s_in
+    else:
+        raise ValueError(f"scale must be 'unit' or 'linear', got {scale!r}")
+    bias = (lambda: draw(spec.d_out, std=s_b)) if spec.qkv_bias else (lambda: None)
+    return CanonicalWeights(
+        W_q=draw(spec.d_out, spec.d_in, std=s_in), W_k=draw(spec.d_out, spec.d_in, std=s_in),
+        W_v=draw(spec.d_out, spec.d_in, std=s_in), b_q=bias(), b_k=bias(), b_v=bias(),
+        W_o=draw(spec.d_out, spec.d_out, std=s_out), b_o=draw(spec.d_out, std=s_b),
+    )
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How one weight layout maps to and from canonical weights.
+
+    ``to_state(w, spec)`` must be differentiable in ``w`` (use slicing, ``cat``, ``reshape``, ``t()``)
+    and return every trainable parameter of the module by its ``named_parameters()`` name.
+    ``from_state(state, spec)`` is its inverse.
+    """
+
+    to_state: Callable[[CanonicalWeights, AttnSpec], dict[str, torch.Tensor]]
+    from_state: Callable[[Mapping[str, torch.Tensor], AttnSpec], CanonicalWeights]
+
+
+def _book_to_state(w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
+    state = {"W_query.weight": w.W_q, "W_key.weight": w.W_k, "W_value.weight": w.W_v,
+             "out_proj.weight": w.W_o, "out_proj.bias": w.b_o}
+    if spec.qkv_bias:
+        state.update({"W_query.bias": w.b_q, "W_key.bias": w.b_k, "W_value.bias": w.b_v})
+    return state
+
+
+def _book_from_state(s: Mapping[str, torch.Tensor], spec: AttnSpec) -> CanonicalWeights:
+    return CanonicalWeights(
+        W_q=s["W_query.weight"], W_k=s["W_key.weight"], W_v=s["W_value.weight"],
+        b_q=s.get("W_query.bias"), b_k=s.get("W_key.bias"), b_v=s.get("W_value.bias"),
+        W_o=s["out_proj.weight"], b_o=s["out_proj.bias"],
+    )
+
+
+BOOK_ADAPTER = Adapter(_book_to_state, _book_from_state)
+"""The layout of the book's ``MultiHeadAttention``: ``W_query``/``W_key``/``W_value``/``out_proj`` Linears."""
+
+
+def _base(module: nn.Module) -> tuple[nn.Module, str]:
+    """The module that owns the weights and the name prefix ``torch.compile`` adds."""
+    orig = getattr(module, "_orig_mod", None)
+    if isinstance(orig, nn.Module):
+        return orig, "_orig_mod."
+    return module, ""
+
+
+def adapter_for(module: nn.Module) -> Adapter:
+    """The :class:`Adapter` of ``module``: its own ``weight_adapter``, else the book's attribute names."""
+    base, _ = _base(module)
+    own = getattr(base, "weight_adapter", None)
+    if isinstance(own, Adapter):
+        return own
+    if all(isinstance(getattr(base, n, None), nn.Linear) for n in ("W_query", "W_key", "W_value", "out_proj")):
+        return BOOK_ADAPTER
+    raise PluginLoadError(
+        f"{type(base).__name__} has no canonical weight layout: name its projections W_query, W_key, "
+        "W_value (nn.Linear(d_in, d_out)) and out_proj (nn.Linear(d_out, d_out)) as the book does, or give "
+        "the class a `weight_adapter = attnbench.weights.Adapter(to_state, from_state)` attribute"
+    )
+
+
+def state_from_canonical(module: nn.Module, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
+    """The module's parameters as a differentiable function of ``w`` (names as ``named_parameters`` gives them)."""
+    _, prefix = _base(module)
+    return {prefix + k: v for k, v in adapter_for(module).to_state(w, spec).items()}
+
+
+@torch.no_grad()
+def load_weights(module: nn.Module, w: CanonicalWeights, spec: AttnSpec) -> nn.Module:
+    """Copy canonical weights into ``module`` (in its own dtype and device); returns ``module``."""
+    w.check(spec)
+    state = state_from_canonical(module, w, spec)
+    params = dict(module.named_parameters())
+    missing = sorted(set(params) - set(state))
+    extra = sorted(set(state) - set(params))
+    trainable_missing = [n for n in missing if params[n].requires_grad]
+    if trainable_missing or extra:
+        raise PluginLoadError(
+            f"{type(_base(module)[0]).__name__}'s weight adapter does not match its parameters: "
+            f"not set by the adapter {trainable_missing}, unknown to the module {extra}"
+        )
+    for name, value in state.items():
+        p = params[name]
+        if tuple(p.shape) != tuple(value.shape):
+            raise PluginLoadError(f"adapter gives {name} shape {tuple(value.shape)}, the module has {tuple(p.shape)}")
+        p.copy_(value.to(dtype=p.dtype, device=p.device))
+    return module
+
+
+def export_weights(module: nn.Module, spec: AttnSpec) -> CanonicalWeights:
+    """Read ``module``'s parameters back as canonical weights (detached copies)."""
+    _, prefix = _base(module)
+    state = {k[len(prefix):]: v.detach().clone() for k, v in module.named_parameters() if k.startswith(prefix)}
+    return adapter_for(module).from_state(state, spec)

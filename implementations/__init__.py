@@ -1,0 +1,8 @@
+"""Built-in implementations, imported as ``attnbench.implementations`` (one module per family).
+
+Importing this package registers every built-in with :mod:`attnbench.registry`. The folder is mapped
+into the ``attnbench`` namespace by ``pyproject.toml`` so it can never collide with another
+top-level package called ``implementations`` in a user's environment.
+"""
+
+from attnbench.implementations import book, fused, per_head_linear, sdpa, torch_mha, flex  # noqa: F401
