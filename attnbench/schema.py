@@ -1,0 +1,88 @@
+"""The results table: one tidy row per sweep cell. Every view (console, report, compare, asv, Ray) reads this.
+
+A row never lies: a cell that did not produce a trustworthy timing has a non-``ok`` ``status`` and
+its timing columns are NaN, never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
+"""``ok`` timed; ``oom`` out of memory; ``error`` the implementation raised (or its worker died);
+``timeout`` exceeded ``--cell-timeout``; ``invalid`` wrong shape or non-finite output (not timed);
+``skipped`` an impossible combination (d_model % heads, dtype or backend unavailable here)."""
+
+MODES = ("inference", "forward", "forward+backward")
+"""``inference`` under ``torch.inference_mode``; ``forward`` with autograd recording; ``forward+backward``
+also runs the backward pass (gradients cleared between iterations)."""
+
+CACHE_STATES = ("warm", "cold")
+"""``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
+
+AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache")
+"""The columns that identify a cell; two runs are compared cell by cell on these."""
+
+COLUMNS: dict[str, str] = {
+    # identity
+    "run_id": "string", "cell_id": "string", "impl": "string", "device": "string", "device_name": "string",
+    "dtype": "string", "batch": "int64", "seq_len": "int64", "num_heads": "int64", "d_model": "int64",
+    "head_dim": "int64", "mode": "string", "cache": "string", "threads": "int64",
+    # timing (seconds per call)
+    "median_s": "float64", "iqr_s": "float64", "mean_s": "float64", "std_s": "float64", "min_s": "float64",
+    "max_s": "float64", "n": "int64", "ci_low_s": "float64", "ci_high_s": "float64", "ci_rel": "float64",
+    "calls_per_sample": "int64", "warmup_calls": "int64", "timer": "string", "samples_s": "object",
+    # memory (bytes over the pre-cell baseline)
+    "peak_bytes": "float64", "peak_reserved_bytes": "float64", "memory_method": "string",
+    # work
+    "flops": "float64", "flops_counted": "float64", "gflops_per_s": "float64", "peak_gflops_per_s": "float64",
+    "frac_peak": "float64",
+    # torch.compile
+    "compile_s": "float64", "recompiles": "float64",
+    # outcome
+    "status": "string", "error": "string", "notes": "string",
+    # where and when
+    "host": "string", "worker": "string", "started_at": "string", "duration_s": "float64",
+}
+"""Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of a sweep."""
+
+    impl: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch: int = 1
+    seq_len: int = 128
+    num_heads: int = 4
+    d_model: int = 256
+    mode: str = "forward"
+    cache: str = "warm"
+
+    @property
+    def head_dim(self) -> int:
+        """``d_model // num_heads`` (0 when not divisible; such a cell is skipped)."""
+        return self.d_model // self.num_heads if self.num_heads and self.d_model % self.num_heads == 0 else 0
+
+    @property
+    def cell_id(self) -> str:
+        """A readable key that identifies the cell across runs (for ``--resume`` and ``compare``)."""
+        return (f"{self.impl}|{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
+                f"|d{self.d_model}|{self.mode}|{self.cache}")
+
+    def as_dict(self) -> dict:
+        """The axis values by column name."""
+        return asdict(self)
+
+
+def empty_row(cell: Cell, run_id: str = "") -> dict:
+    """A row for ``cell`` with every column present and measurement columns NaN/empty."""
+    row: dict = {}
+    for name, kind in COLUMNS.items():
+        row[name] = float("nan") if kind == "float64" else (None if kind in ("string", "object") else 0)
+    row.update(cell.as_dict())
+    row.update(run_id=run_id, cell_id=cell.cell_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
+               warmup_calls=0, threads=0, status="error", error="", notes="")
+    return row

@@ -1,0 +1,161 @@
+"""The results store: a run folder written cell by cell, read back as one DataFrame.
+
+Layout of ``<out>/<run_id>/``::
+
+    meta.json            run metadata (environment, command line, sweep) — written first
+    cells/00012.parquet  one file per finished cell, written atomically (tmp + rename)
+    results.parquet      all cells, consolidated when the run ends (also after Ctrl-C)
+    results.csv          the same, without raw samples, on request
+
+A run killed at any point keeps every finished cell in ``cells/``; :func:`load_run` reads them
+whether or not ``results.parquet`` was written, and ``--resume`` skips their ``cell_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from attnbench.errors import ResultsError
+from attnbench.schema import COLUMNS
+
+FORMAT = "attnbench-results/1"
+
+
+def new_run_id() -> str:
+    """``YYYYmmdd-HHMMSS-xxxx``: sortable, unique enough for one user's runs."""
+    return datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def _table(rows: list[dict]) -> pa.Table:
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    for name, kind in COLUMNS.items():
+        if kind == "object":
+            df[name] = df[name].apply(lambda v: [float(x) for x in v] if v is not None else [])
+        elif kind == "string":
+            df[name] = df[name].astype("string")
+        else:
+            df[name] = pd.to_numeric(df[name], errors="coerce").astype(kind)
+    schema = pa.schema([(n, pa.list_(pa.float64()) if k == "object" else
+                         pa.string() if k == "string" else pa.int64() if k == "int64" else pa.float64())
+                        for n, k in COLUMNS.items()])
+    return pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+
+
+class RunStore:
+    """Writes one run folder; safe to use from one process at a time."""
+
+    def __init__(self, root: str | Path, run_id: str | None = None, meta: dict | None = None, resume: bool = False):
+        self.root = Path(root)
+        if resume:
+            self.path = self.root
+            meta_file = self.path / "meta.json"
+            if not meta_file.is_file():
+                raise ResultsError(f"cannot resume {self.path}: no meta.json there, so it is not an attnbench run "
+                                   "folder; pass the folder `attnbench run` printed (results/<run-id>)")
+            self.meta = read_meta(self.path)
+            self.run_id = self.meta["run_id"]
+            load_run(self.path)  # validates every cell file before anything is written
+        else:
+            self.run_id = run_id or new_run_id()
+            self.path = self.root / self.run_id
+            if self.path.exists() and any(self.path.iterdir()):
+                raise ResultsError(f"{self.path} already exists and is not empty; pick another --out or use --resume")
+            self.meta = {"format": FORMAT, "run_id": self.run_id, **(meta or {})}
+        (self.path / "cells").mkdir(parents=True, exist_ok=True)
+        self.write_meta()
+
+    def write_meta(self) -> None:
+        """(Re)write ``meta.json`` atomically."""
+        _atomic_write_bytes(self.path / "meta.json", json.dumps(self.meta, indent=2, default=str).encode())
+
+    def done_cell_ids(self) -> set[str]:
+        """``cell_id`` of every cell already written (for ``--resume``)."""
+        df = load_run(self.path)[0]
+        return set(df["cell_id"]) if len(df) else set()
+
+    def append(self, row: dict) -> Path:
+        """Write one finished cell; it survives anything that happens afterwards."""
+        cells = self.path / "cells"
+        index = len(list(cells.glob("*.parquet")))
+        target = cells / f"{index:05d}-{secrets.token_hex(3)}.parquet"
+        tmp = target.with_suffix(".tmp")
+        pq.write_table(_table([{**row, "run_id": self.run_id}]), tmp)
+        os.replace(tmp, target)
+        return target
+
+    def finalize(self, csv: bool = False) -> Path:
+        """Consolidate ``cells/`` into ``results.parquet`` (and ``results.csv``); returns the parquet path."""
+        df, _ = load_run(self.path)
+        out = self.path / "results.parquet"
+        tmp = out.with_suffix(".tmp")
+        pq.write_table(_table(df.to_dict("records")), tmp)
+        os.replace(tmp, out)
+        if csv:
+            df.drop(columns=["samples_s"]).to_csv(self.path / "results.csv", index=False)
+        return out
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def read_meta(path: str | Path) -> dict:
+    """The ``meta.json`` of a run folder (a :class:`ResultsError` when missing or foreign)."""
+    meta_file = Path(path) / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+    except FileNotFoundError as exc:
+        raise ResultsError(f"{path} has no meta.json: not an attnbench run folder") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{meta_file} is corrupt ({exc}); it was not written by attnbench or was truncated") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "run_id" not in meta:
+        raise ResultsError(f"{meta_file} is not an attnbench results file (format {meta.get('format') if isinstance(meta, dict) else '?'!r}, "
+                           f"expected {FORMAT!r})")
+    return meta
+
+
+def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
+    """Read a run (its folder, or a ``results.parquet``/``.csv`` file) as ``(DataFrame, meta)``.
+
+    Cells written after the last consolidation are included; a cell file that does not parse or
+    lacks columns raises :class:`ResultsError` naming it.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ResultsError(f"results path {p} does not exist")
+    if p.is_file():
+        folder = p.parent
+        meta = read_meta(folder) if (folder / "meta.json").exists() else {}
+        frames = [_read_one(p)]
+    else:
+        meta = read_meta(p)
+        files = sorted((p / "cells").glob("*.parquet"))
+        frames = [_read_one(f) for f in files]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=k if k != "string" else "string") for c, k in COLUMNS.items()}), meta
+    df = pd.concat(frames, ignore_index=True)
+    return df, meta
+
+
+def _read_one(f: Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(f) if f.suffix == ".csv" else pq.read_table(f).to_pandas()
+    except Exception as exc:
+        raise ResultsError(f"{f} is not a readable results file ({type(exc).__name__}: {exc}); "
+                           "move it away or start a new run") from exc
+    missing = [c for c in COLUMNS if c not in df.columns and not (c == "samples_s" and f.suffix == ".csv")]
+    if missing:
+        raise ResultsError(f"{f} is not an attnbench results file: missing columns {missing[:5]}")
+    if "samples_s" in df.columns:
+        df["samples_s"] = df["samples_s"].apply(lambda v: [float(x) for x in v] if v is not None and not isinstance(v, str) else [])
+    return df
