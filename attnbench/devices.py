@@ -39,6 +39,17 @@ def cuda_available() -> bool:
     return torch.backends.cuda.is_built() and torch.cuda.is_available()
 
 
+def parse_device_type(device: str | torch.device) -> str:
+    """``cpu`` or ``cuda`` for a device string, without checking the device exists (:class:`SweepError` if unknown)."""
+    try:
+        kind = torch.device(str(device).strip().lower()).type
+    except RuntimeError as exc:
+        raise SweepError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from exc
+    if kind not in ("cpu", "cuda"):
+        raise SweepError(f"device type {kind!r} is not supported; use cpu, cuda or cuda:N")
+    return kind
+
+
 def parse_device(device: str | torch.device) -> torch.device:
     """A ``torch.device`` for ``cpu``, ``cuda`` or ``cuda:N`` that exists here, else :class:`UnavailableError`."""
     text = str(device).strip().lower()

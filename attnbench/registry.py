@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnbench.devices import DTYPES, cuda_available, dtype_name, parse_device
+from attnbench.devices import DTYPES, cuda_available, dtype_name, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, PluginLoadError, UnavailableError, UnknownImplementationError
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, adapter_for, load_weights
@@ -81,7 +81,7 @@ class Implementation:
         """Why this implementation cannot run on ``device``/``dtype`` here, or ``None`` when it can."""
         if _version_tuple(torch.__version__) < _version_tuple(self.min_torch):
             return f"needs torch >= {self.min_torch} (installed {torch.__version__})"
-        dev_type = torch.device(device).type if not isinstance(device, torch.device) else device.type
+        dev_type = device.type if isinstance(device, torch.device) else parse_device_type(device)
         if dev_type not in self.devices:
             if self.devices == ("cuda",) and not cuda_available():
                 return "needs CUDA"

@@ -1,0 +1,5 @@
+"""``python -m attnbench`` is the ``attnbench`` command."""
+
+from attnbench.cli import main
+
+main()

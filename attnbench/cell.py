@@ -1,0 +1,190 @@
+"""Measure one cell and turn whatever happens into one results row.
+
+This is the unit every executor runs: in-process (local), in a fresh subprocess (``--isolate``) and
+on a Ray worker. It never raises for a problem of the cell itself: the row's ``status`` and
+``error`` say what happened (``ok``, ``oom``, ``error``, ``timeout``, ``invalid``, ``skipped``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+
+import torch
+
+from attnbench import registry
+from attnbench.devices import cuda_available, device_name, synchronize
+from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
+from attnbench.measure import analytic_flops, counted_flops, peak_gflops, peak_memory, time_fn
+from attnbench.schema import Cell, empty_row
+from attnbench.sweep import Settings
+
+
+class CellTimeout(Exception):
+    """Raised inside a cell that ran past ``cell_timeout_s``."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None):
+    """Raise :class:`CellTimeout` in this (main) thread after ``seconds``.
+
+    In-process this interrupts Python-level hangs; a hang inside one native kernel call is only
+    interrupted when it returns to Python, so use ``--isolate`` (a subprocess that is killed) for those.
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise CellTimeout(f"cell exceeded its timeout of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(exc)
+    return "out of memory" in text.lower() or "can't allocate memory" in text or "DefaultCPUAllocator" in text
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def skip_reason(cell: Cell) -> str | None:
+    """Why ``cell`` cannot run here (an impossible or unavailable combination), or ``None``."""
+    if cell.d_model % cell.num_heads:
+        return f"d_model={cell.d_model} is not divisible by num_heads={cell.num_heads}"
+    try:
+        impl = registry.get(cell.impl)
+    except AttnbenchError:
+        return None  # an unknown/broken plug-in is an error row, not a skip (build_workload raises it)
+    if cell.device.startswith("cuda") and not cuda_available():
+        return "needs CUDA (not available on this machine)"
+    reason = impl.unavailable_reason(cell.device, cell.dtype)
+    if reason:
+        return reason
+    if cell.mode == "forward+backward" and not impl.supports_backward(cell.device):
+        return f"{impl.name} declares no backward on {torch.device(cell.device).type}"
+    if cell.cache == "cold" and not cell.device.startswith("cuda"):
+        return "cold cache (L2 flush) exists only for CUDA cells"
+    return None
+
+
+def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "") -> dict:
+    """Measure ``cell`` and return its results row (never raises for a failure of the cell)."""
+    row = empty_row(cell, run_id)
+    row.update(host=socket.gethostname(), worker=f"pid{os.getpid()}",
+               started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    t_start = time.perf_counter()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    row["threads"] = torch.get_num_threads()
+    reason = skip_reason(cell)
+    if reason:
+        row.update(status="skipped", error=reason)
+        row["duration_s"] = time.perf_counter() - t_start
+        return row
+    device = torch.device(cell.device)
+    workload = None
+    try:
+        with _deadline(settings.cell_timeout_s):
+            row["device_name"] = device_name(device)
+            from attnbench.workload import build_workload
+
+            workload = build_workload(cell, seed=settings.seed)
+            _measure(workload, cell, settings, row)
+    except CellTimeout as exc:
+        row.update(status="timeout", error=str(exc))
+    except (UnavailableError, InvalidSpecError, SweepError) as exc:
+        row.update(status="skipped", error=str(exc))
+    except Exception as exc:
+        if _is_oom(exc):
+            row.update(status="oom", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        else:
+            where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            at = f" (at {os.path.basename(where.filename)}:{where.lineno})" if where else ""
+            first = str(exc).splitlines()[0][:500] if str(exc) else ""
+            row.update(status="error", error=f"{type(exc).__name__}: {first}{at}")
+    finally:
+        if row["status"] != "ok":
+            for key in ("median_s", "iqr_s", "mean_s", "std_s", "min_s", "max_s", "ci_low_s", "ci_high_s", "ci_rel",
+                        "gflops_per_s", "frac_peak"):
+                row[key] = math.nan
+            row["samples_s"] = []
+            row["n"] = 0
+        del workload
+        _release(device)
+    row["duration_s"] = time.perf_counter() - t_start
+    return row
+
+
+def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
+    device = workload.device
+    compiled = cell.impl.startswith("compiled:")
+    graphs_before = _compiled_graphs()
+    t0 = time.perf_counter()
+    out = workload.step()  # the first call: compiles compiled: cells, checks the output
+    synchronize(device)
+    first_call_s = time.perf_counter() - t0
+    problem = workload.check_output(out)
+    del out
+    if problem:
+        row.update(status="invalid", error=problem)
+        return
+    graphs_after_first = _compiled_graphs()
+    timing = time_fn(workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+                     target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
+                     max_samples=settings.max_samples, budget_s=settings.budget_s,
+                     l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
+    graphs_after_timing = _compiled_graphs()
+    stats = timing.stats()
+    row.update(stats)
+    row.update(samples_s=list(timing.samples_s), calls_per_sample=timing.calls_per_sample,
+               warmup_calls=timing.warmup_calls + 1, timer=timing.timer)
+    notes = [f"sampling stopped by {timing.stopped_by}"]
+    if compiled:
+        row["compile_s"] = max(first_call_s - stats["median_s"], 0.0)
+        row["recompiles"] = float(graphs_after_timing - graphs_after_first)
+        if graphs_after_first - graphs_before > 1:
+            notes.append(f"{graphs_after_first - graphs_before} graphs compiled on the first call (graph breaks)")
+        if graphs_after_timing > graphs_after_first:
+            notes.append(f"RECOMPILED {graphs_after_timing - graphs_after_first}x during warm-up/timing: "
+                         "timings include compilation")
+    mem = peak_memory(workload.step, device)
+    row.update(peak_bytes=mem.peak_bytes, peak_reserved_bytes=mem.peak_reserved_bytes, memory_method=mem.method)
+    flops = analytic_flops(cell.batch, cell.seq_len, cell.d_model, cell.d_model, cell.mode)
+    row["flops"] = flops
+    if settings.flop_check:
+        row["flops_counted"] = counted_flops(workload.step)
+    row["gflops_per_s"] = flops / stats["median_s"] / 1e9
+    peak = peak_gflops(str(device), cell.dtype)
+    row["peak_gflops_per_s"] = peak
+    row["frac_peak"] = row["gflops_per_s"] / peak
+    row["status"] = "ok"
+    row["notes"] = "; ".join(notes)
+
+
+def _compiled_graphs() -> int:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["stats"]["unique_graphs"])

@@ -1,0 +1,165 @@
+"""``attnbench run``: the main job. Flags, a TOML sweep file or a preset in; results, summary and report out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from attnbench.cli import _split, cli, console, err_console
+from attnbench.schema import STATUSES
+
+
+def _fmt_time(s: float) -> str:
+    if s != s:
+        return "-"
+    return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def summary_table(df, title: str) -> Table:
+    """Ok cells with median ± CI, memory and throughput; then one line per failed status."""
+    table = Table(title=title)
+    for col in ("impl", "device", "dtype", "mode", "b", "T", "h", "d", "median", "±CI", "peak mem", "GFLOP/s", "% peak"):
+        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode") else "left")
+    ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
+    for r in ok.itertuples():
+        half = (r.ci_high_s - r.ci_low_s) / 2
+        mem = "-" if r.peak_bytes != r.peak_bytes else f"{r.peak_bytes / 2**20:.1f} MiB"
+        table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
+                      str(r.d_model), _fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%", mem,
+                      f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%")
+    return table
+
+
+@cli.command("run")
+@click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context.")
+@click.option("--impl", "impls", multiple=True, help="Implementations, comma-separated (also compiled:NAME, file.py:Class).")
+@click.option("--device", help="cpu, cuda, cuda:N (comma-separated).")
+@click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")
+@click.option("--batch", help="Batch sizes: 1,8 or 1..16x2.")
+@click.option("--seq", "seq_len", help="Sequence lengths: 128,256 or 128..2048x2 or 64..512+64.")
+@click.option("--heads", "num_heads", help="Numbers of heads.")
+@click.option("--d-model", "d_model", help="Model widths (d_in = d_out).")
+@click.option("--mode", help="inference, forward, forward+backward (comma-separated).")
+@click.option("--cache", help="warm, cold (cold flushes the GPU L2 before each call; CUDA only).")
+@click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
+@click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
+@click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
+@click.option("--target-ci", "target_rel_ci", type=float, help="Stop sampling when the median's CI half-width is below this fraction.")
+@click.option("--threads", type=int, help="torch.set_num_threads for the run (recorded per row).")
+@click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
+@click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
+@click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--ray-address", help="Address of an existing Ray cluster (default: start a local one).")
+@click.option("--profile", is_flag=True, help="After timing, profile each ok cell with torch.profiler.")
+@click.option("--csv", is_flag=True, help="Also write results.csv (without raw samples).")
+@click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
+@click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default reports/<run-id>).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
+def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, cache, out, resume,
+            budget_s, target_rel_ci, threads, cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
+            no_report, report_dir, quiet, as_json) -> None:
+    """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
+
+    \b
+    attnbench run
+    attnbench run --impl sdpa,weight_split --batch 1,8 --seq 128..2048x2 --heads 12 --d-model 768 \\
+                  --dtype float32 --device cpu --mode forward,forward+backward --out results/
+    attnbench run sweeps/gpt2-small.toml
+    attnbench run --preset long-context
+    attnbench run --resume results/<run-id>
+    """
+    from attnbench.runner import make_sweep, run
+
+    quiet = quiet or as_json
+    settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads,
+                                       cell_timeout_s=cell_timeout_s, isolate=isolate, cuda_graph=cuda_graph).items()
+                if v is not None}
+    if threads is not None and threads < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--threads")
+    if budget_s is not None and budget_s <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--budget")
+    axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
+                num_heads=num_heads, d_model=d_model, mode=mode, cache=cache)
+    if resume:
+        if sweep_file or preset or any(v for v in axes.values()):
+            raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
+        sweep = None
+    else:
+        sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, **axes)
+        for d in set(sweep.device):
+            if d.startswith("cuda"):
+                from attnbench.devices import parse_device
+
+                parse_device(d)  # `cuda` without CUDA: one clear line before anything runs
+
+    progress_bar = None
+    if not quiet:
+        progress_bar = Progress(TextColumn("[bold]cell"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                console=err_console, transient=False)
+        task = progress_bar.add_task("", total=None)
+
+    def on_progress(i, total, cell, row):
+        if progress_bar is None:
+            return
+        progress_bar.update(task, total=total, completed=i,
+                            description=cell.cell_id if row is None else f"{cell.cell_id} -> {row['status']}")
+
+    argv = ["attnbench", *sys.argv[1:]]
+    if progress_bar:
+        progress_bar.start()
+    try:
+        df = run(sweep, out=out, resume=resume, executor=executor, ray_address=ray_address, argv=argv, csv=csv,
+                 profile=profile, progress=on_progress, settings=settings if resume else None)
+    finally:
+        if progress_bar:
+            progress_bar.stop()
+    run_dir = Path(df.attrs["run_dir"])
+    counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
+    report_path = None
+    if not no_report and len(df):
+        report_path = _write_report(run_dir, report_dir, quiet)
+    if as_json:
+        click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
+                               "status": counts, "results": str(run_dir / "results.parquet"),
+                               "report": str(report_path) if report_path else None,
+                               "interrupted": df.attrs["interrupted"]}))
+    elif not quiet:
+        console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
+        bad = df[df.status != "ok"]
+        for r in bad.itertuples():
+            console.print(f"  {r.status:8} {r.cell_id}: {r.error}", markup=False)
+        console.print(f"{len(df)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        console.print(f"results: {run_dir / 'results.parquet'}", markup=False)
+        if report_path:
+            console.print(f"report:  {report_path}", markup=False)
+        noisy = df[(df.status == "ok") & (df.ci_rel > 0.05)]
+        if len(noisy):
+            console.print(f"note: {len(noisy)} cell(s) have a CI wider than ±5% of the median (noisy machine?)")
+    if df.attrs["interrupted"]:
+        err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
+                          f"`attnbench run --resume {run_dir}`", markup=False)
+        sys.exit(130)
+
+
+def _write_report(run_dir: Path, report_dir: str | None, quiet: bool) -> Path | None:
+    try:
+        from attnbench.report import build_report
+    except ImportError:
+        return None
+    try:
+        return build_report(run_dir, out_dir=report_dir)
+    except Exception as exc:  # the results are safe on disk; say why the report is missing
+        err_console.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
+                          f"run `attnbench report {run_dir}` to retry", markup=False)
+        return None
+
+

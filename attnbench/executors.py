@@ -1,0 +1,91 @@
+"""Executors run cells and hand back rows: in this process, or each cell in a fresh subprocess.
+
+The Ray executor (``attnbench.executors_ray``) has the same interface: ``execute(cells, on_row)``
+calls ``on_row(row)`` as each cell finishes and returns when all are done or the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+
+from attnbench.cell import run_cell
+from attnbench.schema import Cell, empty_row
+from attnbench.sweep import Settings
+
+OnRow = Callable[[Cell, dict], None]
+STARTUP_GRACE_S = 20.0
+
+
+class LocalExecutor:
+    """Cells one after another in this process (timeouts interrupt Python-level hangs only)."""
+
+    name = "local"
+
+    def __init__(self, settings: Settings, run_id: str):
+        self.settings, self.run_id = settings, run_id
+
+    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
+        for cell in cells:
+            if on_start:
+                on_start(cell)
+            on_row(cell, run_cell(cell, self.settings, self.run_id))
+
+
+class SubprocessExecutor:
+    """Each cell in a fresh ``python -m attnbench.worker`` process.
+
+    A crash (segfault, abort, os._exit) becomes an ``error`` row naming the signal or exit code; a
+    cell past ``cell_timeout_s`` is killed and becomes a ``timeout`` row. Costs one interpreter and
+    torch import per cell (about two seconds).
+    """
+
+    name = "subprocess"
+
+    def __init__(self, settings: Settings, run_id: str):
+        self.settings, self.run_id = settings, run_id
+
+    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
+        for cell in cells:
+            if on_start:
+                on_start(cell)
+            on_row(cell, run_in_subprocess(cell, self.settings, self.run_id))
+
+
+def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "") -> dict:
+    """Run one cell in a child interpreter and return its row (a status row if the child dies)."""
+    with tempfile.TemporaryDirectory(prefix="attnbench-cell-") as tmp:
+        out = Path(tmp) / "row.json"
+        payload = json.dumps({"cell": asdict(cell), "settings": asdict(settings), "run_id": run_id, "out": str(out)})
+        # The child times out Python-level hangs itself (a clean `timeout` row); the parent kills it
+        # when a hang in native code keeps it past the deadline plus start-up (interpreter, torch import).
+        timeout = settings.cell_timeout_s + STARTUP_GRACE_S if settings.cell_timeout_s else None
+        try:
+            proc = subprocess.run([sys.executable, "-m", "attnbench.worker"], input=payload, text=True,
+                                  capture_output=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        except subprocess.TimeoutExpired:
+            row = empty_row(cell, run_id)
+            row.update(status="timeout", error=f"cell exceeded its timeout of {settings.cell_timeout_s:g} s; "
+                                               "the worker process was killed", worker="subprocess")
+            return row
+        if proc.returncode == 0 and out.is_file():
+            return json.loads(out.read_text())
+        row = empty_row(cell, run_id)
+        if proc.returncode < 0:
+            try:
+                sig = signal.Signals(-proc.returncode).name
+            except ValueError:
+                sig = f"signal {-proc.returncode}"
+            why = f"worker process died with {sig}"
+        else:
+            why = f"worker process exited with code {proc.returncode}"
+        tail = (proc.stderr or "").strip().splitlines()[-3:]
+        row.update(status="error", error=why + (": " + " | ".join(tail) if tail else ""), worker="subprocess")
+        return row

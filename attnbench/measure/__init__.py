@@ -1,0 +1,13 @@
+"""Measuring, kept apart from holding and presenting results: time, memory, FLOPs, statistics.
+
+Each function takes a zero-argument callable and a device and returns plain numbers, so a sweep,
+the asv suite, a test and a notebook all call the same primitives.
+"""
+
+from attnbench.measure.flops import analytic_flops, counted_flops, dense_flops, peak_gflops
+from attnbench.measure.memory import MemoryResult, peak_memory
+from attnbench.measure.stats import median_ci, summarize
+from attnbench.measure.timing import Timing, time_fn
+
+__all__ = ["MemoryResult", "Timing", "analytic_flops", "counted_flops", "dense_flops", "median_ci", "peak_gflops",
+           "peak_memory", "summarize", "time_fn"]

@@ -1,0 +1,51 @@
+"""Peak memory of one call, over the memory already held before it.
+
+CUDA: the caching allocator's peak allocated and peak reserved bytes, reset before the call.
+CPU: the profiler's memory events (every allocation and free of the CPU allocator, in order),
+accumulated to find the high-water mark. Process RSS would be dominated by the torch import and the
+allocator's caching, so it is not used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from attnbench.devices import synchronize
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    """Peak bytes allocated (and reserved, on CUDA) during the call, above the pre-call baseline."""
+
+    peak_bytes: float
+    peak_reserved_bytes: float
+    method: str
+
+
+def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> MemoryResult:
+    """Run ``fn`` once and return its peak memory on ``device`` above what was allocated before."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base_alloc = torch.cuda.memory_allocated(device)
+        base_reserved = torch.cuda.memory_reserved(device)
+        fn()
+        synchronize(device)
+        return MemoryResult(float(torch.cuda.max_memory_allocated(device) - base_alloc),
+                            float(torch.cuda.max_memory_reserved(device) - base_reserved), "cuda_allocator")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return MemoryResult(float(peak), math.nan, "profiler_memory_events")

@@ -1,0 +1,133 @@
+"""The timing primitive: warm up, then repeat until the median is known well enough or time runs out.
+
+CPU: ``time.perf_counter_ns`` around a block of calls (a block is long enough to dwarf the clock's
+overhead), synchronising nothing because CPU kernels are synchronous.
+CUDA: one pair of CUDA events per call on the current stream; the GPU's L2 cache can be flushed
+before each call *outside* the timed region (``cold``); tiny workloads can be captured once in a
+CUDA graph and replayed (``cuda_graph``), removing launch overhead from the measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.devices import synchronize
+from attnbench.measure.stats import summarize
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Raw per-call samples (seconds) and how they were taken."""
+
+    samples_s: tuple[float, ...]
+    calls_per_sample: int
+    warmup_calls: int
+    timer: str  # perf_counter_ns | cuda_event | cuda_graph
+    stopped_by: str  # ci | budget | max_samples
+
+    def stats(self) -> dict[str, float]:
+        """Median, IQR, CI ... of :attr:`samples_s` (see :func:`attnbench.measure.stats.summarize`)."""
+        return summarize(self.samples_s)
+
+
+def _l2_flusher(device: torch.device) -> Callable[[], None]:
+    """A function that evicts the GPU's L2 cache by writing a buffer twice its size."""
+    size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
+    buffer = torch.empty(2 * size, dtype=torch.int8, device=device)
+
+    def flush() -> None:
+        buffer.zero_()
+
+    return flush
+
+
+def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup_calls: int = 3,
+            warmup_s: float = 0.05, target_rel_ci: float = 0.02, min_samples: int = 10, max_samples: int = 10_000,
+            budget_s: float = 2.0, min_block_s: float = 1e-3, l2_flush: bool = False,
+            cuda_graph: bool = False) -> Timing:
+    """Time ``fn`` (one call = one iteration of the workload) and return raw per-call samples.
+
+    Warm-up runs at least ``warmup_calls`` calls and at least ``warmup_s`` seconds. Sampling then
+    continues until the median's 95% CI half-width is below ``target_rel_ci`` of the median (after
+    ``min_samples``), or ``budget_s`` of sampling has passed, or ``max_samples`` were taken.
+    """
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    warm_calls, start = 0, time.perf_counter()
+    while warm_calls < warmup_calls or time.perf_counter() - start < warmup_s:
+        fn()
+        synchronize(device)
+        warm_calls += 1
+    per_call_s = (time.perf_counter() - start) / warm_calls
+
+    if cuda:
+        return _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph)
+
+    calls = max(1, math.ceil(min_block_s / max(per_call_s, 1e-9)))  # block long enough for the clock
+    samples: list[float] = []
+    stopped_by = "max_samples"
+    sampling_start = time.perf_counter()
+    while len(samples) < max_samples:
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) * 1e-9 / calls)
+        if _converged(samples, min_samples, target_rel_ci):
+            stopped_by = "ci"
+            break
+        if time.perf_counter() - sampling_start > budget_s and len(samples) >= 3:
+            stopped_by = "budget"
+            break
+    return Timing(tuple(samples), calls, warm_calls, "perf_counter_ns", stopped_by)
+
+
+def _converged(samples: list[float], min_samples: int, target_rel_ci: float) -> bool:
+    n = len(samples)
+    if n < min_samples or (n % 5 and n > 50):  # check every 5th sample once there are many
+        return False
+    ci_rel = summarize(samples)["ci_rel"]
+    return ci_rel == ci_rel and ci_rel <= target_rel_ci
+
+
+def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph) -> Timing:
+    flush = _l2_flusher(device) if l2_flush else None
+    timer = "cuda_event"
+    call = fn
+    if cuda_graph:
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm the side stream before capture, as the CUDA-graph docs require
+            fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        call, timer = graph.replay, "cuda_graph"
+    samples: list[float] = []
+    stopped_by = "max_samples"
+    sampling_start = time.perf_counter()
+    batch = 10
+    while len(samples) < max_samples:
+        events = []
+        for _ in range(batch):
+            if flush is not None:
+                flush()  # outside the timed region: before the start event
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize(device)
+        samples.extend(s.elapsed_time(e) * 1e-3 for s, e in events)
+        if _converged(samples, min_samples, target_rel_ci):
+            stopped_by = "ci"
+            break
+        if time.perf_counter() - sampling_start > budget_s:
+            stopped_by = "budget"
+            break
+    return Timing(tuple(samples), 1, warm_calls, timer, stopped_by)

@@ -1,0 +1,481 @@
+"""The numbers behind a report, as plain DataFrames and sentences (no plotting, no HTML).
+
+Every function takes the tidy results table (:data:`attnbench.schema.COLUMNS`) and never raises on
+a table that is empty, has only failed cells, one implementation or one sequence length: what cannot
+be computed is said in a ``note`` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from attnbench.schema import AXES, MODES
+
+GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model")
+"""The axes that define one panel/configuration; within it, lines are implementations over ``seq_len``."""
+
+NOISY_CI_REL = 0.05
+"""A cell whose CI half-width exceeds this fraction of its median is marked noisy."""
+
+_AXIS_LABEL = {"batch": "B={}", "num_heads": "h={}", "d_model": "d={}", "cache": "cache={}"}
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt_time(seconds: float) -> str:
+    """``1.23 ms``, ``45.6 µs``, ``2.10 s``; ``–`` for NaN."""
+    if seconds is None or not np.isfinite(seconds):
+        return "–"
+    a = abs(seconds)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if a >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def fmt_bytes(n: float) -> str:
+    """``12.3 MiB``; ``–`` for NaN."""
+    if n is None or not np.isfinite(n):
+        return "–"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_num(x: float, digits: int = 3) -> str:
+    """A float with ``digits`` significant digits; ``–`` for NaN/None."""
+    if x is None or (isinstance(x, float) and not np.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}g}"
+
+
+def axis_label(axis: str, value) -> str:
+    """How one axis value reads in a panel title (``B=1``, ``h=8``, ``float32`` ...)."""
+    return _AXIS_LABEL.get(axis, "{}").format(value)
+
+
+def t_range(ts) -> str:
+    """``T=32–1024`` or ``T=128``."""
+    ts = sorted(int(t) for t in ts)
+    if not ts:
+        return "no T"
+    return f"T={ts[0]}" if ts[0] == ts[-1] else f"T={ts[0]}–{ts[-1]}"
+
+
+# ---------------------------------------------------------------- preparation
+
+
+def prepare(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with clean types: axes as str/int, measurements as float, ``ok`` only with a finite median."""
+    df = df.copy()
+    for col in ("impl", "device", "dtype", "mode", "cache", "status", "error", "notes", "cell_id"):
+        if col in df.columns:
+            df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
+    for col in ("batch", "seq_len", "num_heads", "d_model"):
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0).astype("int64")
+    for col in ("median_s", "iqr_s", "ci_low_s", "ci_high_s", "ci_rel", "peak_bytes", "gflops_per_s",
+                "peak_gflops_per_s", "frac_peak", "compile_s", "flops", "mean_s", "min_s", "max_s"):
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    if "samples_s" not in df.columns:
+        df["samples_s"] = [[] for _ in range(len(df))]
+    df["samples_s"] = df["samples_s"].apply(lambda v: [] if v is None or isinstance(v, str) else list(v))
+    bad_ok = (df["status"] == "ok") & ~np.isfinite(df["median_s"].to_numpy(dtype=float))
+    if bad_ok.any():  # a row that says ok but has no timing cannot be plotted as ok
+        df.loc[bad_ok, "status"] = "invalid"
+        df.loc[bad_ok, "error"] = "status ok but no finite median_s in the results file"
+    return df
+
+
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The successfully timed cells."""
+    return df[df["status"] == "ok"]
+
+
+def impl_order(df: pd.DataFrame) -> list[str]:
+    """Implementations in order of first appearance (the order the run swept them)."""
+    return list(dict.fromkeys(df["impl"].tolist()))
+
+
+def _mode_rank(mode: str) -> int:
+    return MODES.index(mode) if mode in MODES else len(MODES)
+
+
+@dataclass
+class Group:
+    """One configuration (every axis but ``impl`` and ``seq_len`` fixed): a panel in the figures."""
+
+    key: tuple
+    values: dict
+    label: str  # the varying parts only (panel title)
+    full_label: str  # every part (tables, sentences)
+    rows: pd.DataFrame = field(repr=False)
+
+
+def varying_axes(df: pd.DataFrame) -> list[str]:
+    """Group axes that take more than one value in ``df``."""
+    return [a for a in GROUP_AXES if a in df.columns and df[a].nunique() > 1]
+
+
+def common_label(df: pd.DataFrame) -> str:
+    """The group axes constant over ``df``'s successful cells (all cells if none), as one line (figure titles)."""
+    if "status" in df.columns and (df["status"] == "ok").any():
+        df = df[df["status"] == "ok"]
+    parts = [axis_label(a, df[a].iloc[0]) for a in GROUP_AXES
+             if a in df.columns and len(df) and df[a].nunique() == 1 and not (a == "cache" and df[a].iloc[0] == "warm")]
+    return " · ".join(parts)
+
+
+def groups(df: pd.DataFrame) -> list[Group]:
+    """The configurations in ``df``, ordered device, dtype, mode (inference first), then sizes."""
+    if df.empty:
+        return []
+    ok = ok_rows(df)
+    vary = varying_axes(ok if len(ok) else df)  # panel titles name what varies among the drawn panels
+    out = []
+    for key, rows in df.groupby(list(GROUP_AXES), sort=False, dropna=False):
+        values = dict(zip(GROUP_AXES, key, strict=True))
+        label = " · ".join(axis_label(a, values[a]) for a in vary) or common_label(ok if len(ok) else df) or "all cells"
+        full = "/".join(str(values[a]) for a in ("device", "dtype", "mode"))
+        extra = [axis_label(a, values[a]) for a in ("batch", "num_heads", "d_model")]
+        if values["cache"] != "warm":
+            extra.append(axis_label("cache", values["cache"]))
+        out.append(Group(tuple(key), values, label, f"{full} ({', '.join(extra)})", rows))
+    out.sort(key=lambda g: (g.values["device"], g.values["dtype"], _mode_rank(g.values["mode"]), g.values["mode"],
+                            g.values["cache"], g.values["batch"], g.values["num_heads"], g.values["d_model"]))
+    return out
+
+
+# ---------------------------------------------------------------- baseline, summary
+
+
+def choose_baseline(df: pd.DataFrame, requested: str | None) -> tuple[str | None, str | None]:
+    """``(baseline, note)``: the requested implementation when it has successful cells, else the first one that does.
+
+    ``note`` says what happened when the request could not be honoured (``None`` otherwise).
+    """
+    ok = ok_rows(df)
+    present = impl_order(ok)
+    if not present:
+        return None, "no implementation has a successful cell, so there is no baseline to compare against"
+    if requested and requested in present:
+        return requested, None
+    if requested and requested in set(df["impl"]):
+        why = f"baseline {requested!r} has no successful cell in this run"
+    elif requested:
+        why = f"baseline {requested!r} is not in this run"
+    else:
+        why = "no baseline was requested"
+    return present[0], f"{why}; using {present[0]!r} instead (the first implementation with successful cells)"
+
+
+def status_counts(df: pd.DataFrame) -> pd.DataFrame:
+    """Cells per implementation and status (columns: impl, ok, oom, error, ..., total)."""
+    from attnbench.schema import STATUSES
+
+    if df.empty:
+        return pd.DataFrame(columns=["impl", *STATUSES, "total"])
+    table = pd.crosstab(df["impl"], df["status"])
+    for s in STATUSES:
+        if s not in table.columns:
+            table[s] = 0
+    extra = [c for c in table.columns if c not in STATUSES]
+    table = table[[*STATUSES, *extra]]
+    table["total"] = table.sum(axis=1)
+    table = table.reindex(impl_order(df))
+    return table.reset_index().rename(columns={"index": "impl"})
+
+
+# ---------------------------------------------------------------- fastest, speed-up, crossovers
+
+
+def _overlap(a: pd.Series, b: pd.Series) -> bool:
+    """Do the median CIs of two rows overlap (False when a CI is missing)?"""
+    lo = (a["ci_low_s"], b["ci_low_s"])
+    hi = (a["ci_high_s"], b["ci_high_s"])
+    if not all(np.isfinite(v) for v in (*lo, *hi)):
+        return False
+    return max(lo) <= min(hi)
+
+
+def fastest(df: pd.DataFrame) -> pd.DataFrame:
+    """The fastest implementation of every (configuration, seq_len), with the runner-up and its margin."""
+    cols = ["configuration", "seq_len", "fastest", "median", "ci", "runner_up", "runner_up_slower_x", "n_impls", "note"]
+    rows = []
+    for g in groups(ok_rows(df)):
+        for t, cells in g.rows.groupby("seq_len", sort=True):
+            cells = cells.sort_values("median_s")
+            best = cells.iloc[0]
+            notes = []
+            if best["ci_rel"] > NOISY_CI_REL:
+                notes.append("noisy")
+            second = cells.iloc[1] if len(cells) > 1 else None
+            if second is not None and _overlap(best, second):
+                notes.append("tie within CI")
+            rows.append({
+                "configuration": g.full_label, "seq_len": int(t), "fastest": best["impl"],
+                "median": fmt_time(best["median_s"]),
+                "ci": f"{fmt_time(best['ci_low_s'])} – {fmt_time(best['ci_high_s'])}",
+                "runner_up": second["impl"] if second is not None else "–",
+                "runner_up_slower_x": fmt_num(second["median_s"] / best["median_s"]) if second is not None else "–",
+                "n_impls": len(cells), "note": ", ".join(notes),
+            })
+    return pd.DataFrame(rows, columns=cols)
+
+
+def speedups(df: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
+    """``baseline median / impl median`` per (configuration, seq_len, impl): > 1 means faster than the baseline."""
+    cols = ["group", "configuration", "impl", "seq_len", "median_s", "baseline_median_s", "speedup"]
+    if baseline is None:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for gi, g in enumerate(groups(ok_rows(df))):
+        base = g.rows[g.rows["impl"] == baseline].set_index("seq_len")["median_s"]
+        for r in g.rows.itertuples():
+            if r.seq_len in base.index:
+                b = float(base.loc[r.seq_len]) if np.ndim(base.loc[r.seq_len]) == 0 else float(base.loc[r.seq_len].iloc[0])
+                rows.append({"group": gi, "configuration": g.full_label, "impl": r.impl, "seq_len": int(r.seq_len),
+                             "median_s": r.median_s, "baseline_median_s": b, "speedup": b / r.median_s})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _order_sentence(a: str, b: str, ts: list[int], faster: list[bool], where: str) -> tuple[str, int | None]:
+    """One sentence about how ``a`` compares with ``b`` over ``ts`` (``faster[i]``: a is faster at ts[i])."""
+    span = f"({t_range(ts)})"
+    if all(faster):
+        return f"{a} is faster than {b} at every T measured {span} on {where}.", None
+    if not any(faster):
+        return f"{a} is slower than {b} at every T measured {span} on {where}.", None
+    changes = [i for i in range(1, len(ts)) if faster[i] != faster[i - 1]]
+    if len(changes) == 1:
+        i = changes[0]
+        if faster[i]:
+            return (f"{a} is faster than {b} from T >= {ts[i]} on {where} "
+                    f"(slower up to T <= {ts[i - 1]}).", ts[i])
+        return (f"{a} is faster than {b} up to T <= {ts[i - 1]} on {where}; "
+                f"{b} is faster from T >= {ts[i]}.", ts[i])
+    fast = ", ".join(str(t) for t, f in zip(ts, faster, strict=True) if f)
+    slow = ", ".join(str(t) for t, f in zip(ts, faster, strict=True) if not f)
+    return (f"{a} and {b} change order {len(changes)} times on {where}: {a} is faster at T = {fast} "
+            f"and slower at T = {slow} (differences this small are often noise).", ts[changes[0]])
+
+
+def crossovers(df: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, list[str]]:
+    """How each implementation compares with every other over ``seq_len``, per configuration.
+
+    Returns ``(table, notes)``. The table has one row per (configuration, a, b) pair with at least two
+    common sequence lengths: ``kind`` is ``always_faster``, ``always_slower``, ``crossover`` or ``mixed``,
+    ``crossover_T`` the first T of the new order, ``vs_baseline`` whether ``b`` is the baseline, and
+    ``sentence`` says it in words. ``notes`` explain configurations where nothing could be said.
+    """
+    cols = ["configuration", "a", "b", "vs_baseline", "kind", "crossover_T", "n_T", "sentence"]
+    rows, notes = [], []
+    for g in groups(ok_rows(df)):
+        med = g.rows.pivot_table(index="seq_len", columns="impl", values="median_s", aggfunc="median")
+        impls = [i for i in impl_order(g.rows) if i in med.columns]
+        if len(impls) < 2:
+            notes.append(f"{g.full_label}: only {impls[0] if impls else 'no implementation'} has successful cells, "
+                         "nothing to compare.")
+            continue
+        if len(med.index) < 2:
+            order = med.iloc[0].dropna().sort_values()
+            notes.append(f"{g.full_label}: one sequence length (T={int(med.index[0])}), so no crossover can be "
+                         f"found; the order there is {' < '.join(order.index)}.")
+            continue
+        pairs = [(a, baseline) for a in impls if baseline in impls and a != baseline]
+        pairs += [(a, b) for i, a in enumerate(impls) for b in impls[i + 1:] if baseline not in (a, b)]
+        for a, b in pairs:
+            both = med[[a, b]].dropna()
+            if len(both) < 2:
+                continue
+            ts = [int(t) for t in both.index]
+            faster = [bool(x) for x in (both[a] < both[b])]
+            if not any(faster) and b != baseline:
+                a, b, faster = b, a, [not f for f in faster]  # state it from the side that ends up faster
+            sentence, t_cross = _order_sentence(a, b, ts, faster, g.full_label)
+            changes = sum(faster[i] != faster[i - 1] for i in range(1, len(faster)))
+            kind = ("always_faster" if all(faster) else "always_slower" if not any(faster)
+                    else "crossover" if changes == 1 else "mixed")
+            rows.append({"configuration": g.full_label, "a": a, "b": b, "vs_baseline": b == baseline, "kind": kind,
+                         "crossover_T": t_cross, "n_T": len(ts), "sentence": sentence})
+    return pd.DataFrame(rows, columns=cols), notes
+
+
+# ---------------------------------------------------------------- scaling exponents
+
+
+def _fit(ts: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope and R² of ``log y`` on ``log T``."""
+    x, y = np.log(ts), np.log(ys)
+    k, c = np.polyfit(x, y, 1)
+    resid = y - (k * x + c)
+    ss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((resid**2).sum()) / ss if ss > 0 else float("nan")
+    return float(k), r2
+
+
+def scaling(df: pd.DataFrame, column: str = "median_s", min_points: int = 3) -> pd.DataFrame:
+    """The exponent ``k`` of ``column ∝ T^k`` per (implementation, configuration), fitted in log-log space.
+
+    ``k_all`` fits every distinct T (at least ``min_points``); ``k_tail`` only the three largest (when
+    there are four or more: small T is often dominated by fixed overheads). ``note`` says why a fit is missing.
+    """
+    cols = ["impl", "configuration", "n_T", "T_range", "k_all", "r2", "k_tail", "note"]
+    rows = []
+    for g in groups(ok_rows(df)):
+        for impl in impl_order(g.rows):
+            cells = g.rows[g.rows["impl"] == impl]
+            vals = cells.groupby("seq_len")[column].median()
+            positive = vals[np.isfinite(vals) & (vals > 0)]
+            row = {"impl": impl, "configuration": g.full_label, "n_T": len(positive), "T_range": t_range(vals.index),
+                   "k_all": float("nan"), "r2": float("nan"), "k_tail": float("nan"), "note": ""}
+            if len(positive) < min_points:
+                if len(positive) == 0:
+                    row["note"] = f"no {column} measured"
+                else:
+                    row["note"] = (f"needs >= {min_points} distinct T with a measurement to fit a slope; "
+                                   f"has {len(positive)}")
+            else:
+                ts, ys = positive.index.to_numpy(dtype=float), positive.to_numpy(dtype=float)
+                row["k_all"], row["r2"] = _fit(ts, ys)
+                if len(positive) >= 4:
+                    row["k_tail"], _ = _fit(ts[-3:], ys[-3:])
+            rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ---------------------------------------------------------------- noisy and failed cells, compile
+
+
+def axes_text(row) -> str:
+    """``impl @ cpu/float32/forward B=1 h=2 d=32 T=64`` for one row."""
+    get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k))
+    cache = get("cache")
+    return (f"{get('impl')} @ {get('device')}/{get('dtype')}/{get('mode')} B={get('batch')} h={get('num_heads')} "
+            f"d={get('d_model')} T={get('seq_len')}" + (f" cache={cache}" if cache and cache != "warm" else ""))
+
+
+def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
+    """Successful cells whose median CI half-width exceeds ``limit`` of the median, noisiest first."""
+    ok = ok_rows(df)
+    bad = ok[ok["ci_rel"] > limit].sort_values("ci_rel", ascending=False)
+    return pd.DataFrame({
+        "cell": [axes_text(r) for r in bad.itertuples()],
+        "median": [fmt_time(v) for v in bad["median_s"]],
+        "ci": [f"{fmt_time(lo)} – {fmt_time(hi)}" for lo, hi in zip(bad["ci_low_s"], bad["ci_high_s"], strict=True)],
+        "ci_rel_pct": [f"±{100 * v:.1f}%" for v in bad["ci_rel"]],
+        "n": bad["n"].tolist() if "n" in bad else [],
+    }, columns=["cell", "median", "ci", "ci_rel_pct", "n"])
+
+
+def failures(df: pd.DataFrame) -> pd.DataFrame:
+    """Every cell that is not ``ok``: its axes, status and error text."""
+    bad = df[df["status"] != "ok"]
+    return pd.DataFrame({
+        "impl": bad["impl"].tolist(),
+        "configuration": [f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} d={r.d_model}"
+                          + (f" cache={r.cache}" if r.cache != "warm" else "") for r in bad.itertuples()],
+        "seq_len": bad["seq_len"].tolist(),
+        "status": bad["status"].tolist(),
+        "error": [(e or n or "").strip() for e, n in zip(bad["error"], bad["notes"], strict=True)],
+    }, columns=["impl", "configuration", "seq_len", "status", "error"])
+
+
+def eager_name(impl: str) -> str | None:
+    """``weight_split`` for ``compiled:weight_split@max-autotune``; ``None`` for a non-compiled name."""
+    if not impl.startswith("compiled:"):
+        return None
+    return impl[len("compiled:"):].split("@", 1)[0]
+
+
+def compile_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``compiled:`` cells: compile time, steady-state median, the eager median and the calls to break even."""
+    cols = ["impl", "configuration", "seq_len", "compile_s", "median_s", "eager_median_s", "speedup_vs_eager",
+            "break_even_calls"]
+    ok = ok_rows(df)
+    comp = ok[ok["impl"].str.startswith("compiled:")]
+    rows = []
+    for r in comp.itertuples():
+        eager = ok[(ok["impl"] == eager_name(r.impl)) & (ok["seq_len"] == r.seq_len)]
+        for a in GROUP_AXES:
+            eager = eager[eager[a] == getattr(r, a)]
+        e = float(eager["median_s"].iloc[0]) if len(eager) else float("nan")
+        gain = e - r.median_s
+        if not np.isfinite(e) or not np.isfinite(r.compile_s):
+            be = float("nan")
+        else:
+            be = math.ceil(r.compile_s / gain) if gain > 0 else float("inf")
+        rows.append({"impl": r.impl, "configuration": f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} "
+                     f"d={r.d_model}", "seq_len": int(r.seq_len), "compile_s": r.compile_s, "median_s": r.median_s,
+                     "eager_median_s": e, "speedup_vs_eager": e / r.median_s if np.isfinite(e) else float("nan"),
+                     "break_even_calls": be})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def bar_choice(df: pd.DataFrame) -> tuple[Group, int] | None:
+    """The configuration of the bar chart: the first configuration's largest T common to most implementations."""
+    gs = groups(ok_rows(df))
+    if not gs:
+        return None
+    g = gs[0]
+    counts = g.rows.groupby("seq_len")["impl"].nunique()
+    best = counts.max()
+    t = int(max(t for t, c in counts.items() if c == best))
+    return g, t
+
+
+def cell_key(row) -> tuple:
+    """The :data:`~attnbench.schema.AXES` values of a row, as a tuple."""
+    return tuple(row[a] for a in AXES)
+
+
+# ---------------------------------------------------------------- profiler op tables
+
+
+def profile_tables(ops: pd.DataFrame, top: int = 15) -> list[dict]:
+    """Per configuration, the top operators by self time, one column per implementation (side by side).
+
+    ``ops`` is ``<run>/profile/ops.parquet``. Device self time is used when any op has some (GPU runs),
+    else CPU self time. Returns ``[{"configuration", "time_column", "table"}]``.
+    """
+    if ops is None or ops.empty:
+        return []
+    ops = ops.copy()
+    ops["impl"] = ops["impl"].astype(str)
+    cid = ops["cell_id"].astype(str) if "cell_id" in ops else pd.Series([""] * len(ops))
+    ops["configuration"] = [c.split("|", 1)[1] if "|" in c else c for c in cid]
+    out = []
+    for conf, part in ops.groupby("configuration", sort=True):
+        use_device = "self_device_s" in part and pd.to_numeric(part["self_device_s"], errors="coerce").fillna(0).gt(0).any()
+        tcol = "self_device_s" if use_device else "self_cpu_s"
+        part = part.assign(_t=pd.to_numeric(part[tcol], errors="coerce").fillna(0.0),
+                           _calls=pd.to_numeric(part.get("calls", 0), errors="coerce").fillna(0))
+        agg = part.groupby(["impl", "op"], sort=False).agg(t=("_t", "sum"), calls=("_calls", "sum")).reset_index()
+        impls = list(dict.fromkeys(part["impl"]))
+        keep: list[str] = []
+        for impl in impls:
+            top_ops = agg[agg["impl"] == impl].sort_values("t", ascending=False).head(top)["op"].tolist()
+            keep += [o for o in top_ops if o not in keep]
+        totals = agg.groupby("impl")["t"].sum()
+        table = pd.DataFrame({"op": keep})
+        for impl in impls:
+            sub = agg[agg["impl"] == impl].set_index("op")
+            table[f"{impl} self"] = [fmt_time(sub["t"].get(o, float("nan"))) if o in sub.index else "–" for o in keep]
+            table[f"{impl} %"] = [f"{100 * sub['t'].get(o) / totals[impl]:.1f}%" if o in sub.index and totals[impl] > 0
+                                  else "–" for o in keep]
+            table[f"{impl} calls"] = [str(int(sub["calls"].get(o))) if o in sub.index else "–" for o in keep]
+        first = impls[0]
+        order = agg[agg["impl"] == first].set_index("op")["t"]
+        table["_sort"] = [-(order.get(o, 0.0)) for o in keep]
+        table = table.sort_values("_sort", kind="stable").drop(columns="_sort").reset_index(drop=True)
+        table.loc[len(table)] = ["total (all ops)"] + sum(
+            ([fmt_time(totals[i]), "100%", str(int(agg[agg["impl"] == i]["calls"].sum()))] for i in impls), [])
+        out.append({"configuration": conf, "time_column": tcol, "table": table})
+    return out

@@ -1,0 +1,495 @@
+"""Report figures: matplotlib (object API, no pyplot state), each saved as PNG and SVG and embedded as a data URI.
+
+A figure that cannot be drawn (no successful cells, nothing measured) is not drawn: it comes back with
+``skipped`` set to the reason, which the report prints in its place.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure as MplFigure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+from attnbench.report import analysis as an
+
+STYLE = {
+    "font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 9, "ytick.labelsize": 9,
+    "legend.fontsize": 9, "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.8,
+    "lines.markersize": 5, "axes.spines.top": False, "axes.spines.right": False, "svg.fonttype": "path",
+    "figure.facecolor": "white", "axes.facecolor": "white", "savefig.facecolor": "white",
+}
+PNG_DPI = 150
+MAX_PANELS = 9
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+
+
+@dataclass
+class Figure:
+    """One figure of a report: its files and data URI, or why it was not drawn."""
+
+    name: str
+    title: str
+    caption: str = ""
+    png: Path | None = None
+    svg: Path | None = None
+    data_uri: str | None = None
+    skipped: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def impl_styles(names: Sequence[str]) -> dict[str, dict]:
+    """A stable colour and marker per implementation: tab20 by sorted name (dark shades first)."""
+    cmap = matplotlib.colormaps["tab20"]
+    slots = list(range(0, 20, 2)) + list(range(1, 20, 2))
+    out = {}
+    for i, name in enumerate(sorted(set(names))):
+        rgba = cmap(slots[i % len(slots)])
+        out[name] = {"color": matplotlib.colors.to_hex(rgba), "marker": MARKERS[i % len(MARKERS)]}
+    return out
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _styled(fn):
+    """Run a figure function with :data:`STYLE` in effect (rc parameters are read when artists are made)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with matplotlib.rc_context(STYLE):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _new_figure(n_panels: int, panel_w: float = 3.7, panel_h: float = 3.0) -> tuple[MplFigure, list]:
+    if n_panels == 1:
+        fig = MplFigure(figsize=(7.0, 4.4), layout="constrained")
+        return fig, [fig.add_subplot(1, 1, 1)]
+    ncols = 2 if n_panels in (2, 4) else 3
+    nrows = math.ceil(n_panels / ncols)
+    w = 10.5 if ncols == 3 else 9.0
+    fig = MplFigure(figsize=(w, nrows * panel_h + 0.9), layout="constrained")
+    axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(n_panels)]
+    return fig, axes
+
+
+def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path, str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
+    fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None})
+    fig.savefig(svg, metadata={"Date": None})
+    uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+    return png, svg, uri
+
+
+def _seq_axis(ax, ts: Sequence[int]) -> None:
+    ts = sorted({int(t) for t in ts if t > 0})
+    ax.set_xscale("log", base=2)
+    if 0 < len(ts) <= 9:
+        ax.xaxis.set_major_locator(FixedLocator(ts))
+    else:
+        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=9))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 else f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(ts) == 1:
+        ax.set_xlim(ts[0] / 1.6, ts[0] * 1.6)
+    ax.set_xlabel("sequence length T")
+
+
+def _log_y(ax, values, fmt: Callable[[float], str], base: int = 10) -> None:
+    v = np.asarray([x for x in values if np.isfinite(x) and x > 0], dtype=float)
+    ax.set_yscale("log", base=base)
+    span = np.log10(v.max() / v.min()) if len(v) else 0.0
+    if base == 10:
+        subs = (1.0, 2.0, 5.0) if span < 1.5 else (1.0, 3.0) if span < 3 else (1.0,)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+    else:
+        ax.yaxis.set_major_locator(LogLocator(base=base, numticks=10))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: fmt(y)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    if len(v) and span < 0.05:  # one value or nearly: give the axis some room so a tick shows
+        ax.set_ylim(v.min() / 1.5, v.max() * 1.5)
+
+
+def _legend(fig: MplFigure, handles: list, ncol: int | None = None) -> None:
+    if not handles:
+        return
+    ncol = ncol or min(len(handles), 4)
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False)
+
+
+def _impl_handle(name: str, style: dict, **kw) -> Line2D:
+    return Line2D([], [], color=style["color"], marker=style["marker"], label=name, **kw)
+
+
+def _empty_panel(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#666", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _quantiles(samples: list, q: float, fallback: float) -> float:
+    return float(np.quantile(samples, q)) if len(samples) >= 2 else fallback
+
+
+def _chunks(items: list, size: int = MAX_PANELS) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)] or [[]]
+
+
+def _suffix(i: int, n: int) -> str:
+    return "" if n == 1 else f"-{i + 1}"
+
+
+def _title(base: str, df: pd.DataFrame, i: int, n: int) -> str:
+    common = an.common_label(df)
+    return base + (f" — {common}" if common else "") + (f" (part {i + 1} of {n})" if n > 1 else "")
+
+
+# ---------------------------------------------------------------- figures
+
+
+@_styled
+def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
+    """Median latency vs T per implementation, log-log, one panel per configuration; IQR band; failures marked."""
+    ok = an.ok_rows(df)
+    if ok.empty:
+        return [Figure("latency", "Latency vs sequence length", skipped="no successful cells to plot")]
+    all_groups = an.groups(df)
+    gs = [g for g in all_groups if (g.rows["status"] == "ok").any()]
+    empty = [g.full_label for g in all_groups if not (g.rows["status"] == "ok").any()]
+    chunks = _chunks(gs)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        fig, axes = _new_figure(len(chunk))
+        impls_seen, any_noisy, any_failed = [], False, False
+        for ax, g in zip(axes, chunk, strict=True):
+            rows = g.rows
+            good = an.ok_rows(rows)
+            ax.set_title(g.label)
+            if good.empty:
+                _empty_panel(ax, "no successful cells here\n(see the failed cells list)")
+                continue
+            for impl in an.impl_order(good):
+                st = styles[impl]
+                r = good[good["impl"] == impl].sort_values("seq_len")
+                lo = [_quantiles(s, 0.25, m - iq / 2 if np.isfinite(iq) else m)
+                      for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
+                hi = [_quantiles(s, 0.75, m + iq / 2 if np.isfinite(iq) else m)
+                      for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
+                ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], label=impl)
+                ax.fill_between(r["seq_len"], lo, hi, color=st["color"], alpha=0.18, linewidth=0)
+                nz = r[r["ci_rel"] > an.NOISY_CI_REL]
+                if len(nz):
+                    any_noisy = True
+                    ax.scatter(nz["seq_len"], nz["median_s"], s=110, facecolors="none", edgecolors="black",
+                               linewidths=1.1, zorder=5)
+                if impl not in impls_seen:
+                    impls_seen.append(impl)
+            failed = rows[rows["status"] != "ok"]
+            for r in failed.itertuples():
+                any_failed = True
+                ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x", color=styles[r.impl]["color"],
+                        markersize=7, mew=2, linestyle="none", clip_on=False)
+                if r.impl not in impls_seen:
+                    impls_seen.append(r.impl)
+            _seq_axis(ax, rows["seq_len"])
+            _log_y(ax, np.concatenate([good["median_s"].to_numpy(), good["ci_high_s"].to_numpy()]), an.fmt_time)
+            ax.set_ylabel("median time per call")
+        handles = [_impl_handle(i, styles[i]) for i in sorted(impls_seen)]
+        if any_noisy:
+            handles.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="black",
+                                  linestyle="none", label=f"noisy: CI > ±{an.NOISY_CI_REL:.0%}"))
+        if any_failed:
+            handles.append(Line2D([], [], marker="x", color="#444", mew=2, linestyle="none",
+                                  label="failed cell (oom/error/…)"))
+        _legend(fig, handles)
+        title = _title("Latency vs sequence length", df, ci, len(chunks))
+        fig.suptitle(title, fontsize=12)
+        name = f"latency{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, name)
+        notes = []
+        if empty and ci == len(chunks) - 1:
+            notes.append(f"Not drawn: {len(empty)} configuration(s) without any successful cell "
+                         f"({'; '.join(empty[:6])}{' …' if len(empty) > 6 else ''}); see the failed cells list.")
+        if ok["seq_len"].nunique() == 1:
+            notes.append("Only one sequence length was measured, so each line is a single point; the bar chart "
+                         "below compares the implementations at that length.")
+        out.append(Figure(name, title, "Median time per call (lines); band: interquartile range of the per-call "
+                          "samples. Black rings mark noisy cells; × on the x axis marks a cell that failed.",
+                          png, svg, uri, notes=notes))
+    return out
+
+
+@_styled
+def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) -> list[Figure]:
+    """Speed-up over the baseline (baseline median / median) vs T, per configuration."""
+    title = f"Speed-up relative to {baseline}" if baseline else "Speed-up relative to a baseline"
+    if baseline is None:
+        return [Figure("speedup", title, skipped="no successful cells, so there is no baseline")]
+    others = sp[sp["impl"] != baseline]
+    if others.empty:
+        only = sp["impl"].nunique() <= 1 and an.ok_rows(df)["impl"].nunique() <= 1
+        why = ("only one implementation has successful cells" if only else
+               f"no other implementation has a successful cell at a configuration where {baseline} has one")
+        return [Figure("speedup", title, skipped=why)]
+    gs = an.groups(an.ok_rows(df))  # the same groups (and indices) as analysis.speedups
+    gids = [i for i, _ in enumerate(gs) if i in set(sp["group"])]
+    chunks = _chunks(gids)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        fig, axes = _new_figure(len(chunk))
+        seen = set()
+        for ax, gi in zip(axes, chunk, strict=True):
+            g = gs[gi]
+            part = sp[sp["group"] == gi]
+            ax.set_title(g.label)
+            ax.axhline(1.0, color=styles[baseline]["color"], linestyle="--", linewidth=1.2)
+            rest = part[part["impl"] != baseline]
+            if rest.empty:
+                _empty_panel(ax, f"only {baseline} has successful cells here")
+                continue
+            for impl in an.impl_order(rest):
+                r = rest[rest["impl"] == impl].sort_values("seq_len")
+                st = styles[impl]
+                ax.plot(r["seq_len"], r["speedup"], color=st["color"], marker=st["marker"])
+                seen.add(impl)
+            _seq_axis(ax, part["seq_len"])
+            vals = np.concatenate([rest["speedup"].to_numpy(), [1.0]])
+            _log_y(ax, vals, lambda v: f"{v:.3g}×", base=2 if vals.max() / vals.min() > 8 else 10)
+            ax.set_ylabel(f"speed-up vs {baseline} (>1 faster)")
+        handles = [_impl_handle(i, styles[i]) for i in sorted(seen)]
+        handles.append(Line2D([], [], color=styles[baseline]["color"], linestyle="--", label=f"{baseline} (baseline, 1×)"))
+        _legend(fig, handles)
+        t = _title(title, df, ci, len(chunks))
+        fig.suptitle(t, fontsize=12)
+        name = f"speedup{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, name)
+        out.append(Figure(name, t, f"{baseline} median / implementation median at the same cell: above the dashed "
+                          "line is faster than the baseline, below is slower.", png, svg, uri))
+    return out
+
+
+def _metric_panels(df: pd.DataFrame, column: str, name: str, title: str, ylabel: str, fmt, styles: dict,
+                   out_dir: Path, caption: str, empty_reason: str, base: int = 10,
+                   decorate: Callable | None = None) -> list[Figure]:
+    ok = an.ok_rows(df)
+    vals = ok[np.isfinite(ok[column]) & (ok[column] > 0)]
+    if vals.empty:
+        return [Figure(name, title, skipped=empty_reason)]
+    gs = [g for g in an.groups(df) if (g.rows["status"] == "ok").any()]
+    chunks = _chunks(gs)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        fig, axes = _new_figure(len(chunk))
+        seen = set()
+        for ax, g in zip(axes, chunk, strict=True):
+            ax.set_title(g.label)
+            good = an.ok_rows(g.rows)
+            good = good[np.isfinite(good[column]) & (good[column] > 0)]
+            if good.empty:
+                _empty_panel(ax, f"no {column} measured here")
+                continue
+            for k, impl in enumerate(an.impl_order(good)):
+                r = good[good["impl"] == impl].sort_values("seq_len")
+                st = styles[impl]
+                # hollow markers, later lines thinner: implementations with identical values stay visible
+                ax.plot(r["seq_len"], r[column], color=st["color"], marker=st["marker"], markerfacecolor="none",
+                        markersize=7 - min(k, 4) * 0.6, markeredgewidth=1.4, linewidth=2.2 - min(k, 5) * 0.25)
+                seen.add(impl)
+            _seq_axis(ax, g.rows["seq_len"])
+            _log_y(ax, good[column], fmt, base=base)
+            ax.set_ylabel(ylabel)
+            if decorate:
+                decorate(ax, good)
+        handles = [_impl_handle(i, styles[i], markerfacecolor="none") for i in sorted(seen)]
+        extra = getattr(decorate, "handles", [])
+        _legend(fig, handles + list(extra))
+        t = _title(title, df, ci, len(chunks))
+        fig.suptitle(t, fontsize=12)
+        fname = f"{name}{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, fname)
+        out.append(Figure(fname, t, caption, png, svg, uri))
+    return out
+
+
+@_styled
+def memory(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
+    """Peak memory over the pre-cell baseline vs T."""
+    methods = sorted({m for m in df.get("memory_method", pd.Series(dtype=str)).dropna().astype(str) if m})
+    how = f" (measured with: {', '.join(methods)})" if methods else ""
+    return _metric_panels(df, "peak_bytes", "memory", "Peak memory vs sequence length", "peak memory over baseline",
+                          an.fmt_bytes, styles, out_dir,
+                          f"Peak memory allocated during a call, above what was allocated before the cell{how}.",
+                          "no successful cell has a peak memory measurement" + how, base=2)
+
+
+@_styled
+def throughput(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
+    """Achieved GFLOP/s vs T, with the measured peak as a dashed line and a fraction-of-peak axis on the right."""
+
+    def decorate(ax, good):
+        peaks = good["peak_gflops_per_s"].dropna()
+        peaks = peaks[peaks > 0]
+        if peaks.empty:
+            return
+        peak = float(peaks.median())
+        ax.axhline(peak, color="#555", linestyle=":", linewidth=1.3)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, max(hi, peak * 1.3))
+        sec = ax.secondary_yaxis("right", functions=(lambda g: g / peak, lambda f: f * peak))
+        sec.set_ylabel("fraction of measured peak")
+        sec.yaxis.set_major_formatter(FuncFormatter(lambda f, _: f"{f:.0%}" if f >= 0.01 else f"{f:.1%}"))
+        sec.yaxis.set_minor_formatter(NullFormatter())
+
+    decorate.handles = [Line2D([], [], color="#555", linestyle=":", label="measured peak GFLOP/s")]
+    return _metric_panels(df, "gflops_per_s", "throughput", "Achieved throughput vs sequence length", "GFLOP/s",
+                          lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}", styles, out_dir,
+                          "Model FLOPs per call / median time. Dotted line: the machine's measured peak for that "
+                          "device and dtype (right axis: fraction of it, the frac_peak column).",
+                          "no successful cell has a FLOP count (gflops_per_s is empty)", decorate=decorate)
+
+
+@_styled
+def compile_times(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
+    """``compiled:`` cells: compile time (solid) against steady-state time per call (dashed) vs T."""
+    ok = an.ok_rows(df)
+    comp = ok[ok["impl"].str.startswith("compiled:")]
+    title = "torch.compile: compile time vs steady-state time"
+    if comp.empty:
+        why = ("this run has no compiled: implementations" if not df["impl"].str.startswith("compiled:").any()
+               else "no compiled: cell succeeded")
+        return [Figure("compile", title, skipped=why)]
+    gs = [g for g in an.groups(comp)]
+    chunks = _chunks(gs)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        fig, axes = _new_figure(len(chunk))
+        seen = set()
+        for ax, g in zip(axes, chunk, strict=True):
+            ax.set_title(g.label)
+            vals = []
+            for impl in an.impl_order(g.rows):
+                r = g.rows[g.rows["impl"] == impl].sort_values("seq_len")
+                st = styles[impl]
+                if r["compile_s"].notna().any():
+                    ax.plot(r["seq_len"], r["compile_s"], color=st["color"], marker="s", linestyle="-")
+                ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker="o", linestyle="--",
+                        markerfacecolor="white")
+                vals += [*r["compile_s"].dropna(), *r["median_s"].dropna()]
+                seen.add(impl)
+            _seq_axis(ax, g.rows["seq_len"])
+            _log_y(ax, vals, an.fmt_time)
+            ax.set_ylabel("time")
+        handles = [Patch(color=styles[i]["color"], label=i) for i in sorted(seen)]
+        handles += [Line2D([], [], color="#444", marker="s", linestyle="-", label="compile time (first call)"),
+                    Line2D([], [], color="#444", marker="o", markerfacecolor="white", linestyle="--",
+                           label="steady-state time per call")]
+        _legend(fig, handles, ncol=min(len(handles), 3))
+        t = _title(title, comp, ci, len(chunks))
+        fig.suptitle(t, fontsize=12)
+        name = f"compile{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, name)
+        out.append(Figure(name, t, "Solid: time to compile (the first call); dashed: median time per call after "
+                          "compilation. The table below gives the number of calls after which compiling pays off.",
+                          png, svg, uri))
+    return out
+
+
+@_styled
+def bars(df: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) -> tuple[Figure, pd.DataFrame]:
+    """Median latency per implementation at one configuration (horizontal bars, CI error bars)."""
+    choice = an.bar_choice(df)
+    if choice is None:
+        return Figure("bars", "Implementations side by side", skipped="no successful cells to compare"), pd.DataFrame()
+    g, t = choice
+    cells = g.rows[g.rows["seq_len"] == t].sort_values("median_s", ascending=False)
+    title = f"All implementations at T={t}, {g.full_label}"
+    scale, unit = next(((s, u) for s, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+                        if cells["median_s"].max() >= s), (1e-9, "ns"))
+    med = cells["median_s"].to_numpy() / scale
+    lo = np.nan_to_num(med - cells["ci_low_s"].to_numpy() / scale, nan=0.0).clip(min=0)
+    hi = np.nan_to_num(cells["ci_high_s"].to_numpy() / scale - med, nan=0.0).clip(min=0)
+    fig = MplFigure(figsize=(8.0, 1.2 + 0.42 * len(cells)), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    y = np.arange(len(cells))
+    ax.barh(y, med, xerr=[lo, hi], color=[styles[i]["color"] for i in cells["impl"]], capsize=3,
+            error_kw={"elinewidth": 1.1, "ecolor": "#222"})
+    ax.set_yticks(y, cells["impl"])
+    ax.grid(axis="y", visible=False)
+    base_med = cells.loc[cells["impl"] == baseline, "median_s"]
+    for yi, (m, h, impl) in enumerate(zip(med, hi, cells["impl"], strict=True)):
+        label = f" {m:.3g} {unit}"
+        if len(base_med) and impl != baseline:
+            label += f"  ({float(base_med.iloc[0]) / (m * scale):.2f}× vs {baseline})"
+        ax.text(m + h, yi, label, va="center", fontsize=8.5)
+    ax.set_xlim(0, (med + hi).max() * 1.45)
+    ax.set_xlabel(f"median time per call ({unit}); error bars: 95% CI of the median")
+    fig.suptitle(title, fontsize=11)
+    png, svg, uri = _save(fig, out_dir, "bars")
+    others = g.rows.groupby("seq_len")["impl"].nunique()
+    table = pd.DataFrame({"impl": cells["impl"][::-1].tolist(),
+                          "median": [an.fmt_time(v) for v in cells["median_s"][::-1]],
+                          "ci_low": [an.fmt_time(v) for v in cells["ci_low_s"][::-1]],
+                          "ci_high": [an.fmt_time(v) for v in cells["ci_high_s"][::-1]],
+                          "n": cells["n"][::-1].tolist()})
+    caption = (f"Chosen automatically: the largest sequence length measured by the most implementations "
+               f"({int(others.max())}) in the first configuration. Bars: median; error bars: 95% CI.")
+    return Figure("bars", title, caption, png, svg, uri), table
+
+
+@_styled
+def latency_overlay(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str, styles: dict,
+                    out_dir: Path, name: str = "latency_overlay") -> list[Figure]:
+    """Two runs' latency curves on the same panels: A solid with filled markers, B dashed with hollow ones."""
+    both = pd.concat([a.assign(_run="A"), b.assign(_run="B")], ignore_index=True)
+    ok = an.ok_rows(both)
+    title = "Latency vs sequence length, A (solid) and B (dashed)"
+    if ok.empty:
+        return [Figure(name, title, skipped="neither run has a successful cell")]
+    gs = [g for g in an.groups(both) if (g.rows["status"] == "ok").any()]
+    chunks = _chunks(gs)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        fig, axes = _new_figure(len(chunk))
+        seen = set()
+        for ax, g in zip(axes, chunk, strict=True):
+            ax.set_title(g.label)
+            good = an.ok_rows(g.rows)
+            if good.empty:
+                _empty_panel(ax, "no successful cells here in either run")
+                continue
+            for impl in an.impl_order(good):
+                st = styles[impl]
+                for run, ls, face in (("A", "-", st["color"]), ("B", "--", "white")):
+                    r = good[(good["impl"] == impl) & (good["_run"] == run)].sort_values("seq_len")
+                    if len(r):
+                        ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], linestyle=ls,
+                                markerfacecolor=face)
+                seen.add(impl)
+            _seq_axis(ax, g.rows["seq_len"])
+            _log_y(ax, good["median_s"], an.fmt_time)
+            ax.set_ylabel("median time per call")
+        handles = [_impl_handle(i, styles[i]) for i in sorted(seen)]
+        handles += [Line2D([], [], color="#444", linestyle="-", marker="o", label=f"A: {label_a}"),
+                    Line2D([], [], color="#444", linestyle="--", marker="o", markerfacecolor="white",
+                           label=f"B: {label_b}")]
+        _legend(fig, handles)
+        t = _title(title, both, ci, len(chunks))
+        fig.suptitle(t, fontsize=12)
+        fname = f"{name}{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, fname)
+        out.append(Figure(fname, t, "Median time per call; A solid with filled markers, B dashed with hollow "
+                          "markers.", png, svg, uri))
+    return out

@@ -1,0 +1,245 @@
+"""``attnbench report``: one self-contained HTML page (plus PNG/SVG figures and CSV/Markdown tables) for a run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pandas as pd
+
+from attnbench.errors import ResultsError
+from attnbench.report import analysis as an
+from attnbench.report import figures as figs
+from attnbench.store import load_run
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+ENV_KEYS = (
+    ("run_id", "run id"), ("timestamp", "started"), ("command", "command line"), ("git_commit", "git commit"),
+    ("attnbench_version", "attnbench"), ("torch_version", "torch"), ("python_version", "Python"),
+    ("cuda_version", "CUDA (torch build)"), ("cuda_driver", "CUDA driver"), ("platform", "platform"),
+    ("hostname", "host"), ("cpu_model", "CPU"), ("cpu_count", "CPU cores"), ("torch_threads", "torch threads"),
+    ("gpus", "GPUs"), ("peak_gflops", "measured peak GFLOP/s"),
+)
+
+
+def jinja_env() -> jinja2.Environment:
+    """The template environment: autoescaping on for everything (results text is untrusted)."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return env
+
+
+# ---------------------------------------------------------------- tables
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table (``|`` and newlines in cells escaped)."""
+
+    def cell(v) -> str:
+        s = "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+        return s.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
+
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cell(c) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+class Tables:
+    """Collects the report's tables, writes each as CSV and Markdown, and hands them to the template."""
+
+    def __init__(self, out_dir: Path):
+        self.dir = out_dir / "tables"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.files: list[str] = []
+
+    def add(self, name: str, display: pd.DataFrame, raw: pd.DataFrame | None = None, classes: list[str] | None = None,
+            long_columns: tuple[str, ...] = ()) -> dict:
+        """Write ``tables/<name>.csv`` (``raw``, else ``display``) and ``.md`` (``display``); return it for HTML."""
+        (raw if raw is not None else display).to_csv(self.dir / f"{name}.csv", index=False)
+        (self.dir / f"{name}.md").write_text(markdown_table(display), encoding="utf-8")
+        self.files += [f"tables/{name}.csv", f"tables/{name}.md"]
+        rows = [["" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in r]
+                for r in display.itertuples(index=False)]
+        return {"name": name, "columns": [str(c) for c in display.columns], "rows": rows,
+                "classes": classes or [""] * len(rows), "long": [str(c) in long_columns for c in display.columns],
+                "csv": f"tables/{name}.csv", "md": f"tables/{name}.md"}
+
+
+def _fmt_df(df: pd.DataFrame, formats: dict) -> pd.DataFrame:
+    out = df.copy()
+    for col, f in formats.items():
+        if col in out:
+            out[col] = [f(v) for v in out[col]]
+    return out
+
+
+# ---------------------------------------------------------------- environment
+
+
+def _env_value(value) -> str:
+    if value is None or value == "" or value == []:
+        return "–"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {an.fmt_num(v) if isinstance(v, float) else v}" for k, v in value.items()) or "–"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def environment_rows(meta: dict, df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(label, value) pairs of the run's environment: the known keys first, then anything else in meta."""
+    rows = [(label, _env_value(meta.get(key))) for key, label in ENV_KEYS if key in meta]
+    known = {k for k, _ in ENV_KEYS} | {"format"}
+    for key, value in meta.items():
+        if key not in known:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            rows.append((key, text if len(text) <= 600 else text[:600] + " …"))
+    if "threads" in df.columns and len(df):
+        threads = sorted({int(t) for t in pd.to_numeric(df["threads"], errors="coerce").dropna() if t > 0})
+        if threads:
+            rows.append(("threads per cell", ", ".join(map(str, threads))))
+    if "device_name" in df.columns and len(df):
+        names = sorted({str(n) for n in df["device_name"].dropna() if str(n)})
+        if names:
+            rows.append(("device names", ", ".join(names)))
+    if not rows:
+        rows.append(("metadata", "no meta.json next to the results file, so the environment is unknown"))
+    return rows
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _run_folder(path: Path) -> Path:
+    return path if path.is_dir() else path.parent
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
+
+
+def build_report(results_path: str | Path, out_dir: str | Path | None = None, baseline: str | None = "weight_split",
+                 top_ops: int = 15) -> Path:
+    """Write the report of one run and return the path of its ``report.html``.
+
+    ``results_path`` is a run folder or its ``results.parquet``. ``out_dir`` defaults to
+    ``reports/<run-id>/`` under the working directory. The page is self-contained (figures embedded
+    as PNG data URIs, styles inline, no scripts, no network); figures are also written as PNG and SVG
+    under ``figures/`` and tables as CSV and Markdown under ``tables/``.
+    """
+    path = Path(results_path)
+    raw, meta = load_run(path)
+    run_id = str(meta.get("run_id") or (path.name if path.is_dir() else path.parent.name) or "run")
+    out = Path(out_dir) if out_dir is not None else Path("reports") / _slug(run_id)
+    if out.exists() and not out.is_dir():
+        raise ResultsError(f"report output {out} exists and is not a folder; pass another -o")
+    out.mkdir(parents=True, exist_ok=True)
+    fig_dir = out / "figures"
+
+    df = an.prepare(raw)
+    ok = an.ok_rows(df)
+    styles = figs.impl_styles(df["impl"].tolist())
+    chosen, baseline_note = an.choose_baseline(df, baseline)
+    tables = Tables(out)
+
+    # figures
+    sp = an.speedups(df, chosen)
+    bar_fig, bar_table = figs.bars(df, chosen, styles, fig_dir)
+    figure_sections = [
+        ("latency", "Latency vs sequence length", figs.latency(df, styles, fig_dir)),
+        ("speedup", f"Speed-up relative to {chosen or 'a baseline'}", figs.speedup(df, sp, chosen, styles, fig_dir)),
+        ("memory", "Peak memory", figs.memory(df, styles, fig_dir)),
+        ("throughput", "Throughput (GFLOP/s and fraction of peak)", figs.throughput(df, styles, fig_dir)),
+        ("compile", "torch.compile: compile time vs steady state", figs.compile_times(df, styles, fig_dir)),
+        ("bars", "Side by side at one configuration", [bar_fig]),
+    ]
+
+    # tables
+    t = {}
+    counts = an.status_counts(df)
+    t["status"] = tables.add("status_counts", counts)
+    fastest = an.fastest(df)
+    t["fastest"] = tables.add("fastest", fastest, classes=["noisy" if "noisy" in n else "" for n in fastest["note"]])
+    if len(sp):
+        sp_disp = sp[sp["impl"] != chosen].drop(columns=["group"])
+        sp_raw = sp_disp.copy()
+        sp_disp = _fmt_df(sp_disp, {"median_s": an.fmt_time, "baseline_median_s": an.fmt_time,
+                                    "speedup": lambda v: f"{v:.3g}×"})
+        t["speedup"] = tables.add("speedup", sp_disp.rename(columns={"median_s": "median",
+                                                                     "baseline_median_s": "baseline median"}), sp_raw)
+    cross, cross_notes = an.crossovers(df, chosen)
+    t["crossovers"] = tables.add("crossovers", cross[["configuration", "a", "b", "kind", "crossover_T", "n_T"]]
+                                 .assign(crossover_T=[("" if v is None or v != v else int(v)) for v in cross["crossover_T"]]),
+                                 cross)
+    sentences: dict[str, list[str]] = {}
+    for r in cross[cross["vs_baseline"]].itertuples():
+        sentences.setdefault(r.configuration, []).append(r.sentence)
+    other_cross = cross[~cross["vs_baseline"] & cross["kind"].isin(["crossover", "mixed"])]["sentence"].tolist()
+    lat_scaling = an.scaling(df, "median_s")
+    mem_scaling = an.scaling(df, "peak_bytes")
+    fmt_k = {"k_all": lambda v: an.fmt_num(v, 3), "r2": lambda v: an.fmt_num(v, 3), "k_tail": lambda v: an.fmt_num(v, 3)}
+    t["scaling_latency"] = tables.add("scaling_latency", _fmt_df(lat_scaling, fmt_k), lat_scaling, long_columns=("note",))
+    t["scaling_memory"] = tables.add("scaling_memory", _fmt_df(mem_scaling, fmt_k), mem_scaling, long_columns=("note",))
+    noisy = an.noisy(df)
+    t["noisy"] = tables.add("noisy", noisy)
+    fails = an.failures(df)
+    t["failures"] = tables.add("failures", fails, classes=[f"st-{s}" for s in fails["status"]], long_columns=("error",))
+    comp = an.compile_table(df)
+    if len(comp):
+        comp_disp = _fmt_df(comp, {"compile_s": an.fmt_time, "median_s": an.fmt_time, "eager_median_s": an.fmt_time,
+                                   "speedup_vs_eager": lambda v: an.fmt_num(v) + "×" if np.isfinite(v) else "–",
+                                   "break_even_calls": lambda v: ("never (not faster than eager)" if v == float("inf")
+                                                                  else "–" if not np.isfinite(v) else f"{int(v):,}")})
+        t["compile"] = tables.add("compile", comp_disp, comp)
+    if len(bar_table):
+        t["bars"] = tables.add("bars", bar_table)
+
+    # profiler op tables
+    ops_file = _run_folder(path) / "profile" / "ops.parquet"
+    profile, profile_note = [], None
+    if ops_file.is_file():
+        try:
+            ops = pd.read_parquet(ops_file)
+            for i, p in enumerate(an.profile_tables(ops, top=top_ops)):
+                p["table"] = tables.add(f"profile_ops_{i + 1}", p["table"])
+                profile.append(p)
+            if not profile:
+                profile_note = f"{ops_file} has no operator rows."
+        except Exception as exc:  # a broken side file must not sink the whole report
+            profile_note = f"{ops_file} could not be read ({type(exc).__name__}: {exc}); operator tables omitted."
+    else:
+        profile_note = ("No operator profile in this run folder (run `attnbench profile` to add "
+                        "profile/ops.parquet), so there is no per-operator breakdown.")
+
+    distinct_t = sorted(ok["seq_len"].unique().tolist())
+    summary = {
+        "cells": len(df), "ok": len(ok), "failed": len(df) - len(ok),
+        "impls": an.impl_order(df), "ok_impls": an.impl_order(ok), "configurations": len(an.groups(df)),
+        "t_range": an.t_range(distinct_t) if distinct_t else "no successful T", "n_t": len(distinct_t),
+        "noisy": len(noisy), "statuses": df["status"].value_counts().to_dict(),
+    }
+    headline = []
+    if len(fastest):
+        last = fastest.sort_values("seq_len").groupby("configuration", sort=False).tail(1)
+        for r in last.itertuples():
+            headline.append(f"At T={r.seq_len} on {r.configuration}, {r.fastest} is fastest ({r.median})"
+                            + (f", {r.runner_up_slower_x}× ahead of {r.runner_up}" if r.runner_up != "–" else "")
+                            + (f" — {r.note}" if r.note else "") + ".")
+
+    figure_files = [f"figures/{f.name}.{ext}" for _, _, fl in figure_sections for f in fl if not f.skipped
+                    for ext in ("png", "svg")]
+    page = jinja_env().get_template("report.html.j2").render(
+        run_id=run_id, meta=meta, summary=summary, baseline=chosen, requested_baseline=baseline,
+        baseline_note=baseline_note, headline=headline, figure_sections=figure_sections, tables=t,
+        sentences=sentences, cross_notes=cross_notes, other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
+        profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
+        styles=styles, files=figure_files + tables.files, source=str(path),
+    )
+    html_path = out / "report.html"
+    html_path.write_text(page, encoding="utf-8")
+    return html_path

@@ -1,0 +1,205 @@
+"""``attnbench run``: expand a sweep, execute its cells, store each row as it finishes.
+
+The engine behind the CLI, the Python API (``attnbench.run``), the asv suite and the Ray executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench import environment, registry
+from attnbench.errors import AttnbenchError, SweepError
+from attnbench.schema import Cell
+from attnbench.store import RunStore, load_run
+from attnbench.sweep import Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
+
+AXIS_ARGS = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache")
+
+
+def default_sweep() -> Sweep:
+    """The built-in default: every implementation available here on a small CPU grid (preset ``default``)."""
+    return sweep_from_dict(load_preset("default"), "default", available_impls=registry.available("cpu"))
+
+
+def make_sweep(preset: str | None = None, file: str | Path | None = None, base: Sweep | None = None,
+               settings: dict | None = None, **axes) -> Sweep:
+    """Combine a preset or TOML file (or ``base``) with axis overrides (lists or strings like ``"128..1024x2"``).
+
+    With neither a preset nor a file nor any axis, this is :func:`default_sweep`.
+    """
+    from attnbench.sweep import load_toml
+
+    given = {k: v for k, v in axes.items() if v not in (None, (), [], "")}
+    unknown = set(given) - set(AXIS_ARGS)
+    if unknown:
+        raise SweepError(f"unknown sweep axis {sorted(unknown)}; axes are {', '.join(AXIS_ARGS)}")
+    if preset and file:
+        raise SweepError("give either a sweep file or --preset, not both")
+    if base is None:
+        if file:
+            data, name = load_toml(file), Path(file).stem
+        elif preset or not given:
+            data, name = load_preset(preset or "default"), preset or "default"
+        else:
+            data, name = {"sweep": {}}, "custom"
+        devices = parse_strs(given.get("device") or data.get("sweep", {}).get("device", "cpu"))
+        for d in devices:
+            from attnbench.devices import parse_device
+
+            parse_device(d)  # an unknown device, or CUDA that is not here: one clear error before anything runs
+        avail = sorted({n for d in devices for n in _available_on(d)}, key=registry.names().index)
+        if "impl" in given:
+            data = {**data, "sweep": {**data.get("sweep", {}), "impl": list(parse_strs(given["impl"]))}}
+        elif "impl" not in data.get("sweep", {}) and not file and not preset and given:
+            data = {**data, "sweep": {**data.get("sweep", {}), "impl": "available"}}
+        base = sweep_from_dict(data, name, available_impls=avail)
+    overrides = {}
+    for axis, value in given.items():
+        if axis == "impl":
+            overrides[axis] = parse_strs(value)
+        elif axis in ("batch", "seq_len", "num_heads", "d_model"):
+            overrides[axis] = parse_ints(value, axis)
+        else:
+            overrides[axis] = parse_strs(value)
+    sweep = dataclasses.replace(base, **overrides)
+    if settings:
+        sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
+    for name in sweep.impl:
+        registry.get(name)  # unknown names and broken plug-ins fail before anything runs
+    return sweep
+
+
+def _available_on(device: str) -> list[str]:
+    from attnbench.devices import cuda_available
+
+    if device.startswith("cuda") and not cuda_available():
+        return []
+    return registry.available(device)
+
+
+def sweep_to_dict(sweep: Sweep) -> dict:
+    """A JSON-able description of the sweep (stored in ``meta.json``, used by ``--resume``)."""
+    d = dataclasses.asdict(sweep)
+    d["settings"] = dataclasses.asdict(sweep.settings)
+    return d
+
+
+def sweep_from_meta(meta: dict) -> Sweep:
+    """The sweep a run was started with (for ``--resume``)."""
+    data = dict(meta["sweep"])
+    settings = Settings(**data.pop("settings"))
+    return Sweep(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}, settings=settings)
+
+
+def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str | None = None):
+    """The executor called ``kind`` (``local``; ``subprocess`` when isolating; ``ray``)."""
+    from attnbench.executors import LocalExecutor, SubprocessExecutor
+
+    if kind == "local":
+        return SubprocessExecutor(settings, run_id) if settings.isolate else LocalExecutor(settings, run_id)
+    if kind == "ray":
+        try:
+            from attnbench.executors_ray import RayExecutor
+        except ImportError as exc:
+            raise AttnbenchError(f"--executor ray needs Ray: pip install 'attnbench[ray]' ({exc})") from exc
+        return RayExecutor(settings, run_id, address=ray_address)
+    raise SweepError(f"unknown executor {kind!r}; use local or ray")
+
+
+def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str | Path | None = None,
+        executor: str = "local", ray_address: str | None = None, run_id: str | None = None,
+        argv: list[str] | None = None, csv: bool = False, profile: bool = False,
+        progress: Callable[[int, int, Cell, dict | None], None] | None = None,
+        preset: str | None = None, file: str | Path | None = None, settings: dict | None = None,
+        **axes) -> pd.DataFrame:
+    """Run a sweep and return its tidy results (one row per cell), written under ``out/<run_id>/``.
+
+    ``sweep`` may be omitted: axes are then keyword arguments (``impl=["sdpa"], seq_len=[128, 256]``,
+    or strings like ``seq_len="128..1024x2"``), optionally on top of a ``preset`` or a TOML ``file``;
+    ``settings`` overrides measurement settings (``budget_s``, ``threads``, ``isolate``, ...).
+    ``resume`` continues the run folder it names, skipping cells already recorded.
+    ``progress(i, n, cell, row)`` is called before (row None) and after each cell.
+
+    The returned DataFrame has ``attrs["run_dir"]``, ``attrs["run_id"]`` and ``attrs["interrupted"]``
+    (True after Ctrl-C: every finished cell is kept and the results are consolidated before returning).
+    """
+    if resume is not None:
+        store = RunStore(resume, resume=True)
+        if sweep is None:
+            sweep = sweep_from_meta(store.meta)
+        done = store.done_cell_ids()
+    else:
+        if sweep is None:
+            sweep = make_sweep(preset=preset, file=file, settings=settings, **axes)
+        elif settings:
+            sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
+        meta = environment.collect(argv)
+        meta["sweep"] = sweep_to_dict(sweep)
+        meta["executor"] = executor
+        store = RunStore(out, run_id=run_id, meta=meta)
+        done = set()
+    if sweep.settings.threads:
+        import torch
+
+        torch.set_num_threads(sweep.settings.threads)
+        store.meta["torch_threads"] = sweep.settings.threads
+    cells = [c for c in sweep.cells() if c.cell_id not in done]
+    total = len(cells)
+    counter = {"i": 0}
+    run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
+
+    def on_start(cell: Cell) -> None:
+        if progress:
+            progress(counter["i"], total, cell, None)
+
+    def on_row(cell: Cell, row: dict) -> None:
+        store.append(row)
+        counter["i"] += 1
+        if progress:
+            progress(counter["i"], total, cell, row)
+
+    interrupted = False
+    started = time.perf_counter()
+    try:
+        run_exec.execute(cells, on_row, on_start)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        store.meta["wall_s"] = store.meta.get("wall_s", 0.0) + time.perf_counter() - started
+        store.meta["interrupted"] = interrupted
+        df, _ = load_run(store.path)
+        store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
+                                     df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
+        if hasattr(run_exec, "node_environments"):
+            store.meta["nodes"] = run_exec.node_environments()
+        store.write_meta()
+        store.finalize(csv=csv)
+    if profile and not interrupted:
+        _profile_cells(df, store.path)
+    df, _ = load_run(store.path)
+    df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=interrupted)
+    return df
+
+
+def _profile_cells(df: pd.DataFrame, run_dir: Path) -> None:
+    """Profile every ok cell after timing (never while timing) into ``run_dir/profile``."""
+    from attnbench.profile import profile_cell, save_ops
+
+    results = []
+    for row in df[df.status == "ok"].itertuples():
+        cell = Cell(row.impl, row.device, row.dtype, int(row.batch), int(row.seq_len), int(row.num_heads),
+                    int(row.d_model), row.mode, row.cache)
+        results.append(profile_cell(cell, logdir=Path(run_dir) / "profile" / "traces"))
+    if results:
+        save_ops(results, Path(run_dir) / "profile" / "ops.parquet")
+
+
+def argv_for_meta() -> list[str]:
+    """The command line as typed (``attnbench`` instead of the script path)."""
+    return ["attnbench", *sys.argv[1:]]

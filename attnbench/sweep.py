@@ -1,0 +1,206 @@
+"""Sweep definitions: axes from flags, a TOML file or a named preset, expanded into cells.
+
+Axis values are lists; integer axes also accept ranges: ``128..2048x2`` (geometric: 128, 256, ...,
+2048), ``64..512+64`` (arithmetic) and ``1,8``. Combinations that cannot run (d_model not divisible
+by heads, a dtype or backend unavailable on the device) stay in the sweep and become ``skipped``
+rows with the reason, so a results table always shows what was asked for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+
+from attnbench.devices import dtype_name
+from attnbench.errors import SweepError
+from attnbench.schema import CACHE_STATES, MODES, Cell
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How each cell is measured (see :func:`attnbench.measure.timing.time_fn`)."""
+
+    budget_s: float = 1.0  # sampling time per cell, after warm-up
+    target_rel_ci: float = 0.02  # stop when the median's 95% CI half-width is below this fraction
+    warmup_calls: int = 3
+    warmup_s: float = 0.05
+    min_samples: int = 10
+    max_samples: int = 10_000
+    cell_timeout_s: float | None = None  # a cell running longer is recorded as `timeout`
+    threads: int | None = None  # torch.set_num_threads for CPU cells (None: torch's default)
+    cuda_graph: bool = False  # replay inference cells from a CUDA graph
+    isolate: bool = False  # each cell in a fresh subprocess (survives segfaults and aborts)
+    seed: int = 0
+    flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The axes of a sweep and its measurement settings."""
+
+    impl: tuple[str, ...]
+    device: tuple[str, ...] = ("cpu",)
+    dtype: tuple[str, ...] = ("float32",)
+    batch: tuple[int, ...] = (2,)
+    seq_len: tuple[int, ...] = (128,)
+    num_heads: tuple[int, ...] = (4,)
+    d_model: tuple[int, ...] = (256,)
+    mode: tuple[str, ...] = ("forward",)
+    cache: tuple[str, ...] = ("warm",)
+    settings: Settings = field(default_factory=Settings)
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if not self.impl:
+            raise SweepError("the sweep names no implementation; pass --impl NAME[,NAME...] (see `attnbench list`)")
+        for axis in ("device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache"):
+            if not getattr(self, axis):
+                raise SweepError(f"axis {axis!r} is empty; give at least one value")
+        for axis in ("batch", "seq_len", "num_heads", "d_model"):
+            for v in getattr(self, axis):
+                if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                    raise SweepError(f"{axis} values must be positive integers, got {v!r}")
+        object.__setattr__(self, "dtype", tuple(dtype_name(d) for d in self.dtype))
+        for m in self.mode:
+            if m not in MODES:
+                raise SweepError(f"unknown mode {m!r}; use one of {', '.join(MODES)}")
+        for c in self.cache:
+            if c not in CACHE_STATES:
+                raise SweepError(f"unknown cache state {c!r}; use warm or cold (cold flushes the GPU L2)")
+        for d in self.device:
+            if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit())):
+                raise SweepError(f"unknown device {d!r}; use cpu, cuda or cuda:N")
+
+    def cells(self) -> list[Cell]:
+        """Every cell of the grid; CPU cells only get the ``warm`` cache state (no L2 flush on CPU)."""
+        out: list[Cell] = []
+        seen: set[str] = set()
+        for impl, device, dtype, batch, seq, heads, d_model, mode, cache in itertools.product(
+                self.impl, self.device, self.dtype, self.batch, self.seq_len, self.num_heads, self.d_model,
+                self.mode, self.cache):
+            if device == "cpu":
+                cache = "warm"
+            cell = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache)
+            if cell.cell_id not in seen:
+                seen.add(cell.cell_id)
+                out.append(cell)
+        return out
+
+
+FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model"}
+"""The CLI flag of each integer axis, for error messages."""
+
+
+def parse_ints(text: str | int | list, axis: str) -> tuple[int, ...]:
+    """``"1,8"``, ``"128..2048x2"``, ``"64..512+64"`` or a list -> a tuple of positive ints."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        items: list = [text]
+    elif isinstance(text, list | tuple):
+        items = list(text)
+    else:
+        items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise SweepError(f"--{FLAG_NAMES.get(axis, axis)} is empty; give values like 1,8 or 128..2048x2")
+    values: list[int] = []
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            values.append(item)
+            continue
+        item = str(item)
+        flag = FLAG_NAMES.get(axis, axis)
+
+        def to_int(text: str, item=item, flag=flag) -> int:
+            try:
+                return int(text)
+            except ValueError:
+                raise SweepError(f"--{flag} {item!r} is not an integer, a list (1,8) or a range "
+                                 "(128..2048x2 geometric, 64..512+64 arithmetic)") from None
+
+        if ".." in item:
+            lo_text, rest = item.split("..", 1)
+            geometric = "+" not in rest
+            hi_text, _, step_text = rest.partition("x" if geometric else "+")
+            lo, hi, step = to_int(lo_text), to_int(hi_text), to_int(step_text or "2")
+            if lo <= 0:
+                raise SweepError(f"--{flag} {item}: the start must be >= 1")
+            if hi < lo:
+                raise SweepError(f"--{flag} {item}: the end {hi} is below the start {lo}; write {hi}..{lo}")
+            if (geometric and step < 2) or (not geometric and step < 1):
+                raise SweepError(f"--{flag} {item}: the step must be >= {'2 (a factor)' if geometric else '1'}")
+            v = lo
+            while v <= hi:
+                values.append(v)
+                v = v * step if geometric else v + step
+        else:
+            values.append(to_int(item))
+    for v in values:
+        if v <= 0:
+            raise SweepError(f"--{FLAG_NAMES.get(axis, axis)} {v}: values must be >= 1")
+    return tuple(dict.fromkeys(values))
+
+
+def parse_strs(text: str | list | tuple) -> tuple[str, ...]:
+    """``"a,b"`` or a list -> a tuple of stripped strings."""
+    items = text if isinstance(text, list | tuple) else str(text).split(",")
+    return tuple(dict.fromkeys(s.strip() for s in items if str(s).strip()))
+
+
+AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "batch", "seq": "seq_len",
+             "seq_len": "seq_len", "heads": "num_heads", "num_heads": "num_heads", "d_model": "d_model",
+             "d-model": "d_model", "mode": "mode", "cache": "cache"}
+INT_AXES = {"batch", "seq_len", "num_heads", "d_model"}
+
+
+def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:
+    """A :class:`Sweep` from a TOML-like dict: ``[sweep]`` axes and an optional ``[measure]`` table.
+
+    ``impl = "available"`` (or omitted) means every implementation available on the sweep's devices.
+    """
+    known = {"sweep", "measure", "name", "description"}
+    unknown = set(data) - known
+    if unknown:
+        raise SweepError(f"unknown table(s) {sorted(unknown)} in sweep {name!r}; use [sweep] and [measure]")
+    axes_in = dict(data.get("sweep", {}))
+    axes: dict = {}
+    for key, value in axes_in.items():
+        if key not in AXIS_KEYS:
+            raise SweepError(f"unknown sweep axis {key!r} in {name!r}; known: {', '.join(sorted(set(AXIS_KEYS)))}")
+        axis = AXIS_KEYS[key]
+        axes[axis] = parse_ints(value, key) if axis in INT_AXES else parse_strs(value)
+    if axes.get("impl") in (None, ("available",), ("all",)):
+        if available_impls is None:
+            raise SweepError(f"sweep {name!r} does not name implementations")
+        axes["impl"] = tuple(available_impls)
+    measure = dict(data.get("measure", {}))
+    valid = {f.name for f in fields(Settings)}
+    bad = set(measure) - valid
+    if bad:
+        raise SweepError(f"unknown [measure] setting(s) {sorted(bad)} in {name!r}; known: {', '.join(sorted(valid))}")
+    return Sweep(**axes, settings=replace(Settings(), **measure), name=str(data.get("name", name)))
+
+
+def load_toml(path: str | Path) -> dict:
+    """Read a sweep TOML file (a :class:`SweepError` naming the line when it does not parse)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SweepError(f"sweep file {path} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SweepError(f"sweep file {path} is not valid TOML: {exc}") from exc
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped with the package."""
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("attnbench.presets").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def load_preset(name: str) -> dict:
+    """The dict of a shipped preset (``default``, ``gpt2-small``, ``long-context``, ``smoke``)."""
+    if name not in preset_names():
+        raise SweepError(f"unknown preset {name!r}; shipped presets: {', '.join(preset_names())}")
+    return tomllib.loads(resources.files("attnbench.presets").joinpath(f"{name}.toml").read_text())

@@ -1,0 +1,32 @@
+"""``python -m attnbench.worker``: run one cell from a JSON payload on stdin, write its row as JSON.
+
+Used by ``--isolate`` so that a crashing implementation takes down only this process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from attnbench.cell import run_cell
+from attnbench.schema import Cell
+from attnbench.sweep import Settings
+
+
+def _jsonable(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def main() -> None:
+    payload = json.loads(sys.stdin.read())
+    row = run_cell(Cell(**payload["cell"]), Settings(**payload["settings"]), payload["run_id"])
+    row["worker"] = f"subprocess {row.get('worker', '')}".strip()
+    with open(payload["out"], "w") as f:
+        json.dump({k: _jsonable(v) for k, v in row.items()}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Shared fixtures: a CUDA skip, the repository as working directory, plug-ins on sys.path, an isolated registry."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+PLUGINS = REPO / "tests" / "plugins"
+
+
+@pytest.fixture
+def cuda_device() -> str:
+    """``"cuda"``, or skip the test (with the reason) when no CUDA device is usable here."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (torch.cuda.is_available() is False)")
+    return "cuda"
+
+
+@pytest.fixture
+def repo_cwd(monkeypatch) -> Path:
+    """Run from the repository root, so plug-in names read as a user types them: ``tests/plugins/buggy.py:Class``."""
+    monkeypatch.chdir(REPO)
+    return REPO
+
+
+@pytest.fixture
+def plugins_on_path(monkeypatch):
+    """``tests/plugins`` on ``sys.path`` so ``buggy:Class`` / ``good:Class`` import as ``package.module:Class``."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    yield PLUGINS
+    imported = [n for n, m in sys.modules.items() if not n.startswith("attnbench_plugin_")
+                and Path(getattr(m, "__file__", None) or "/").parent == PLUGINS]
+    for name in imported:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def isolated_registry(monkeypatch):
+    """The registry with built-ins loaded; what the test registers or reads from entry points is forgotten after."""
+    from attnbench import registry
+
+    registry._load_builtins()
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_RESOLVED", {})
+    monkeypatch.setitem(registry._LOADED, "entry_points", False)
+    return registry
