@@ -45,6 +45,9 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_cmd(device: str, as_json: bool) -> None:
     """List every registered implementation with its source, capabilities and availability."""
+    from attnbench.devices import parse_device_type
+
+    parse_device_type(device)
     rows = []
     for name in registry.names():
         impl = registry.get(name)

@@ -62,10 +62,11 @@ def _validate(cells: list[Cell]) -> None:
 @cli.command("profile")
 @click.option("--impl", "impls", multiple=True, required=True,
               help="Implementation(s) to profile, comma-separated or repeated (see `attnbench list`).")
-@click.option("--batch", default=2, show_default=True, type=int, help="Batch size.")
-@click.option("--seq", "seq_len", default=128, show_default=True, type=int, help="Sequence length T.")
-@click.option("--heads", "num_heads", default=4, show_default=True, type=int, help="Number of heads.")
-@click.option("--d-model", "d_model", default=256, show_default=True, type=int, help="Model width (d_in = d_out).")
+@click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1), help="Batch size.")
+@click.option("--seq", "seq_len", default=128, show_default=True, type=click.IntRange(min=1), help="Sequence length T.")
+@click.option("--heads", "num_heads", default=4, show_default=True, type=click.IntRange(min=1), help="Number of heads.")
+@click.option("--d-model", "d_model", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Model width (d_in = d_out).")
 @click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16, float64.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--mode", default="forward", show_default=True, type=click.Choice(MODES), help="What one step runs.")

@@ -13,9 +13,11 @@ It also returns the operator table (``prof.key_averages()`` of the active window
     impl, cell_id, op, calls, self_cpu_s, cpu_total_s, self_device_s, device_total_s,
     self_cpu_memory_bytes, cpu_memory_bytes
 
-Times are seconds summed over the ``active`` steps (divide by ``active`` for per-step figures);
-memory is bytes allocated minus freed over those steps (``self_...``: by the op itself), so it can
-be negative. The device columns are 0.0 on CPU-only cells.
+One row per host-side operator. Times are seconds summed over the ``active`` steps (divide by
+``active`` for per-step figures); ``self_device_s`` is the time of the GPU kernels the operator
+launched itself (``device_total_s`` with its children's), 0.0 on CPU-only cells. Memory is bytes
+allocated minus freed on the host over those steps (``self_...``: by the op itself, not its
+children), so it can be negative.
 """
 
 from __future__ import annotations
@@ -167,14 +169,21 @@ def profile_cell(cell: Cell, logdir: str | Path = "runs", wait: int = 1, warmup:
 def ops_table(prof, cell: Cell) -> pd.DataFrame:
     """The operator table of a finished profiler (columns :data:`OPS_COLUMNS`), most self time first.
 
-    Rows are ``prof.key_averages()`` without the Python-stack frames that ``with_stack`` adds and
-    without the ``ProfilerStep#N`` markers: operators (``aten::...``), user annotations and, on
-    CUDA, kernels and runtime calls. Sorted by self device time on CUDA, else self CPU time.
+    Rows are the host-side entries of ``prof.key_averages()``: operators (``aten::...``), user
+    annotations and, on CUDA, runtime calls (``cudaLaunchKernel`` ...). Left out: the Python-stack
+    frames that ``with_stack`` adds, the ``ProfilerStep#N`` markers, ``[memory]`` records, and the
+    device-side entries (kernels, memcpy): a kernel's time is already in the ``self_device_s`` of the
+    operator that launched it, so ``self_device_s`` sums to the device time without double counting
+    (the kernels themselves are in the trace and in TensorBoard's Kernel view).
+    Sorted by self device time on CUDA, else by self CPU time.
     """
+    from torch.autograd import DeviceType
+
     python_keys = {e.key for e in prof.events() if getattr(e, "is_python_function", False)}
     rows = []
     for avg in prof.key_averages():
-        if avg.key in python_keys or avg.key.startswith("ProfilerStep"):
+        if (avg.key in python_keys or avg.key.startswith("ProfilerStep") or avg.key == "[memory]"
+                or avg.device_type != DeviceType.CPU):
             continue
         rows.append({
             "impl": cell.impl, "cell_id": cell.cell_id, "op": avg.key, "calls": int(avg.count),

@@ -133,6 +133,8 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         store = RunStore(resume, resume=True)
         if sweep is None:
             sweep = sweep_from_meta(store.meta)
+        if settings:  # measurement settings may change on resume (e.g. a longer --cell-timeout); axes may not
+            sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
         done = store.done_cell_ids()
     else:
         if sweep is None:

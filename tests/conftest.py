@@ -48,3 +48,13 @@ def isolated_registry(monkeypatch):
     monkeypatch.setattr(registry, "_RESOLVED", {})
     monkeypatch.setitem(registry._LOADED, "entry_points", False)
     return registry
+
+
+@pytest.fixture
+def single_thread():
+    """One intra-op CPU thread while the test runs: the correctness matrix's tensors are tiny, and on a loaded
+    machine two spinning OpenMP threads make it an order of magnitude slower, not faster."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

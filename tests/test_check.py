@@ -13,6 +13,8 @@ from attnbench import registry
 from attnbench.check import RUNNERS, SHAPES, cases, run_case, run_matrix, summarize
 from attnbench.errors import UnknownImplementationError
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 BAD = ("fail", "error")
 GOOD_PLUGINS = ["tests/plugins/good.py:PlainAttention", "tests/plugins/good.py:SDPAAttention",
                 "tests/plugins/buggy.py:Baseline"]

@@ -88,6 +88,41 @@ def test_ops_table_columns_values_and_order(sdpa_result):
     assert linear["calls"] == 4 * 3  # q, k, v, out projections in each of the 3 active steps
 
 
+def test_ops_table_on_cuda_keeps_host_operators_by_device_time():
+    """Kernels are rows of key_averages() too; they must not double-count the time of the ops that launched them."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from attnbench.profile import ops_table
+
+    def avg(key, device=DeviceType.CPU, self_cpu=10.0, cpu=20.0, self_dev=0.0, dev=0.0):
+        return NS(key=key, device_type=device, count=3, self_cpu_time_total=self_cpu, cpu_time_total=cpu,
+                  self_device_time_total=self_dev, device_time_total=dev, self_cpu_memory_usage=0,
+                  cpu_memory_usage=0)
+
+    averages = [avg("aten::mm", self_dev=50.0, dev=50.0), avg("aten::softmax", self_cpu=99.0, dev=30.0),
+                avg("aten::_softmax", self_dev=30.0, dev=30.0), avg("cudaLaunchKernel", self_cpu=40.0),
+                avg("sm90_gemm_kernel", DeviceType.CUDA, 0.0, 0.0, 50.0, 50.0), avg("ProfilerStep*", self_cpu=500.0),
+                avg("[memory]"), avg("nn.Module: Linear_0")]
+    prof = NS(key_averages=lambda: averages,
+              events=lambda: [NS(key="nn.Module: Linear_0", is_python_function=True),
+                              NS(key="aten::mm", is_python_function=False)])
+    ops = ops_table(prof, Cell(impl="sdpa", device="cuda"))
+    assert list(ops["op"]) == ["aten::mm", "aten::_softmax", "aten::softmax", "cudaLaunchKernel"]
+    assert ops["self_device_s"].sum() == pytest.approx(80e-6)  # = the kernels' time, counted once
+    assert ops.set_index("op").loc["aten::softmax", "device_total_s"] == pytest.approx(30e-6)
+    assert list(ops.columns) == list(OPS_COLUMNS)
+
+
+@pytest.mark.cuda
+def test_cuda_profile_records_kernels(tmp_path, cuda_device):
+    res = profile_cell(small("sdpa", device=cuda_device, dtype="float16"), logdir=tmp_path)
+    assert res.ops["self_device_s"].iloc[0] > 0 and res.ops["self_device_s"].is_monotonic_decreasing
+    events = json.loads(res.trace_file.read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)
+
+
 def test_result_is_frozen_and_hashable(sdpa_result):
     with pytest.raises(dataclasses.FrozenInstanceError):
         sdpa_result.run_dir = Path("/elsewhere")  # type: ignore[misc]

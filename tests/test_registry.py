@@ -13,6 +13,8 @@ from attnbench.errors import AttnbenchError, PluginLoadError, UnavailableError, 
 from attnbench.spec import AttnSpec
 from attnbench.weights import export_weights, random_weights
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 BUILTINS = {"wrapper", "weight_split", "fused_qkv", "einsum", "per_head_linear", "sdpa", "sdpa_math", "sdpa_flash",
             "sdpa_efficient", "sdpa_cudnn", "sdpa_mask", "torch_mha", "flex"}
 SPEC = AttnSpec(6, 8, 5, 0.0, 2)

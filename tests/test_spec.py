@@ -11,6 +11,8 @@ from attnbench import registry
 from attnbench.errors import AttnbenchError, InputShapeError, InvalidSpecError
 from attnbench.spec import AttnSpec
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 def test_valid_spec_matches_the_book_constructor():
     spec = AttnSpec(3, 2, 6, 0.0, 2)

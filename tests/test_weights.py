@@ -20,6 +20,8 @@ from attnbench.weights import (
     state_from_canonical,
 )
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 SPECS = {"bias_rect": AttnSpec(12, 16, 8, 0.0, 4, True), "nobias_rect": AttnSpec(12, 16, 8, 0.0, 4, False),
          "bias_square": AttnSpec(16, 16, 8, 0.0, 2, True), "nobias_square": AttnSpec(16, 16, 8, 0.0, 2, False)}
 

@@ -8,7 +8,10 @@ allocator's caching, so it is not used.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +19,25 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnbench.devices import synchronize
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Silence file descriptor 2 (C++ logging) for the duration; Python exceptions still propagate."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real fd 2 (some notebooks, pytest capture): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 @dataclass(frozen=True)
@@ -39,8 +61,14 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
         synchronize(device)
         return MemoryResult(float(torch.cuda.max_memory_allocated(device) - base_alloc),
                             float(torch.cuda.max_memory_reserved(device) - base_reserved), "cuda_allocator")
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet_native_stderr():  # kineto prints "profiler_start/stop" lines straight to fd 2
+        prof.start()
+    try:
         fn()
+    finally:
+        with quiet_native_stderr():
+            prof.stop()
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
     events.sort(key=lambda e: e.start_ns())

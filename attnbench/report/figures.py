@@ -89,6 +89,7 @@ def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
     fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None})
+    fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
     fig.savefig(svg, metadata={"Date": None})
     uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
     return png, svg, uri

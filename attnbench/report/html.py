@@ -123,6 +123,18 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
 
 
+def _pick_profiles(tables: list[dict], limit: int = 6) -> list[dict]:
+    """The op tables to show: per configuration without T, the one with the largest T; at most ``limit``."""
+    best: dict[str, tuple[int, dict]] = {}
+    for p in tables:
+        m = re.search(r"(^|\|)T(\d+)(\||$)", p["configuration"])
+        t = int(m.group(2)) if m else 0
+        rest = re.sub(r"(^|\|)T\d+(?=\||$)", r"\1T*", p["configuration"])
+        if rest not in best or t > best[rest][0]:
+            best[rest] = (t, p)
+    return [p for _, p in best.values()][:limit]
+
+
 def build_report(results_path: str | Path, out_dir: str | Path | None = None, baseline: str | None = "weight_split",
                  top_ops: int = 15) -> Path:
     """Write the report of one run and return the path of its ``report.html``.
@@ -205,11 +217,15 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
     if ops_file.is_file():
         try:
             ops = pd.read_parquet(ops_file)
-            for i, p in enumerate(an.profile_tables(ops, top=top_ops)):
+            every = an.profile_tables(ops, top=top_ops)
+            for i, p in enumerate(every):
                 p["table"] = tables.add(f"profile_ops_{i + 1}", p["table"])
-                profile.append(p)
-            if not profile:
+            profile = _pick_profiles(every)
+            if not every:
                 profile_note = f"{ops_file} has no operator rows."
+            elif len(profile) < len(every):
+                profile_note = (f"Shown: {len(profile)} of {len(every)} profiled configurations (the largest T of "
+                                "each); every table is in tables/profile_ops_*.csv.")
         except Exception as exc:  # a broken side file must not sink the whole report
             profile_note = f"{ops_file} could not be read ({type(exc).__name__}: {exc}); operator tables omitted."
     else:

@@ -1,0 +1,98 @@
+"""``attnbench report`` and ``attnbench compare`` (registered on :data:`attnbench.cli.cli` on import)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.table import Table
+
+from attnbench.cli import cli, console
+
+
+@cli.command("report")
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Output folder. [default: reports/<run-id>/]")
+@click.option("--baseline", default="weight_split", show_default=True,
+              help="Implementation the speed-ups are relative to (the first one present if it is missing).")
+def report_cmd(results: Path, out_dir: Path | None, baseline: str) -> None:
+    """Figures, analysis and one self-contained HTML page for a run.
+
+    RESULTS is a run folder (results/<run-id>) or its results.parquet. Writes report.html (figures
+    embedded, opens from disk), figures/*.png|svg and tables/*.csv|md.
+    """
+    from attnbench.report import build_report
+
+    with console.status("building the report ..."):
+        path = build_report(results, out_dir=out_dir, baseline=baseline)
+    console.print(f"report: {path}", markup=False)
+    console.print(f"open it with: xdg-open {path}  (or any browser; it needs no server)", markup=False)
+
+
+def _default_compare_dir(label_a: str, label_b: str) -> Path:
+    slug = lambda s: re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_") or "run"  # noqa: E731
+    return Path("reports") / f"compare-{slug(label_a)}-vs-{slug(label_b)}"
+
+
+@cli.command("compare")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--threshold", default=0.10, show_default=True, type=float,
+              help="Smallest slowdown that fails the comparison, as a fraction (0.10 = 10%).")
+@click.option("--alpha", default=0.05, show_default=True, type=float, help="Significance level of the tests.")
+@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Folder for compare.html and tables. [default: reports/compare-<A>-vs-<B>/]")
+@click.option("--all", "show_all", is_flag=True, help="Print every matched cell, not just the changed ones.")
+def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path | None, show_all: bool) -> None:
+    """Compare run B against run A cell by cell; exit 1 on a significant slowdown beyond --threshold.
+
+    A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
+    bootstrap confidence interval and a Mann-Whitney U test on the raw samples.
+    """
+    from attnbench.compare import compare_runs, write_compare_html
+    from attnbench.report.analysis import fmt_num, fmt_time
+
+    with console.status("comparing ..."):
+        result = compare_runs(a, b, threshold=threshold, alpha=alpha)
+        page = write_compare_html(result, out_dir or _default_compare_dir(result.label_a, result.label_b))
+    cells = result.cells
+    shown = cells if show_all else cells[cells["change"] != "no significant change"]
+    table = Table(title=f"B ({result.label_b}) vs A ({result.label_a}): ratio of medians B/A, "
+                        f"{1 - alpha:.0%} bootstrap CI, Mann-Whitney p")
+    for col in ("impl", "configuration", "T", "A median", "B median", "B/A", "CI", "p", "change"):
+        table.add_column(col, justify="right" if col in ("T", "A median", "B median", "B/A", "CI", "p") else "left",
+                         overflow="fold")
+    for r in shown.itertuples():
+        style = "bold red" if r.regression else "green" if r.improvement else None
+        table.add_row(r.impl, f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} d={r.d_model}"
+                      + (f" {r.cache}" if r.cache != "warm" else ""), str(r.seq_len), fmt_time(r.median_a),
+                      fmt_time(r.median_b), fmt_num(r.ratio) + "×" if np.isfinite(r.ratio) else "–",
+                      f"{fmt_num(r.ci_low)}–{fmt_num(r.ci_high)}" if np.isfinite(r.ci_low) else "–",
+                      f"{r.p_value:.2g}" if np.isfinite(r.p_value) else "–", r.change, style=style)
+    if len(shown):
+        console.print(table)
+    hidden = len(cells) - len(shown)
+    if hidden:
+        console.print(f"({hidden} cell(s) without a significant change not shown; --all prints them)")
+    for name, only in (("A", result.only_in_a), ("B", result.only_in_b)):
+        if only:
+            console.print(f"{len(only)} cell(s) only in {name}, not compared (listed in the HTML page)", markup=False)
+    for axis, d in result.axis_mismatch.items():
+        console.print(f"axis {axis} differs: only in A {d['only_in_a'] or '-'}, only in B {d['only_in_b'] or '-'}",
+                      markup=False)
+    if len(result.status_changed):
+        console.print(f"{len(result.status_changed)} cell(s) not ok in at least one run (listed in the HTML page)")
+    for k, va, vb in result.env_diff:
+        console.print(f"environment differs: {k}: A {va} / B {vb}", markup=False)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False)
+    console.print(result.summary(), markup=False)
+    console.print(f"compare page: {page}", markup=False)
+    if result.has_regression:
+        console.print(f"[bold red]FAIL[/]: {len(result.regressions)} significant slowdown(s) beyond {threshold:.0%}")
+        sys.exit(1)
+    console.print(f"[green]OK[/]: no significant slowdown beyond {threshold:.0%}")

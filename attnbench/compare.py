@@ -1,0 +1,302 @@
+"""``attnbench compare A B``: two runs cell by cell, with a confidence interval and a significance test per cell.
+
+Cells are matched on :data:`attnbench.schema.AXES`. For a cell timed successfully in both runs, the
+effect is the ratio of medians ``B / A`` (> 1: B is slower), with a bootstrap confidence interval
+(resampling each run's raw per-call ``samples_s``, seeded, so the same inputs give the same answer)
+and a two-sided Mann-Whitney U test on the raw samples. A cell is a **significant slowdown** when
+``p < alpha`` and the ratio exceeds ``1 + threshold`` and the interval's lower bound exceeds 1;
+``attnbench compare`` exits 1 when any cell is one. Cells present in only one run, cells whose
+status differs, and axes whose value sets differ are reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from attnbench.errors import ResultsError
+from attnbench.schema import AXES
+from attnbench.store import load_run
+
+ENV_COMPARE = ("git_commit", "attnbench_version", "torch_version", "python_version", "cuda_version", "cuda_driver",
+               "platform", "hostname", "cpu_model", "cpu_count", "torch_threads", "gpus")
+"""Metadata keys whose difference between two runs is worth a line in the comparison."""
+
+_INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
+
+
+@dataclass
+class CompareResult:
+    """The comparison of run B against run A.
+
+    ``cells``: one row per cell timed ok in both runs, sorted by effect (largest slowdown first), with
+    ``median_a``, ``median_b``, ``ratio`` (B/A), ``ci_low``/``ci_high`` (bootstrap CI of the ratio),
+    ``p_value`` (Mann-Whitney U), ``n_a``/``n_b``, ``change`` (words) and the booleans ``regression``
+    and ``improvement``. ``only_in_a``/``only_in_b``: axis dicts of unmatched cells. ``status_changed``:
+    cells present in both runs but not ok in at least one. ``axis_mismatch``: axis -> values only in A /
+    only in B. ``env_diff``: ``(key, A, B)`` for metadata that differs.
+    """
+
+    cells: pd.DataFrame
+    only_in_a: list[dict]
+    only_in_b: list[dict]
+    status_changed: pd.DataFrame
+    axis_mismatch: dict[str, dict[str, list]]
+    label_a: str
+    label_b: str
+    threshold: float
+    alpha: float
+    resamples: int
+    meta_a: dict = field(default_factory=dict)
+    meta_b: dict = field(default_factory=dict)
+    env_diff: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    frames: tuple[pd.DataFrame, pd.DataFrame] | None = field(default=None, repr=False)
+
+    @property
+    def regressions(self) -> pd.DataFrame:
+        """Cells that are significantly slower in B by more than the threshold."""
+        return self.cells[self.cells["regression"]]
+
+    @property
+    def improvements(self) -> pd.DataFrame:
+        """Cells that are significantly faster in B by more than the threshold."""
+        return self.cells[self.cells["improvement"]]
+
+    @property
+    def has_regression(self) -> bool:
+        """True when at least one cell is a significant slowdown beyond the threshold."""
+        return bool(len(self.regressions))
+
+    def summary(self) -> str:
+        """One paragraph in words."""
+        n = len(self.cells)
+        parts = [f"{n} cell{'s' if n != 1 else ''} timed in both runs: {len(self.regressions)} significantly slower "
+                 f"in B by more than {self.threshold:.0%}, {len(self.improvements)} significantly faster, "
+                 f"{n - len(self.regressions) - len(self.improvements)} without a significant change beyond the "
+                 "threshold."]
+        if self.only_in_a or self.only_in_b:
+            parts.append(f"{len(self.only_in_a)} cell(s) only in A and {len(self.only_in_b)} only in B were not compared.")
+        if len(self.status_changed):
+            parts.append(f"{len(self.status_changed)} cell(s) failed or were skipped in at least one run.")
+        if self.axis_mismatch:
+            parts.append("The runs swept different values of " + ", ".join(self.axis_mismatch) + ".")
+        return " ".join(parts)
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def bootstrap_ratio(a: np.ndarray, b: np.ndarray, resamples: int = 2000, alpha: float = 0.05,
+                    seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap ``(1 - alpha)`` CI of ``median(b) / median(a)``, resampling each independently."""
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(resamples)
+    chunk = max(1, 4_000_000 // max(len(a), len(b), 1))
+    for start in range(0, resamples, chunk):
+        k = min(chunk, resamples - start)
+        ma = np.median(a[rng.integers(0, len(a), size=(k, len(a)))], axis=1)
+        mb = np.median(b[rng.integers(0, len(b), size=(k, len(b)))], axis=1)
+        ratios[start:start + k] = mb / ma
+    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided Mann-Whitney U p-value of ``b`` vs ``a`` (1.0 when every sample is identical)."""
+    from scipy.stats import mannwhitneyu
+
+    if np.all(a == a[0]) and np.all(b == a[0]):
+        return 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(mannwhitneyu(b, a, alternative="two-sided").pvalue)
+
+
+# ---------------------------------------------------------------- matching
+
+
+def _load(run) -> tuple[pd.DataFrame, dict, str]:
+    if isinstance(run, pd.DataFrame):
+        return run.copy(), dict(run.attrs.get("meta", {})), str(run.attrs.get("run_id", "") or "")
+    if isinstance(run, tuple) and len(run) == 2:
+        return run[0].copy(), dict(run[1]), str(run[1].get("run_id", ""))
+    path = Path(run)
+    df, meta = load_run(path)
+    label = str(meta.get("run_id") or (path.name if path.is_dir() else path.parent.name))
+    return df, meta, label
+
+
+def _normalise(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    missing = [a for a in AXES if a not in df.columns]
+    if missing:
+        raise ResultsError(f"results lack the axis column(s) {missing}; not an attnbench results table")
+    for a in AXES:
+        if a in _INT_AXES:
+            df[a] = pd.to_numeric(df[a], errors="coerce").fillna(-1).astype("int64")
+        else:
+            df[a] = df[a].astype(object).where(df[a].notna(), "").astype(str)
+    df["status"] = df["status"].astype(object).where(df["status"].notna(), "").astype(str)
+    if "samples_s" not in df:
+        df["samples_s"] = [[] for _ in range(len(df))]
+    df["samples_s"] = df["samples_s"].apply(lambda v: [] if v is None or isinstance(v, str) else [float(x) for x in v])
+    df["median_s"] = pd.to_numeric(df["median_s"], errors="coerce")
+    df["_key"] = list(zip(*(df[a] for a in AXES), strict=True)) if len(df) else []
+    return df
+
+
+def _axes_dict(key: tuple) -> dict:
+    return {a: (int(v) if a in _INT_AXES else v) for a, v in zip(AXES, key, strict=True)}
+
+
+def _env(value) -> str:
+    if value is None or value == [] or value == "":
+        return "–"
+    return ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
+def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: int = 2000,
+                 seed: int = 0) -> CompareResult:
+    """Compare run ``b`` against run ``a`` (each a run folder, a ``results.parquet``, or a DataFrame).
+
+    See :class:`CompareResult` for what comes back and the module docstring for the decision rule.
+    """
+    if threshold < 0:
+        raise ResultsError(f"--threshold must be >= 0 (a fraction: 0.10 means 10%), got {threshold}")
+    if not 0 < alpha < 1:
+        raise ResultsError(f"--alpha must be between 0 and 1, got {alpha}")
+    dfa, meta_a, label_a = _load(a)
+    dfb, meta_b, label_b = _load(b)
+    label_a, label_b = label_a or "A", label_b or "B"
+    if label_a == label_b:
+        label_a, label_b = f"{label_a} (A)", f"{label_b} (B)"
+    dfa, dfb = _normalise(dfa), _normalise(dfb)
+    notes = []
+    for name, df in (("A", dfa), ("B", dfb)):
+        dup = int(df["_key"].duplicated().sum())
+        if dup:
+            notes.append(f"run {name} has {dup} duplicated cell(s); the last row of each is used.")
+    ia = {r["_key"]: r for r in dfa.to_dict("records")}  # the last row of a duplicated cell wins
+    ib = {r["_key"]: r for r in dfb.to_dict("records")}
+    keys_a, keys_b = list(ia), list(ib)
+    common = [k for k in keys_a if k in ib]
+
+    rows, changed = [], []
+    for key in common:
+        ra, rb = ia[key], ib[key]
+        axes = _axes_dict(key)
+        if ra["status"] != "ok" or rb["status"] != "ok":
+            changed.append({**axes, "status_a": ra["status"], "status_b": rb["status"],
+                            "error_a": str(ra.get("error") or ""), "error_b": str(rb.get("error") or "")})
+            continue
+        sa, sb = np.asarray(ra["samples_s"], dtype=float), np.asarray(rb["samples_s"], dtype=float)
+        sa, sb = sa[np.isfinite(sa)], sb[np.isfinite(sb)]
+        row = {**axes, "median_a": float(ra["median_s"]), "median_b": float(rb["median_s"]), "n_a": len(sa),
+               "n_b": len(sb), "ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
+               "p_value": float("nan"), "regression": False, "improvement": False, "change": "", "note": ""}
+        if len(sa) >= 2 and len(sb) >= 2 and np.median(sa) > 0:
+            row["median_a"], row["median_b"] = float(np.median(sa)), float(np.median(sb))
+            row["ratio"] = row["median_b"] / row["median_a"]
+            cell_seed = seed ^ zlib.crc32("|".join(map(str, key)).encode())
+            row["ci_low"], row["ci_high"] = bootstrap_ratio(sa, sb, resamples, alpha, cell_seed)
+            row["p_value"] = mann_whitney_p(sa, sb)
+            significant = row["p_value"] < alpha
+            row["regression"] = bool(significant and row["ratio"] > 1 + threshold and row["ci_low"] > 1)
+            row["improvement"] = bool(significant and row["ratio"] < 1 / (1 + threshold) and row["ci_high"] < 1)
+            if row["regression"]:
+                row["change"] = "slower"
+            elif row["improvement"]:
+                row["change"] = "faster"
+            elif significant and row["ci_low"] > 1:
+                row["change"] = "slower, within threshold"
+            elif significant and row["ci_high"] < 1:
+                row["change"] = "faster, within threshold"
+            else:
+                row["change"] = "no significant change"
+        else:
+            if row["median_a"] > 0:
+                row["ratio"] = row["median_b"] / row["median_a"]
+            row["change"] = "untested"
+            row["note"] = "fewer than 2 raw samples in a run (e.g. a CSV without samples_s); only the medians compared"
+        rows.append(row)
+
+    cols = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
+            "regression", "improvement", "note"]
+    cells = pd.DataFrame(rows, columns=cols)
+    if len(cells):
+        cells = cells.sort_values(["regression", "ratio"], ascending=[False, False], na_position="last",
+                                  kind="stable").reset_index(drop=True)
+        cells["regression"] = cells["regression"].astype(bool)
+        cells["improvement"] = cells["improvement"].astype(bool)
+    mismatch = {}
+    for axis in AXES:
+        va, vb = set(dfa[axis]), set(dfb[axis])
+        if va != vb:
+            mismatch[axis] = {"only_in_a": sorted(va - vb, key=str), "only_in_b": sorted(vb - va, key=str)}
+    env_diff = [(k, _env(meta_a.get(k)), _env(meta_b.get(k))) for k in ENV_COMPARE
+                if _env(meta_a.get(k)) != _env(meta_b.get(k))]
+    if not len(dfa) or not len(dfb):
+        notes.append(f"run {'A' if not len(dfa) else 'B'} has no cells at all.")
+    return CompareResult(
+        cells=cells,
+        only_in_a=[_axes_dict(k) for k in keys_a if k not in ib],
+        only_in_b=[_axes_dict(k) for k in keys_b if k not in ia],
+        status_changed=pd.DataFrame(changed, columns=[*AXES, "status_a", "status_b", "error_a", "error_b"]),
+        axis_mismatch=mismatch, label_a=label_a, label_b=label_b, threshold=threshold, alpha=alpha,
+        resamples=resamples, meta_a=meta_a, meta_b=meta_b, env_diff=env_diff, notes=notes,
+        frames=(dfa.drop(columns="_key"), dfb.drop(columns="_key")),
+    )
+
+
+# ---------------------------------------------------------------- HTML
+
+
+def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
+    """Write ``compare.html`` (self-contained), the overlaid latency figures and ``compare.csv``; return the page."""
+    from attnbench.report import analysis as an
+    from attnbench.report import figures as figs
+    from attnbench.report.html import Tables, _fmt_df, jinja_env
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = Tables(out)
+    dfa, dfb = result.frames if result.frames is not None else (pd.DataFrame(), pd.DataFrame())
+    pa, pb = an.prepare(dfa), an.prepare(dfb)
+    styles = figs.impl_styles([*pa["impl"], *pb["impl"]])
+    figures = figs.latency_overlay(pa, pb, result.label_a, result.label_b, styles, out / "figures")
+
+    c = result.cells
+    disp = pd.DataFrame({
+        "impl": c["impl"],
+        "configuration": [f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} d={r.d_model}"
+                          + (f" cache={r.cache}" if r.cache != "warm" else "") for r in c.itertuples()],
+        "seq_len": c["seq_len"],
+        "A median": [an.fmt_time(v) for v in c["median_a"]],
+        "B median": [an.fmt_time(v) for v in c["median_b"]],
+        "B/A": [an.fmt_num(v) + "×" if np.isfinite(v) else "–" for v in c["ratio"]],
+        f"{1 - result.alpha:.0%} CI": [f"{an.fmt_num(lo)} – {an.fmt_num(hi)}" if np.isfinite(lo) else "–"
+                                       for lo, hi in zip(c["ci_low"], c["ci_high"], strict=True)],
+        "p": [f"{p:.2g}" if np.isfinite(p) else "–" for p in c["p_value"]],
+        "n (A/B)": [f"{x}/{y}" for x, y in zip(c["n_a"], c["n_b"], strict=True)],
+        "change": c["change"],
+    })
+    classes = ["regression" if r else "improvement" if i else ""
+               for r, i in zip(c["regression"], c["improvement"], strict=True)]
+    t = {"cells": tables.add("compare", disp, c, classes=classes)}
+    t["only_a"] = tables.add("only_in_a", pd.DataFrame(result.only_in_a, columns=list(AXES)))
+    t["only_b"] = tables.add("only_in_b", pd.DataFrame(result.only_in_b, columns=list(AXES)))
+    t["status"] = tables.add("status_changed", _fmt_df(result.status_changed, {}), long_columns=("error_a", "error_b"))
+    page = jinja_env().get_template("compare.html.j2").render(
+        r=result, tables=t, figures=figures, styles=styles, n_regressions=len(result.regressions),
+        n_improvements=len(result.improvements), files=[f"figures/{f.name}.{e}" for f in figures if not f.skipped
+                                                          for e in ("png", "svg")] + tables.files,
+    )
+    path = out / "compare.html"
+    path.write_text(page, encoding="utf-8")
+    return path

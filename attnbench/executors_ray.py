@@ -1,0 +1,411 @@
+"""Run a sweep's cells as Ray tasks: on a private Ray instance on this machine, or across a Ray cluster.
+
+``RayExecutor`` has the interface of the local executors (``execute(cells, on_row, on_start)``), so
+the runner stores each row as soon as its cell finishes, wherever it ran. Each cell is one task that
+holds its device exclusively, so no two timed cells ever share one:
+
+* a CPU cell needs all of the custom resource ``attnbench_cpu_slot`` of its node; each node
+  advertises exactly one (``ray start --resources='{"attnbench_cpu_slot": 1}'``; the local instance
+  this module starts does it itself), so one CPU cell at a time runs on a node, with all its cores;
+* a CUDA cell needs one GPU (``num_gpus=1``; Ray sets ``CUDA_VISIBLE_DEVICES``, and the worker
+  process exits after the cell, so every CUDA cell starts with a fresh CUDA context) plus a sliver
+  (``GPU_CELL_SLOT``) of the same slot: cells on different GPUs of a node run side by side, but a
+  CPU cell, which needs the whole slot and all the cores, never runs next to a timed GPU cell.
+
+A custom resource rather than ``num_cpus=<all CPUs of the node>`` because nodes differ in CPU count
+and a task's request is the same on every node; the slot says "this node's host" whatever its size.
+
+Same outcomes as a local run: ``attnbench.cell.run_cell`` runs in the worker's main thread (checked:
+Ray runs tasks there), so its alarm turns a Python-level hang into a ``timeout`` row; a cell stuck in
+native code past ``cell_timeout_s + kill_grace_s`` is force-cancelled from the driver (its worker
+killed) and recorded as ``timeout``; a worker that dies (segfault, abort, ``os._exit``) gives an
+``error`` row naming the death, one that Ray's memory monitor kills an ``oom`` row, and the sweep goes
+on. A cell lost with its node is resubmitted once (the row's ``notes`` say so). Ctrl-C cancels every
+outstanding task and re-raises, so the runner keeps the finished rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+# Ray first: without it, this ImportError is what the runner turns into "pip install 'attnbench[ray]'".
+import ray
+import ray.exceptions
+
+from attnbench.errors import AttnbenchError
+from attnbench.schema import Cell, empty_row
+from attnbench.sweep import Settings
+
+CPU_SLOT = "attnbench_cpu_slot"
+"""The custom resource every node advertises exactly once; a CPU cell takes all of it."""
+GPU_CELL_SLOT = 0.001
+"""A CUDA cell's share of its node's slot: keeps CPU cells off a node while its GPUs are timed."""
+KILL_GRACE_S = 10.0
+"""Seconds past ``cell_timeout_s`` after which the driver kills a cell that its own alarm did not stop."""
+POLL_S = 1.0
+"""Longest wait for a result before checking deadlines (and letting Ctrl-C through)."""
+
+OnRow = Callable[[Cell, dict], None]
+
+_RESUBMIT = (ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError, ray.exceptions.ObjectLostError,
+             ray.exceptions.RaySystemError)
+"""Failures of the cluster rather than of the cell: the cell is submitted once more."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Starting or joining Ray
+
+
+@contextlib.contextmanager
+def _loopback_only():
+    """While starting a local instance, have Ray use 127.0.0.1 and listen on loopback only.
+
+    On Linux Ray replaces a node address of 127.0.0.1 by the machine's routable address and binds
+    some servers to all interfaces. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is Ray's single-machine
+    mode (the default on macOS and Windows): node address 127.0.0.1, every server on loopback. The
+    flag is read once at import, so the module constant is switched as well; both are restored after.
+    """
+    from ray._private import ray_constants
+
+    saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")}
+    saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a private instance does not report usage
+    if saved_flag is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if saved_flag is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+
+
+def start_local(num_cpus: int | None = None, num_gpus: int | None = None, **init_kwargs):
+    """Start a private Ray instance on this machine for attnbench and connect to it.
+
+    It listens on 127.0.0.1 only, has no dashboard, does not report usage statistics, and advertises
+    one ``attnbench_cpu_slot``; ``num_cpus`` defaults to every CPU here, GPUs are detected by Ray.
+    Stop it with ``ray.shutdown()``.
+    """
+    with _loopback_only():
+        return ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+                        resources={CPU_SLOT: 1}, include_dashboard=False, _node_ip_address="127.0.0.1",
+                        **init_kwargs)
+
+
+def _client_mode() -> bool:
+    """True when connected through Ray Client (``ray://``), which has no streaming generators."""
+    try:
+        from ray.util.client import ray as client_ray
+
+        return bool(client_ray.is_connected())
+    except Exception:
+        return False
+
+
+def check_resources(cells: Iterable[Cell], nodes: list[dict]) -> None:
+    """Raise :class:`AttnbenchError` when no alive node can run some of ``cells`` (they would wait forever),
+    or when a node advertises more than one CPU slot (two CPU cells would share its cores)."""
+    alive = [n for n in nodes if n.get("Alive", n.get("alive", False))]
+    res = [n.get("Resources", {}) for n in alive]
+    cells = list(cells)
+    how = (f"start each node with `ray start ... --resources='{{\"{CPU_SLOT}\": 1}}'` "
+           "(see the README section on Ray)")
+    crowded = [(n.get("NodeManagerAddress", "?"), r[CPU_SLOT]) for n, r in zip(alive, res, strict=True)
+               if r.get(CPU_SLOT, 0) > 1]
+    if crowded:
+        addr, slots = crowded[0]
+        raise AttnbenchError(f"Ray node {addr} advertises {slots:g} {CPU_SLOT}; each node must advertise exactly 1, "
+                             "or CPU cells would share its cores and time each other")
+    if any(not c.device.startswith("cuda") for c in cells) and not any(r.get(CPU_SLOT, 0) >= 1 for r in res):
+        raise AttnbenchError(f"no node of the Ray cluster advertises the resource {CPU_SLOT!r}, which CPU cells "
+                             f"need; {how}")
+    if any(c.device.startswith("cuda") for c in cells) and not any(
+            r.get("GPU", 0) >= 1 and r.get(CPU_SLOT, 0) >= GPU_CELL_SLOT for r in res):
+        has_gpu = any(r.get("GPU", 0) >= 1 for r in res)
+        raise AttnbenchError("the sweep has CUDA cells but no node of the Ray cluster has "
+                             + (f"both a GPU and the resource {CPU_SLOT!r}; {how}" if has_gpu else "a GPU"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# In the worker
+
+_NODE_ENV: dict | None = None
+
+
+def torch_default_threads() -> int:
+    """The intra-op thread count torch picks by itself (physical cores, else logical CPUs).
+
+    Ray sets ``OMP_NUM_THREADS`` to a task's CPU request (1) in its workers; a CPU cell holds the
+    whole node, so it gets the count a local run would use, unless ``--threads`` says otherwise.
+    """
+    logical = os.cpu_count() or 1
+    cores = set()
+    for topo in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
+        try:
+            with open(os.path.join(topo, "physical_package_id")) as f1, open(os.path.join(topo, "core_id")) as f2:
+                cores.add((f1.read().strip(), f2.read().strip()))
+        except OSError:
+            continue
+    return len(cores) if 0 < len(cores) < logical else logical
+
+
+def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
+    """Set up this worker like a local run and say where the cell runs (sent to the driver first)."""
+    global _NODE_ENV
+    if driver_cwd and os.path.isdir(driver_cwd):
+        os.chdir(driver_cwd)  # relative plug-in paths resolve as on the driver, where that folder exists here
+    import torch
+
+    torch.set_num_threads(settings.threads or torch_default_threads())
+    node_id = ray.get_runtime_context().get_node_id()
+    gpus = [str(g) for g in ray.get_gpu_ids()] if cell.device.startswith("cuda") else []
+    if _NODE_ENV is None:
+        from attnbench import environment
+
+        env = environment.collect([])
+        env.pop("command", None)
+        env.update(ray_node_id=node_id, ray_node_ip=ray.util.get_node_ip_address(), ray_version=ray.__version__)
+        _NODE_ENV = env
+    worker = f"ray:{node_id[:8]}" + (f" gpu{','.join(gpus)}" if gpus else "") + f" pid{os.getpid()}"
+    return {"node_id": node_id, "host": socket.gethostname(), "worker": worker, "gpus": gpus, "env": _NODE_ENV,
+            "started_at": datetime.now(UTC).isoformat(timespec="microseconds")}
+
+
+def _measure(cell: Cell, settings: Settings, run_id: str, info: dict) -> dict:
+    from attnbench.cell import run_cell
+
+    target = cell
+    if cell.device.startswith("cuda:"):  # the task sees only the GPU Ray gave it, as cuda:0
+        target = dataclasses.replace(cell, device="cuda")
+    row = run_cell(target, settings, run_id)
+    if target is not cell:
+        row.update(device=cell.device, cell_id=cell.cell_id)
+        _add_note(row, f"ray ran {cell.device} on the GPU it assigned (GPU {','.join(info['gpus'])} of {info['host']})")
+    row.update(host=info["host"], worker=info["worker"])
+    return row
+
+
+def _cell_stream(cell: Cell, settings: Settings, run_id: str, driver_cwd: str):
+    info = _prepare(cell, settings, driver_cwd)
+    yield info
+    yield _measure(cell, settings, run_id, info)
+
+
+def _cell_once(cell: Cell, settings: Settings, run_id: str, driver_cwd: str) -> tuple[dict, dict]:
+    info = _prepare(cell, settings, driver_cwd)
+    return info, _measure(cell, settings, run_id, info)
+
+
+# Distinct functions per device kind: Ray fixes max_calls per function (1 for GPU tasks: a fresh
+# process, hence a fresh CUDA context that sees exactly the GPU Ray assigned). Retries are ours.
+def _cpu_cell_stream(cell, settings, run_id, driver_cwd):
+    yield from _cell_stream(cell, settings, run_id, driver_cwd)
+
+
+def _gpu_cell_stream(cell, settings, run_id, driver_cwd):
+    yield from _cell_stream(cell, settings, run_id, driver_cwd)
+
+
+def _cpu_cell_once(cell, settings, run_id, driver_cwd):
+    return _cell_once(cell, settings, run_id, driver_cwd)
+
+
+def _gpu_cell_once(cell, settings, run_id, driver_cwd):
+    return _cell_once(cell, settings, run_id, driver_cwd)
+
+
+_TASKS = {
+    ("cpu", True): ray.remote(num_cpus=1, max_retries=0)(_cpu_cell_stream),
+    ("cuda", True): ray.remote(num_cpus=1, num_gpus=1, max_calls=1, max_retries=0)(_gpu_cell_stream),
+    ("cpu", False): ray.remote(num_cpus=1, max_retries=0)(_cpu_cell_once),
+    ("cuda", False): ray.remote(num_cpus=1, num_gpus=1, max_calls=1, max_retries=0)(_gpu_cell_once),
+}
+
+
+def _add_note(row: dict, note: str) -> None:
+    row["notes"] = "; ".join(n for n in (row.get("notes") or "", note) if n)
+
+
+def _first_line(exc: BaseException, limit: int = 400) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# In the driver
+
+
+@dataclasses.dataclass
+class _Job:
+    cell: Cell
+    ref: object  # an ObjectRefGenerator (start, then row) or, through Ray Client, an ObjectRef of (start, row)
+    attempt: int = 1
+    info: dict | None = None
+    started: float | None = None  # driver clock when the worker reported the start
+    killed: bool = False
+    retry_note: str = ""
+
+
+class RayExecutor:
+    """Cells as Ray tasks, each holding its device exclusively; rows come back as cells finish.
+
+    ``address=None`` uses the Ray this process is already connected to, else starts a private local
+    instance (:func:`start_local`) and shuts it down when ``execute`` returns. Any other address
+    (``auto``, ``host:6379``, ``ray://host:10001``) joins that cluster; leaving only disconnects.
+    ``on_start(cell)`` is called when a worker starts the cell (through Ray Client, which cannot
+    stream, just before its row). :meth:`node_environments` describes every node that ran a cell.
+    """
+
+    name = "ray"
+
+    def __init__(self, settings: Settings, run_id: str, address: str | None = None, *,
+                 kill_grace_s: float = KILL_GRACE_S):
+        self.settings, self.run_id, self.address = settings, run_id, address
+        self.kill_grace_s = kill_grace_s
+        self._nodes: dict[str, dict] = {}
+
+    def node_environments(self) -> list[dict]:
+        """One ``attnbench.environment.collect()`` dict per node that ran cells (plus its Ray node id and IP)."""
+        return list(self._nodes.values())
+
+    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
+        cells = list(cells)
+        if not cells:
+            return
+        owned = self._connect()
+        try:
+            check_resources(cells, ray.nodes())
+            self._run(cells, on_row, on_start)
+        finally:
+            if owned:
+                ray.shutdown()
+
+    def _connect(self) -> bool:
+        """Connect (or start) as configured; True when this call did, so ``execute`` disconnects after."""
+        if ray.is_initialized():
+            return False
+        if self.address is None:
+            start_local()
+            return True
+        try:
+            ray.init(address=self.address)
+        except Exception as exc:
+            raise AttnbenchError(f"cannot connect to the Ray cluster at {self.address!r}: "
+                                 f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        return True
+
+    def _run(self, cells: list[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None) -> None:
+        streaming = not _client_mode()
+        cwd = os.getcwd()
+        jobs: dict = {}
+
+        def submit(cell: Cell, attempt: int = 1, retry_note: str = "") -> None:
+            cuda = cell.device.startswith("cuda")
+            task = _TASKS[("cuda" if cuda else "cpu", streaming)]
+            ref = task.options(resources={CPU_SLOT: GPU_CELL_SLOT if cuda else 1}).remote(
+                cell, self.settings, self.run_id, cwd)
+            jobs[ref] = _Job(cell, ref, attempt, retry_note=retry_note)
+
+        for cell in cells:
+            submit(cell)
+        try:
+            while jobs:
+                ready, _ = ray.wait(list(jobs), num_returns=1, timeout=self._wait_s(jobs))
+                for ref in ready:
+                    job = jobs.pop(ref)
+                    try:
+                        if streaming:
+                            item = ray.get(next(job.ref))
+                            if job.info is None:
+                                self._started(job, item, on_start)
+                                jobs[ref] = job  # its row comes next
+                                continue
+                            row = item
+                        else:
+                            info, row = ray.get(job.ref)
+                            self._started(job, info, on_start)
+                    except StopIteration:
+                        row = self._status_row(job, "error", "the Ray task ended without returning a row")
+                    except Exception as exc:
+                        row = self._failure_row(job, exc)
+                        if row is None:  # the cluster lost the cell: once more
+                            submit(job.cell, job.attempt + 1,
+                                   f"resubmitted once after {type(exc).__name__}: {_first_line(exc, 200)}")
+                            continue
+                    if job.retry_note:
+                        _add_note(row, job.retry_note)
+                    on_row(job.cell, row)
+                self._kill_overdue(jobs)
+        except BaseException:  # Ctrl-C, or on_row failed: nothing may keep running for this sweep
+            for ref in list(jobs):
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+            raise
+
+    def _started(self, job: _Job, info: dict, on_start: Callable[[Cell], None] | None) -> None:
+        job.info, job.started = info, time.perf_counter()
+        self._nodes.setdefault(info["node_id"], info["env"])
+        if on_start:
+            on_start(job.cell)
+
+    def _deadline_s(self) -> float | None:
+        t = self.settings.cell_timeout_s
+        return t + self.kill_grace_s if t else None
+
+    def _wait_s(self, jobs: dict) -> float:
+        limit = self._deadline_s()
+        left = [limit - (time.perf_counter() - j.started) for j in jobs.values() if j.started and not j.killed] \
+            if limit else []
+        return max(0.05, min([POLL_S, *left]))
+
+    def _kill_overdue(self, jobs: dict) -> None:
+        limit = self._deadline_s()
+        if not limit:
+            return
+        now = time.perf_counter()
+        for job in jobs.values():
+            if job.started is not None and not job.killed and now - job.started > limit:
+                job.killed = True
+                with contextlib.suppress(Exception):
+                    ray.cancel(job.ref, force=True)
+
+    def _status_row(self, job: _Job, status: str, error: str) -> dict:
+        row = empty_row(job.cell, self.run_id)
+        info = job.info or {}
+        row.update(status=status, error=error, host=info.get("host"), worker=info.get("worker") or "ray",
+                   started_at=info.get("started_at"),
+                   duration_s=time.perf_counter() - job.started if job.started else float("nan"))
+        return row
+
+    def _failure_row(self, job: _Job, exc: Exception) -> dict | None:
+        """The row for a cell whose task failed, or None to resubmit it (a cluster failure, first time)."""
+        what = f"{type(exc).__name__}: {_first_line(exc)}"
+        if isinstance(exc, ray.exceptions.TaskCancelledError) and job.killed:
+            return self._status_row(job, "timeout", f"cell exceeded its timeout of {self.settings.cell_timeout_s:g} s "
+                                                    f"and did not stop (stuck in native code?); the Ray worker was "
+                                                    f"killed after {self._deadline_s():g} s")
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            return self._status_row(job, "oom", f"Ray's memory monitor killed the worker (node memory nearly full): "
+                                                f"{what}")
+        if isinstance(exc, ray.exceptions.WorkerCrashedError):
+            return self._status_row(job, "error", "the Ray worker process died while running the cell (segfault, "
+                                                  f"abort, os._exit or a kill): {what}")
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
+            return self._status_row(job, "error", f"the Ray task failed: {type(cause).__name__}: {_first_line(cause)}")
+        if isinstance(exc, _RESUBMIT) and job.attempt == 1:
+            return None
+        return self._status_row(job, "error", f"Ray could not run the cell: {what}")

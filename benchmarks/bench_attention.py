@@ -1,0 +1,101 @@
+"""The asv suite: a thin view over the attnbench registry, not a second harness.
+
+Every benchmark builds the same :class:`attnbench.workload.Workload` that ``attnbench run`` times, so
+the implementations (and their history) live in the package; editing this file does not reset it.
+
+Nothing here runs a torch kernel or touches CUDA at import: ``asv.conf.json`` uses the forkserver
+launch method, which imports this module once and forks a child per benchmark and parameter set, and
+neither OpenMP thread pools nor a CUDA context survive a fork. Probes and availability checks that
+execute kernels happen in ``setup`` (in the child).
+
+asv's ``peakmem_`` benchmarks are not used: they report the process's peak RSS, which is dominated by
+the torch import and the CPU allocator's caching, not by the attention's tensors.
+``track_peak_bytes`` reports the tensor memory of one step instead (:func:`attnbench.measure.peak_memory`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from attnbench import registry
+from attnbench.cell import run_cell, skip_reason
+from attnbench.measure import analytic_flops, peak_memory, time_fn
+from attnbench.schema import Cell
+from attnbench.sweep import Settings
+from attnbench.workload import build_workload
+
+DEVICE = os.environ.get("ATTNBENCH_ASV_DEVICE", "cpu")
+BATCH, HEADS = 2, 4
+MODES = ("inference", "forward", "forward+backward")
+SEQ_LENS = (64, 256)
+D_MODELS = (256,)
+COMPILED = "compiled:sdpa"  # the one compiled implementation: compiling costs seconds per shape
+
+
+def _builtins(device: str) -> list[str]:
+    """Built-in implementations that declare ``device`` (metadata only: probes run later, in setup)."""
+    kind = device.split(":")[0]
+    return [n for n in registry.names() if registry.get(n).origin == "builtin" and kind in registry.get(n).devices]
+
+
+class Attention:
+    """One step of each built-in implementation, per mode, sequence length and width."""
+
+    params = (_builtins(DEVICE), list(MODES), list(SEQ_LENS), list(D_MODELS))
+    param_names = ("impl", "mode", "seq_len", "d_model")
+    # asv's timer: a few short repeats per round are plenty for millisecond steps on 2 cores
+    number = 0  # calibrate calls per sample to sample_time
+    sample_time = 0.01
+    repeat = (5, 20, 2.0)  # (min, max, max seconds)
+    rounds = 2
+    warmup_time = 0.05
+    min_run_count = 2
+    timeout = 120
+
+    def setup(self, impl, mode, seq_len, d_model):
+        self.cell = Cell(impl=impl, device=DEVICE, batch=BATCH, seq_len=seq_len, num_heads=HEADS, d_model=d_model,
+                         mode=mode)
+        reason = skip_reason(self.cell)
+        if reason:
+            raise NotImplementedError(reason)  # asv's way to skip a combination
+        self.workload = build_workload(self.cell)
+        self.workload.step()  # first call outside the timings (lazy init, kernel selection)
+
+    def time_step(self, impl, mode, seq_len, d_model):
+        self.workload.step()
+        if self.workload.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.workload.device)
+
+    def track_peak_bytes(self, impl, mode, seq_len, d_model):
+        return peak_memory(self.workload.step, self.workload.device).peak_bytes
+
+    track_peak_bytes.unit = "bytes"
+
+    def track_gflops(self, impl, mode, seq_len, d_model):
+        """Useful GFLOP/s (analytic causal FLOP model / median step time). Higher is better."""
+        timing = time_fn(self.workload.step, self.workload.device, warmup_calls=1, warmup_s=0.0, budget_s=0.2,
+                         min_samples=5, target_rel_ci=0.05)
+        flops = analytic_flops(BATCH, seq_len, d_model, d_model, mode)
+        return flops / timing.stats()["median_s"] / 1e9
+
+    track_gflops.unit = "GFLOP/s"
+
+
+class Compile:
+    """Seconds ``torch.compile`` adds to the first call of one tiny compiled cell."""
+
+    timeout = 300
+    rounds = 1
+
+    def track_compile_s(self):
+        cell = Cell(impl=COMPILED, device=DEVICE, batch=1, seq_len=32, num_heads=2, d_model=64, mode="inference")
+        row = run_cell(cell, Settings(budget_s=0.05, min_samples=3, warmup_calls=1, warmup_s=0.0, flop_check=False))
+        if row["status"] == "skipped":
+            raise NotImplementedError(row["error"])
+        if row["status"] != "ok":
+            raise RuntimeError(f"{COMPILED}: {row['status']}: {row['error']}")
+        return row["compile_s"]
+
+    track_compile_s.unit = "seconds"

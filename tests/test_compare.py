@@ -1,0 +1,274 @@
+"""``attnbench compare``: matching, the decision rule on real and synthetic samples, the page and the exit code."""
+
+from __future__ import annotations
+
+import base64
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnbench.cli import main
+from attnbench.compare import bootstrap_ratio, compare_runs, write_compare_html
+from attnbench.report.sample import failed_row, ok_row
+from attnbench.schema import Cell
+from attnbench.store import RunStore
+
+META = {"command": "test", "torch_version": "2.5.0", "cpu_model": "test CPU"}
+
+
+def write_run(root: Path, run_id: str, rows: list[dict], meta: dict | None = None) -> Path:
+    store = RunStore(root, run_id=run_id, meta={**META, **(meta or {})})
+    for r in rows:
+        store.append(r)
+    store.finalize()
+    return store.path
+
+
+def lognormal(median: float, n: int = 40, sigma: float = 0.05, seed: int = 0) -> np.ndarray:
+    return median * np.exp(np.random.default_rng(seed).normal(0.0, sigma, n))
+
+
+# ---------------------------------------------------------------- real timing samples
+
+
+def work(n: int) -> int:
+    """A tiny pure-Python workload (tens to hundreds of microseconds)."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def slowed_work(n: int) -> int:
+    """The same result with the work done twice: a 2x regression."""
+    work(n)
+    return work(n)
+
+
+def timed_runs(root: Path, slow: set[str], samples: int = 30) -> tuple[Path, Path]:
+    """Two runs of real timings; in B, the implementations in ``slow`` run :func:`slowed_work`.
+
+    A's and B's calls alternate sample by sample, so load on a busy machine hits both runs alike:
+    what differs between them is the code, which is what a comparison should detect.
+    """
+    cells = [Cell(impl=impl, seq_len=t, num_heads=2, d_model=32) for impl in ("steady", "victim") for t in (1000, 3000)]
+    sa = {c: [] for c in cells}
+    sb = {c: [] for c in cells}
+    for c in cells:
+        work(c.seq_len)  # warm-up
+    for _ in range(samples):
+        for c in cells:
+            fb = slowed_work if c.impl in slow else work
+            t0 = time.perf_counter()
+            work(c.seq_len)
+            t1 = time.perf_counter()
+            fb(c.seq_len)
+            t2 = time.perf_counter()
+            sa[c].append(t1 - t0)
+            sb[c].append(t2 - t1)
+    a = write_run(root, "run-a", [ok_row(c, sa[c]) for c in cells])
+    b = write_run(root, "run-b" if slow else "rerun", [ok_row(c, sb[c]) for c in cells])
+    return a, b
+
+
+def test_a_deliberately_slowed_implementation_is_flagged(tmp_path):
+    a, b = timed_runs(tmp_path, slow={"victim"})
+    res = compare_runs(a, b)
+    flagged = res.regressions
+    assert set(flagged["impl"]) == {"victim"} and len(flagged) == 2, res.cells
+    assert flagged["ratio"].between(1.5, 3.0).all()
+    assert (flagged["ci_low"] > 1.1).all() and (flagged["p_value"] < 1e-4).all()
+    assert res.has_regression
+    assert list(res.cells["impl"][:2]) == ["victim", "victim"]  # sorted by effect, slowdowns first
+    steady = res.cells[res.cells["impl"] == "steady"]
+    assert not steady["regression"].any()
+
+
+def test_a_rerun_of_the_same_code_is_not_flagged(tmp_path):
+    a, b = timed_runs(tmp_path, slow=set())
+    res = compare_runs(a, b)
+    assert not res.has_regression, res.cells[["impl", "seq_len", "ratio", "ci_low", "ci_high", "p_value"]]
+    assert len(res.cells) == 4 and res.only_in_a == [] and res.only_in_b == [] and res.axis_mismatch == {}
+    assert res.cells["ratio"].between(0.7, 1.4).all()
+
+
+# ---------------------------------------------------------------- the decision rule on synthetic samples
+
+
+def _pair(ratio: float, n: int = 40, sigma: float = 0.05, seed: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+    cell = Cell(impl="sdpa", seq_len=256)
+    da = pd.DataFrame([ok_row(cell, lognormal(1e-3, n, sigma, seed))])
+    db = pd.DataFrame([ok_row(cell, lognormal(1e-3 * ratio, n, sigma, seed + 100))])
+    return da, db
+
+
+def test_decision_rule():
+    same = compare_runs(*_pair(1.0)).cells.iloc[0]
+    assert not same["regression"] and not same["improvement"] and same["change"] == "no significant change"
+    assert same["ci_low"] < 1 < same["ci_high"]
+
+    slow = compare_runs(*_pair(1.5)).cells.iloc[0]
+    assert slow["regression"] and slow["change"] == "slower" and slow["p_value"] < 1e-6
+    assert 1.3 < slow["ci_low"] < slow["ratio"] < slow["ci_high"] < 1.7
+
+    # a real but small slowdown: significant, CI above 1, yet within the 10% threshold
+    small = compare_runs(*_pair(1.05, n=400, sigma=0.02)).cells.iloc[0]
+    assert small["ci_low"] > 1 and small["p_value"] < 0.05
+    assert not small["regression"] and small["change"] == "slower, within threshold"
+    assert compare_runs(*_pair(1.05, n=400, sigma=0.02), threshold=0.02).has_regression
+
+    fast = compare_runs(*_pair(0.5)).cells.iloc[0]
+    assert fast["improvement"] and not fast["regression"] and fast["change"] == "faster"
+
+    # noisy and few samples: a large ratio is not enough without significance
+    noisy = compare_runs(*_pair(1.3, n=5, sigma=0.6, seed=3)).cells.iloc[0]
+    assert not noisy["regression"]
+
+
+def test_bootstrap_is_seeded_and_brackets_the_ratio():
+    a, b = lognormal(1.0, 50, 0.1, 1), lognormal(2.0, 50, 0.1, 2)
+    assert bootstrap_ratio(a, b, seed=7) == bootstrap_ratio(a, b, seed=7)
+    lo, hi = bootstrap_ratio(a, b, seed=7)
+    assert lo < np.median(b) / np.median(a) < hi and 1.8 < lo and hi < 2.2
+    da, db = _pair(1.2)
+    r1, r2 = compare_runs(da, db).cells, compare_runs(da, db).cells
+    pd.testing.assert_frame_equal(r1, r2)
+
+
+def test_cells_without_samples_are_compared_by_median_but_never_flagged():
+    da, db = _pair(3.0)
+    da.at[0, "samples_s"], db.at[0, "samples_s"] = [], []
+    row = compare_runs(da, db).cells.iloc[0]
+    assert row["change"] == "untested" and not row["regression"] and row["ratio"] == pytest.approx(3.0, rel=0.1)
+
+
+def test_unmatched_cells_status_changes_and_axes_are_reported(tmp_path):
+    def rows(ts, impls, oom=()):
+        out = []
+        for impl in impls:
+            for t in ts:
+                c = Cell(impl=impl, seq_len=t)
+                out.append(failed_row(c, "oom", "out of memory") if (impl, t) in oom
+                           else ok_row(c, lognormal(1e-4 * t / 64, seed=t)))
+        return out
+
+    a = write_run(tmp_path, "a", rows((64, 128), ("weight_split", "sdpa")))
+    b = write_run(tmp_path, "b", rows((64, 128, 256), ("weight_split", "flex"), oom={("weight_split", 128)}),
+                  meta={"torch_version": "2.6.0"})
+    res = compare_runs(a, b)
+    assert len(res.cells) == 1  # weight_split T=64
+    assert {(c["impl"], c["seq_len"]) for c in res.only_in_a} == {("sdpa", 64), ("sdpa", 128)}
+    assert {(c["impl"], c["seq_len"]) for c in res.only_in_b} == {("flex", 64), ("flex", 128), ("flex", 256),
+                                                                   ("weight_split", 256)}
+    assert res.axis_mismatch == {"impl": {"only_in_a": ["sdpa"], "only_in_b": ["flex"]},
+                                 "seq_len": {"only_in_a": [], "only_in_b": [256]}}
+    changed = res.status_changed.iloc[0]
+    assert (changed["impl"], changed["seq_len"], changed["status_a"], changed["status_b"]) == ("weight_split", 128, "ok", "oom")
+    assert ("torch_version", "2.5.0", "2.6.0") in res.env_diff
+    assert "only in A" in res.summary() and "impl, seq_len" in res.summary()
+
+
+# ---------------------------------------------------------------- the page and the CLI
+
+
+class _Imgs(HTMLParser):
+    def __init__(self, text):
+        super().__init__()
+        self.imgs, self.tags, self.text = [], [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "img":
+            self.imgs.append(dict(attrs))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_cli_exit_codes_console_table_and_page(tmp_path, capsys):
+    evil = "evil<script>.py:X"
+    cells = [Cell(impl=i, seq_len=t) for i in ("weight_split", evil) for t in (64, 128, 256)]
+    a = write_run(tmp_path, "a", [ok_row(c, lognormal(1e-4 * c.seq_len / 64, seed=c.seq_len)) for c in cells])
+    b = write_run(tmp_path, "b", [ok_row(c, lognormal(1e-4 * c.seq_len / 64 * (2.0 if c.impl == evil else 1.0),
+                                                      seed=c.seq_len + 1)) for c in cells])
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(a), str(b), "-o", str(out)])
+    assert exc.value.code == 1
+    printed = capsys.readouterr().out
+    assert "FAIL" in printed and "evil<script>.py:X" in printed and "slower" in printed
+
+    page = (out / "compare.html").read_text()
+    assert "<script" not in page and "evil&lt;script&gt;.py:X" in page
+    parsed = _Imgs(page)
+    assert "script" not in parsed.tags and len(parsed.imgs) == 1
+    png = base64.b64decode(parsed.imgs[0]["src"].split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert (out / "figures" / "latency_overlay.svg").is_file() and (out / "tables" / "compare.csv").is_file()
+    text = " ".join("".join(parsed.text).split())
+    assert "3 cells are significantly slower in B by more than 10%" in text
+
+    main(["compare", str(a), str(a), "-o", str(tmp_path / "same")])  # returns: exit status 0
+    assert "OK: no significant slowdown" in capsys.readouterr().out
+    main(["compare", str(a), str(b), "--threshold", "1.5", "-o", str(tmp_path / "loose")])
+    assert "OK" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(a), str(tmp_path / "missing")])
+    assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_compare_page_with_nothing_in_common(tmp_path):
+    a = write_run(tmp_path, "a", [ok_row(Cell(impl="sdpa", seq_len=64), lognormal(1e-4))])
+    b = write_run(tmp_path, "b", [failed_row(Cell(impl="sdpa", seq_len=128), "error", "boom")])
+    res = compare_runs(a, b)
+    assert res.cells.empty and not res.has_regression
+    page = write_compare_html(res, tmp_path / "out").read_text()
+    assert "No cell was timed successfully in both runs" in page
+
+
+# ---------------------------------------------------------------- real runs with a slowed plug-in
+
+PLUGIN = '''
+from attnbench.implementations.book import MultiHeadAttention
+
+
+class Attn(MultiHeadAttention):
+    """weight_split, plus EXTRA throw-away forward passes (a deliberate regression when EXTRA > 0)."""
+
+    EXTRA = {extra}
+
+    def forward(self, x):
+        out = super().forward(x)
+        for _ in range(self.EXTRA):
+            out = out + 0.0 * super().forward(x)
+        return out
+'''
+
+
+def test_real_runs_flag_a_slowed_plugin(tmp_path, monkeypatch, isolated_registry):
+    attnbench = pytest.importorskip("attnbench")
+    pytest.importorskip("attnbench.runner")
+    runs = {}
+    for label, extra in (("before", 0), ("after", 4)):
+        src = tmp_path / label
+        src.mkdir()
+        (src / "plug.py").write_text(PLUGIN.format(extra=extra))
+        monkeypatch.chdir(src)  # the same plug-in name, "plug.py:Attn", resolves to this version's file
+        isolated_registry._RESOLVED.clear()
+        df = attnbench.run(impl=["weight_split", "plug.py:Attn"], seq_len=[64], batch=[1], num_heads=[2],
+                           d_model=[32], mode=["forward"], out=tmp_path / "results", run_id=label,
+                           settings={"budget_s": 0.15, "threads": 1})
+        assert (df["status"] == "ok").all(), df[["impl", "status", "error"]]
+        runs[label] = Path(df.attrs["run_dir"])
+    res = compare_runs(runs["before"], runs["after"])
+    cells = res.cells.set_index("impl")
+    assert cells.loc["plug.py:Attn", "regression"] and cells.loc["plug.py:Attn", "ratio"] > 2
+    # weight_split did not change; sequential runs on a busy machine can drift, so only a gross change would count
+    assert not compare_runs(runs["before"], runs["after"], threshold=1.0).cells.set_index("impl").loc[
+        "weight_split", "regression"]

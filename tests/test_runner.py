@@ -1,0 +1,205 @@
+"""`attnbench run` end to end: rows for every cell, statuses for every fault, resume, Ctrl-C, isolation."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import attnbench
+from attnbench.errors import ResultsError
+from attnbench.schema import COLUMNS
+from attnbench.store import load_run
+
+PLUGINS = Path(__file__).parent / "plugins" / "faulty.py"
+TINY = dict(batch=[1], seq_len=[16], num_heads=[2], d_model=[16], mode=["forward"])
+FAST = {"budget_s": 0.05, "warmup_s": 0.0, "min_samples": 3, "flop_check": False}
+
+
+def plugin(name):
+    return f"{PLUGINS}:{name}"
+
+
+def run_tiny(tmp_path, impls, **kw):
+    settings = {**FAST, **kw.pop("settings", {})}
+    return attnbench.run(impl=impls, out=tmp_path, settings=settings, **{**TINY, **kw})
+
+
+def test_rows_have_the_full_schema_and_raw_samples(tmp_path):
+    df = run_tiny(tmp_path, ["weight_split", "sdpa"], mode=["inference", "forward", "forward+backward"])
+    assert list(df.columns) == list(COLUMNS)
+    assert len(df) == 6 and set(df.status) == {"ok"}
+    for r in df.itertuples():
+        assert r.n == len(r.samples_s) >= 3
+        assert r.ci_low_s <= r.median_s <= r.ci_high_s
+        assert r.peak_bytes > 0 and r.flops > 0 and r.gflops_per_s > 0 and 0 < r.frac_peak
+        assert r.threads >= 1 and r.host and r.started_at
+    run_dir = Path(df.attrs["run_dir"])
+    meta = json.loads((run_dir / "meta.json").read_text())
+    for key in ("timestamp", "command", "git_commit", "torch_version", "python_version", "cpu_model", "hostname",
+                "torch_threads", "sweep", "peak_gflops"):
+        assert key in meta
+    assert (run_dir / "results.parquet").is_file()
+    reread, _ = load_run(run_dir / "results.parquet")
+    assert reread.cell_id.tolist() == df.cell_id.tolist()
+
+
+def test_fault_statuses(tmp_path):
+    impls = ["weight_split", plugin("Raises"), plugin("ImpossibleAllocation"), plugin("ReturnsNaN"),
+             plugin("WrongShape"), plugin("Hangs")]
+    df = run_tiny(tmp_path, impls, settings={"cell_timeout_s": 2.0}).set_index("impl")
+    assert df.loc["weight_split", "status"] == "ok"
+    assert df.loc[plugin("Raises"), "status"] == "error"
+    assert "deliberate failure in forward" in df.loc[plugin("Raises"), "error"]
+    assert df.loc[plugin("ImpossibleAllocation"), "status"] == "oom"
+    assert df.loc[plugin("ReturnsNaN"), "status"] == "invalid"
+    assert "non-finite" in df.loc[plugin("ReturnsNaN"), "error"]
+    assert df.loc[plugin("WrongShape"), "status"] == "invalid"
+    assert df.loc[plugin("Hangs"), "status"] == "timeout"
+    bad = df[df.status != "ok"]
+    assert bad.median_s.isna().all() and (bad.n == 0).all()  # a failed cell never reports a time
+
+
+def test_invalid_combinations_are_skipped_rows_not_crashes(tmp_path):
+    df = run_tiny(tmp_path, ["sdpa", "sdpa_efficient", "flex"], num_heads=[2, 3], mode=["forward", "forward+backward"])
+    assert len(df) == 3 * 2 * 2
+    skipped = df[df.status == "skipped"]
+    assert skipped.error.str.contains("not divisible by num_heads=3").sum() == 6
+    assert skipped.error.str.contains("needs CUDA").any()
+    assert skipped.error.str.contains("no backward on cpu").any()
+    assert set(df[(df.num_heads == 2) & (df.impl == "sdpa")].status) == {"ok"}
+
+
+def test_resume_skips_finished_cells_and_rejects_foreign_folders(tmp_path):
+    df = run_tiny(tmp_path, ["weight_split"], seq_len=[8, 16])
+    run_dir = Path(df.attrs["run_dir"])
+    # Pretend the run was killed after the first cell: keep one cell file only.
+    cells = sorted((run_dir / "cells").glob("*.parquet"))
+    cells[1].unlink()
+    (run_dir / "results.parquet").unlink()
+    resumed = attnbench.run(resume=run_dir)
+    assert sorted(resumed.seq_len) == [8, 16] and len(resumed) == 2
+    assert len(list((run_dir / "cells").glob("*.parquet"))) == 2
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "meta.json").write_text('{"hello": 1}')
+    with pytest.raises(ResultsError, match="not an attnbench results file"):
+        attnbench.run(resume=foreign)
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "cells").mkdir(parents=True)
+    (corrupt / "meta.json").write_text((run_dir / "meta.json").read_text())
+    (corrupt / "cells" / "00000-x.parquet").write_bytes(b"not parquet")
+    before = sorted(p.name for p in corrupt.rglob("*"))
+    with pytest.raises(ResultsError, match="not a readable results file"):
+        attnbench.run(resume=corrupt)
+    assert sorted(p.name for p in corrupt.rglob("*")) == before  # nothing overwritten
+    with pytest.raises(ResultsError, match="no meta.json"):
+        attnbench.run(resume=tmp_path / "missing")
+
+
+@pytest.mark.slow
+def test_isolate_records_a_segfault_and_goes_on(tmp_path):
+    df = run_tiny(tmp_path, [plugin("Segfaults"), "sdpa"], settings={"isolate": True}).set_index("impl")
+    assert df.loc[plugin("Segfaults"), "status"] == "error"
+    assert "SIGSEGV" in df.loc[plugin("Segfaults"), "error"]
+    assert df.loc["sdpa", "status"] == "ok"
+    assert str(df.loc["sdpa", "worker"]).startswith("subprocess")
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, timeout=300, **kw)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "--seq", "0"], "--seq 0"),
+    (["run", "--seq", "10..5"], "below the start"),
+    (["run", "--dtype", "fp8"], "unknown dtype"),
+    (["run", "--device", "tpu"], "unknown device"),
+    (["run", "--impl", "weight_splt"], "did you mean weight_split"),
+    (["run", "--impl", "nofile.py:X"], "does not exist"),
+])
+def test_cli_bad_input_is_one_line(args, fragment, capsys):
+    from attnbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert fragment in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_unknown_flag_in_a_real_process():
+    proc = _cli("run", "--bogus")
+    assert proc.returncode == 2 and "No such option" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_json_output(tmp_path):
+    proc = _cli("run", "--impl", "sdpa", "--seq", "16", "--batch", "1", "--heads", "2", "--d-model", "16",
+                "--budget", "0.05", "--out", str(tmp_path), "--json", "--no-report", "--csv")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["cells"] == 1 and summary["status"] == {"ok": 1}
+    assert Path(summary["results"]).is_file()
+    assert (Path(summary["run_dir"]) / "results.csv").is_file()
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_finished_cells_and_exits_130(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "attnbench", "run", "--impl", plugin("SlowAfterFirstCall"),
+                             "--seq", "8..13+1", "--batch", "1", "--heads", "2", "--d-model", "16",
+                             "--budget", "0.3", "--out", str(tmp_path), "--no-report"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ATTNBENCH_TEST_SLOW": "1"})
+    deadline = time.time() + 120
+    cells = []
+    while time.time() < deadline:
+        cells = list(tmp_path.glob("*/cells/*.parquet"))
+        if len(cells) >= 2:
+            break
+        time.sleep(0.2)
+    assert len(cells) >= 2, "the run never finished two cells"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "--resume" in err
+    run_dir = cells[0].parent.parent
+    df, meta = load_run(run_dir)
+    assert len(df) >= 2 and meta["interrupted"] is True
+    assert (run_dir / "results.parquet").is_file()
+    resumed = attnbench.run(resume=run_dir, settings={"budget_s": 0.05})  # in-process: the plug-in is fast here
+    assert sorted(resumed.seq_len) == list(range(8, 14))
+
+
+def test_threads_are_set_and_recorded(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        df = run_tiny(tmp_path, ["sdpa"], settings={"threads": 1})
+        assert (df.threads == 1).all()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_compiled_cells_report_compile_time_apart(tmp_path):
+    df = run_tiny(tmp_path, ["compiled:weight_split"])
+    r = df.iloc[0]
+    assert r.status == "ok", r.error
+    assert r.compile_s > 0 and r.compile_s > 10 * r.median_s
+    assert r.recompiles == 0
+    assert not math.isnan(r.median_s)
+
+
+def test_results_table_is_tidy_pandas(tmp_path):
+    df = run_tiny(tmp_path, ["weight_split", "sdpa"], seq_len=[8, 16])
+    pivot = df.pivot_table(index="seq_len", columns="impl", values="median_s")
+    assert pivot.shape == (2, 2) and isinstance(pivot, pd.DataFrame)
+    assert os.path.basename(df.attrs["run_dir"]) == df.run_id.iloc[0]
