@@ -157,7 +157,8 @@ INT_AXES = {"batch", "seq_len", "num_heads", "d_model"}
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:
     """A :class:`Sweep` from a TOML-like dict: ``[sweep]`` axes and an optional ``[measure]`` table.
 
-    ``impl = "available"`` (or omitted) means every implementation available on the sweep's devices.
+    ``impl = "available"`` (or omitted, or the token ``"available"`` inside a list) means every
+    implementation available on the sweep's devices.
     """
     known = {"sweep", "measure", "name", "description"}
     unknown = set(data) - known
@@ -170,10 +171,14 @@ def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str]
             raise SweepError(f"unknown sweep axis {key!r} in {name!r}; known: {', '.join(sorted(set(AXIS_KEYS)))}")
         axis = AXIS_KEYS[key]
         axes[axis] = parse_ints(value, key) if axis in INT_AXES else parse_strs(value)
-    if axes.get("impl") in (None, ("available",), ("all",)):
+    impls = axes.get("impl") or ("available",)
+    if "available" in impls:  # the token stands for every implementation available on the sweep's devices
         if available_impls is None:
             raise SweepError(f"sweep {name!r} does not name implementations")
-        axes["impl"] = tuple(available_impls)
+        expanded: list[str] = []
+        for item in impls:
+            expanded += list(available_impls) if item == "available" else [item]
+        axes["impl"] = tuple(dict.fromkeys(expanded))
     measure = dict(data.get("measure", {}))
     valid = {f.name for f in fields(Settings)}
     bad = set(measure) - valid

@@ -10,6 +10,7 @@ execute kernels happen in ``setup`` (in the child).
 
 asv's ``peakmem_`` benchmarks are not used: they report the process's peak RSS, which is dominated by
 the torch import and the CPU allocator's caching, not by the attention's tensors.
+Module-level names must not start with ``time_``/``track_``/``mem_``/``peakmem_``: asv would collect them.
 ``track_peak_bytes`` reports the tensor memory of one step instead (:func:`attnbench.measure.peak_memory`).
 """
 
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 import os
 
-from attnbench import registry
+import torch._inductor  # noqa: F401  (pre-import once in the forkserver: the profiler and compile import it lazily, ~3-5 s)
+
+from attnbench import measure, registry
 from attnbench.cell import run_cell, skip_reason
-from attnbench.measure import analytic_flops, peak_memory, time_fn
 from attnbench.schema import Cell
 from attnbench.sweep import Settings
 from attnbench.workload import build_workload
@@ -56,10 +58,16 @@ class Attention:
         self.cell = Cell(impl=impl, device=DEVICE, batch=BATCH, seq_len=seq_len, num_heads=HEADS, d_model=d_model,
                          mode=mode)
         reason = skip_reason(self.cell)
+        if not reason and mode == "forward" and not registry.get(impl).supports_backward(DEVICE):
+            # train-mode forward builds an autograd graph; flex on CPU refuses it (no CPU backward)
+            reason = f"{impl} declares no backward on {DEVICE}, so no train-mode forward"
         if reason:
             raise NotImplementedError(reason)  # asv's way to skip a combination
-        self.workload = build_workload(self.cell)
-        self.workload.step()  # first call outside the timings (lazy init, kernel selection)
+        try:
+            self.workload = build_workload(self.cell)
+            self.workload.step()  # first call outside the timings (lazy init, kernel selection)
+        except NotImplementedError as exc:  # from torch: a failure to report, not a combination to skip
+            raise RuntimeError(f"{self.cell.cell_id}: {type(exc).__name__}: {exc}") from exc
 
     def time_step(self, impl, mode, seq_len, d_model):
         self.workload.step()
@@ -69,15 +77,15 @@ class Attention:
             torch.cuda.synchronize(self.workload.device)
 
     def track_peak_bytes(self, impl, mode, seq_len, d_model):
-        return peak_memory(self.workload.step, self.workload.device).peak_bytes
+        return measure.peak_memory(self.workload.step, self.workload.device).peak_bytes
 
     track_peak_bytes.unit = "bytes"
 
     def track_gflops(self, impl, mode, seq_len, d_model):
         """Useful GFLOP/s (analytic causal FLOP model / median step time). Higher is better."""
-        timing = time_fn(self.workload.step, self.workload.device, warmup_calls=1, warmup_s=0.0, budget_s=0.2,
+        timing = measure.time_fn(self.workload.step, self.workload.device, warmup_calls=1, warmup_s=0.0, budget_s=0.2,
                          min_samples=5, target_rel_ci=0.05)
-        flops = analytic_flops(BATCH, seq_len, d_model, d_model, mode)
+        flops = measure.analytic_flops(BATCH, seq_len, d_model, d_model, mode)
         return flops / timing.stats()["median_s"] / 1e9
 
     track_gflops.unit = "GFLOP/s"

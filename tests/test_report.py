@@ -173,7 +173,7 @@ def test_analysis_in_words(full):
     _, _, page = full
     v = page.visible
     # the synthetic sdpa has a large fixed cost and a small quadratic term: it overtakes weight_split
-    assert re.search(r"sdpa is faster than weight_split from T >= \d+ on cpu/float32/forward", v)
+    assert re.search(r"sdpa is faster than weight_split from T >= \d+ \(slower up to T <= \d+\)", v)
     assert "compiled:sdpa is fastest" in v
     assert "Baseline for speed-ups: weight_split" in v
     assert "CUDA out of memory at T=512 (synthetic)" in v
@@ -193,6 +193,9 @@ def test_tables_carry_the_numbers(full):
     assert "needs >= 3 distinct T" in fwd.loc[EVIL, "note"]
     lat = pd.read_csv(tables / "scaling_latency.csv")
     assert lat["k_all"].dropna().between(0.2, 2.2).all()
+    cross = pd.read_csv(tables / "crossovers.csv")
+    assert cross["sentence"].str.contains(r"^sdpa is faster than weight_split from T >= \d+ on cpu/float32/forward "
+                                          r"\(B=1, h=4, d=64\)").any()
     noisy = pd.read_csv(tables / "noisy.csv")
     assert noisy["cell"].str.startswith("fused_qkv @ cpu/float32/").any() and noisy["cell"].str.contains("T=32").all()
     fails = pd.read_csv(tables / "failures.csv")

@@ -38,6 +38,15 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def fmt_ci(lo: float, hi: float) -> str:
+    """``14.9–21.9 µs`` (one unit when both ends share it), ``–`` when missing."""
+    a, b = fmt_time(lo), fmt_time(hi)
+    if a == "–" or b == "–":
+        return "–"
+    ua, ub = a.split(" ", 1)[1], b.split(" ", 1)[1]
+    return f"{a.split(' ', 1)[0]}–{b}" if ua == ub else f"{a} – {b}"
+
+
 def fmt_bytes(n: float) -> str:
     """``12.3 MiB``; ``–`` for NaN."""
     if n is None or not np.isfinite(n):
@@ -222,7 +231,7 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
             rows.append({
                 "configuration": g.full_label, "seq_len": int(t), "fastest": best["impl"],
                 "median": fmt_time(best["median_s"]),
-                "ci": f"{fmt_time(best['ci_low_s'])} – {fmt_time(best['ci_high_s'])}",
+                "ci": fmt_ci(best["ci_low_s"], best["ci_high_s"]),
                 "runner_up": second["impl"] if second is not None else "–",
                 "runner_up_slower_x": fmt_num(second["median_s"] / best["median_s"]) if second is not None else "–",
                 "n_impls": len(cells), "note": ", ".join(notes),
@@ -273,9 +282,9 @@ def crossovers(df: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, li
     Returns ``(table, notes)``. The table has one row per (configuration, a, b) pair with at least two
     common sequence lengths: ``kind`` is ``always_faster``, ``always_slower``, ``crossover`` or ``mixed``,
     ``crossover_T`` the first T of the new order, ``vs_baseline`` whether ``b`` is the baseline, and
-    ``sentence`` says it in words. ``notes`` explain configurations where nothing could be said.
+    ``sentence`` says it in words (``short``: the same without the configuration, for under a heading). ``notes`` explain configurations where nothing could be said.
     """
-    cols = ["configuration", "a", "b", "vs_baseline", "kind", "crossover_T", "n_T", "sentence"]
+    cols = ["configuration", "a", "b", "vs_baseline", "kind", "crossover_T", "n_T", "sentence", "short"]
     rows, notes = [], []
     for g in groups(ok_rows(df)):
         med = g.rows.pivot_table(index="seq_len", columns="impl", values="median_s", aggfunc="median")
@@ -304,7 +313,8 @@ def crossovers(df: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, li
             kind = ("always_faster" if all(faster) else "always_slower" if not any(faster)
                     else "crossover" if changes == 1 else "mixed")
             rows.append({"configuration": g.full_label, "a": a, "b": b, "vs_baseline": b == baseline, "kind": kind,
-                         "crossover_T": t_cross, "n_T": len(ts), "sentence": sentence})
+                         "crossover_T": t_cross, "n_T": len(ts), "sentence": sentence,
+                         "short": sentence.replace(f" on {g.full_label}", "")})
     return pd.DataFrame(rows, columns=cols), notes
 
 
@@ -369,7 +379,7 @@ def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
     return pd.DataFrame({
         "cell": [axes_text(r) for r in bad.itertuples()],
         "median": [fmt_time(v) for v in bad["median_s"]],
-        "ci": [f"{fmt_time(lo)} – {fmt_time(hi)}" for lo, hi in zip(bad["ci_low_s"], bad["ci_high_s"], strict=True)],
+        "ci": [fmt_ci(lo, hi) for lo, hi in zip(bad["ci_low_s"], bad["ci_high_s"], strict=True)],
         "ci_rel_pct": [f"±{100 * v:.1f}%" for v in bad["ci_rel"]],
         "n": bad["n"].tolist() if "n" in bad else [],
     }, columns=["cell", "median", "ci", "ci_rel_pct", "n"])

@@ -85,7 +85,7 @@ def _env_value(value) -> str:
     if value is None or value == "" or value == []:
         return "–"
     if isinstance(value, dict):
-        return "; ".join(f"{k}: {an.fmt_num(v) if isinstance(v, float) else v}" for k, v in value.items()) or "–"
+        return "; ".join(f"{k}: {f'{v:,.1f}' if isinstance(v, float) else v}" for k, v in value.items()) or "–"
     if isinstance(value, list | tuple):
         return ", ".join(str(v) for v in value)
     return str(value)
@@ -187,10 +187,10 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
     cross, cross_notes = an.crossovers(df, chosen)
     t["crossovers"] = tables.add("crossovers", cross[["configuration", "a", "b", "kind", "crossover_T", "n_T"]]
                                  .assign(crossover_T=[("" if v is None or v != v else int(v)) for v in cross["crossover_T"]]),
-                                 cross)
+                                 cross.drop(columns="short"))
     sentences: dict[str, list[str]] = {}
     for r in cross[cross["vs_baseline"]].itertuples():
-        sentences.setdefault(r.configuration, []).append(r.sentence)
+        sentences.setdefault(r.configuration, []).append(r.short)
     other_cross = cross[~cross["vs_baseline"] & cross["kind"].isin(["crossover", "mixed"])]["sentence"].tolist()
     lat_scaling = an.scaling(df, "median_s")
     mem_scaling = an.scaling(df, "peak_bytes")
