@@ -23,7 +23,8 @@ from attnbench.errors import (  # noqa: E402
     UnavailableError,
     UnknownImplementationError,
 )
-from attnbench.registry import Implementation, get, names as list_implementations, register  # noqa: E402
+from attnbench.registry import Implementation, get, register  # noqa: E402
+from attnbench.registry import names as list_implementations
 from attnbench.spec import AttnSpec  # noqa: E402
 from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_weights, random_weights  # noqa: E402
 

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 
@@ -92,7 +92,7 @@ def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "") -> d
     """Measure ``cell`` and return its results row (never raises for a failure of the cell)."""
     row = empty_row(cell, run_id)
     row.update(host=socket.gethostname(), worker=f"pid{os.getpid()}",
-               started_at=datetime.now(timezone.utc).isoformat(timespec="microseconds"))
+               started_at=datetime.now(UTC).isoformat(timespec="microseconds"))
     t_start = time.perf_counter()
     if settings.threads:
         torch.set_num_threads(settings.threads)

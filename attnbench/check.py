@@ -176,7 +176,7 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     # each gradient's error is relative to at least 1% of the largest gradient, not to its own ~0.
     floor = 1e-2 * max(float(r.abs().max()) for r in ref_grads)
     worst, worst_name = 0.0, ""
-    for name, got, want in zip(names, grads, ref_grads):
+    for name, got, want in zip(names, grads, ref_grads, strict=False):
         err = math.inf if got is None else rel_error(got.cpu(), want, floor)
         if err > worst or worst_name == "":
             worst, worst_name = err, name

@@ -81,7 +81,8 @@ class CompareResult:
                  f"{n - len(self.regressions) - len(self.improvements)} without a significant change beyond the "
                  "threshold."]
         if self.only_in_a or self.only_in_b:
-            parts.append(f"{len(self.only_in_a)} cell(s) only in A and {len(self.only_in_b)} only in B were not compared.")
+            parts.append(f"{len(self.only_in_a)} cell(s) only in A and {len(self.only_in_b)} only in B "
+                         "were not compared.")
         if len(self.status_changed):
             parts.append(f"{len(self.status_changed)} cell(s) failed or were skipped in at least one run.")
         if self.axis_mismatch:

@@ -8,7 +8,7 @@ import platform
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -45,7 +45,7 @@ def collect(argv: list[str] | None = None) -> dict:
     import attnbench
 
     meta = {
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(argv if argv is not None else sys.argv),
         "git_commit": git_commit(),
         "attnbench_version": attnbench.__version__,

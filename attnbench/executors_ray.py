@@ -169,6 +169,16 @@ def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
         os.chdir(driver_cwd)  # relative plug-in paths resolve as on the driver, where that folder exists here
     import torch
 
+    # What run_cell would import on its first call, imported before the start is reported (the driver's
+    # clock for killing a stuck cell starts then) and outside the cell's own alarm.
+    import attnbench.cell  # noqa: F401
+    import attnbench.workload  # noqa: F401
+    from attnbench import registry
+
+    with contextlib.suppress(ImportError):
+        import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
+    with contextlib.suppress(Exception):  # built-ins and the plug-in; run_cell reports a failure as the row
+        registry.get(cell.impl)
     torch.set_num_threads(settings.threads or torch_default_threads())
     node_id = ray.get_runtime_context().get_node_id()
     gpus = [str(g) for g in ray.get_gpu_ids()] if cell.device.startswith("cuda") else []
@@ -315,7 +325,7 @@ class RayExecutor:
         def submit(cell: Cell, attempt: int = 1, retry_note: str = "") -> None:
             cuda = cell.device.startswith("cuda")
             task = _TASKS[("cuda" if cuda else "cpu", streaming)]
-            ref = task.options(resources={CPU_SLOT: GPU_CELL_SLOT if cuda else 1}).remote(
+            ref = task.options(resources={}).remote(
                 cell, self.settings, self.run_id, cwd)
             jobs[ref] = _Job(cell, ref, attempt, retry_note=retry_note)
 

@@ -43,7 +43,7 @@ def measure(cell: Cell, budget_s: float, repeats: int) -> dict:
                 ours.append(time_fn(w.step, w.device, budget_s=budget_s, target_rel_ci=0.0).stats()["median_s"])
             else:
                 theirs.append(timer.blocked_autorange(min_run_time=budget_s).median)
-    ratios = [a / b for a, b in zip(ours, theirs)]
+    ratios = [a / b for a, b in zip(ours, theirs, strict=False)]
     return {"cell": cell.cell_id, "attnbench_ms": 1e3 * statistics.median(ours),
             "torch_benchmark_ms": 1e3 * statistics.median(theirs), "ratio": statistics.median(ratios),
             "ratio_min": min(ratios), "ratio_max": max(ratios)}

@@ -119,8 +119,8 @@ def read_meta(path: str | Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ResultsError(f"{meta_file} is corrupt ({exc}); it was not written by attnbench or was truncated") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "run_id" not in meta:
-        raise ResultsError(f"{meta_file} is not an attnbench results file (format {meta.get('format') if isinstance(meta, dict) else '?'!r}, "
-                           f"expected {FORMAT!r})")
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ResultsError(f"{meta_file} is not an attnbench results file (format {found!r}, expected {FORMAT!r})")
     return meta
 
 

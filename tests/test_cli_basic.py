@@ -36,10 +36,10 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def assert_one_line_error(code: int, err: str, pattern: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err
+    assert code == 2, f"exit code {code}, stderr:\n{err}"
+    assert "Traceback" not in err, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1, err
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
     assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
 
 

@@ -167,7 +167,8 @@ def test_unmatched_cells_status_changes_and_axes_are_reported(tmp_path):
     assert res.axis_mismatch == {"impl": {"only_in_a": ["sdpa"], "only_in_b": ["flex"]},
                                  "seq_len": {"only_in_a": [], "only_in_b": [256]}}
     changed = res.status_changed.iloc[0]
-    assert (changed["impl"], changed["seq_len"], changed["status_a"], changed["status_b"]) == ("weight_split", 128, "ok", "oom")
+    got = (changed["impl"], changed["seq_len"], changed["status_a"], changed["status_b"])
+    assert got == ("weight_split", 128, "ok", "oom")
     assert ("torch_version", "2.5.0", "2.6.0") in res.env_diff
     assert "only in A" in res.summary() and "impl, seq_len" in res.summary()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import socket
 import sys
-import textwrap
 import time
 from datetime import datetime, timedelta
 
@@ -19,6 +18,7 @@ import pytest
 import attnbench
 from attnbench.errors import AttnbenchError
 from attnbench.schema import COLUMNS, Cell
+from attnbench.store import read_meta
 from attnbench.sweep import Settings
 
 FAST = {"budget_s": 0.1, "min_samples": 3, "warmup_calls": 1, "warmup_s": 0.0, "flop_check": False}
@@ -154,11 +154,7 @@ def test_ray_matches_local(ray_local, tmp_path):
     assert remote.worker.str.match(r"^ray:[0-9a-f]{8} pid\d+$").all(), remote.worker.tolist()
     assert (remote.median_s > 0).all() and remote.notes.str.contains("sampling stopped by").all()
     _assert_no_overlap(_intervals(remote))
-    meta = attnbench.store.read_meta(remote.attrs["run_dir"]) if hasattr(attnbench, "store") else None
-    if meta is None:
-        from attnbench.store import read_meta
-
-        meta = read_meta(remote.attrs["run_dir"])
+    meta = read_meta(remote.attrs["run_dir"])
     assert meta["executor"] == "ray"
     [node] = meta["nodes"]
     assert node["hostname"] == socket.gethostname() and node["ray_node_ip"] == "127.0.0.1"
@@ -216,12 +212,12 @@ def test_timeouts(ray_local, plugin):
         rows[cell.impl.rsplit(":", 1)[-1]] = row
 
     t0 = time.perf_counter()
-    RayExecutor(settings, "t", kill_grace_s=1.0).execute(cells, on_row, lambda c: events.append(("start", c.cell_id)))
+    RayExecutor(settings, "t", kill_grace_s=2.0).execute(cells, on_row, lambda c: events.append(("start", c.cell_id)))
     wall = time.perf_counter() - t0
     assert rows["Sleeps"]["status"] == "timeout" and "timeout of 2 s" in rows["Sleeps"]["error"]
     assert rows["Stuck"]["status"] == "timeout" and "worker was killed" in rows["Stuck"]["error"]
-    assert 2.5 < rows["Stuck"]["duration_s"] < 20
-    assert rows["sdpa"]["status"] == "ok"
+    assert 3.5 < rows["Stuck"]["duration_s"] < 20
+    assert rows["sdpa"]["status"] == "ok", rows["sdpa"]["error"]
     for c in cells:  # started (as the worker began it) before its row
         assert events.index(("start", c.cell_id)) < events.index(("row", c.cell_id))
     assert wall < 50
@@ -297,4 +293,3 @@ def test_executor_ray_without_ray(monkeypatch, tmp_path):
         make_executor("ray", Settings(), "run-id")
     with pytest.raises(AttnbenchError, match=r"--executor ray needs Ray: pip install 'attnbench\[ray\]'"):
         attnbench.run(impl=["sdpa"], seq_len=[32], d_model=[32], num_heads=[2], out=tmp_path, executor="ray")
-    textwrap.dedent("")  # (keeps the import list stable for readers grepping for textwrap in plug-in tests)

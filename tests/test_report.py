@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+from html import escape as html_escape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from attnbench.report.html import markdown_table
 from attnbench.report.sample import failed_row, ok_row, synthetic_run
 from attnbench.schema import Cell
 
-EVIL = "evil<script>.py:X"
+EVIL = "evil<script>$\\nope$.py:X"  # HTML to escape, and mathtext that would not parse if matplotlib read it
 EVIL_ERROR = "<script>alert('pwned')</script> & <b>bold</b>"
 SECTIONS = ["Summary", "Latency vs sequence length", "Speed-up relative to", "Peak memory", "Throughput",
             "torch.compile", "Side by side at one configuration", "Fastest implementation per configuration",
@@ -126,7 +127,7 @@ def _ops_table(run: Path) -> None:
 def full(tmp_path_factory):
     """A synthetic run with two modes, failures, a noisy cell, a compiled: impl and a hostile plug-in name."""
     root = tmp_path_factory.mktemp("runs")
-    evil_rows = [ok_row(Cell(impl=EVIL, seq_len=t, d_model=64, num_heads=4), 1e-4 * (t / 32) * (1 + 0.01 * np.arange(9)),
+    evil_rows = [ok_row(Cell(impl=EVIL, seq_len=t, d_model=64, num_heads=4), 1e-4 * t / 32 * (1 + 0.01 * np.arange(9)),
                         peak_bytes=1000.0 * t, peak_gflops_per_s=1000.0) for t in (32, 64)]
     evil_rows.append(failed_row(Cell(impl=EVIL, seq_len=128, d_model=64, num_heads=4), "error", EVIL_ERROR))
     run = synthetic_run(root, modes=("forward", "inference"), extra_rows=evil_rows, run_id="full-run")
@@ -162,7 +163,7 @@ def test_results_text_is_escaped(full):
     _, html, page = full
     text = html.read_text()
     assert "<script" not in text and "<b>bold</b>" not in text
-    assert "evil&lt;script&gt;.py:X" in text
+    assert html_escape(EVIL, quote=False) in text
     assert EVIL in page.visible  # shown literally to the reader
     assert "<script>alert('pwned')</script> & <b>bold</b>" in page.visible
     csv = pd.read_csv(html.parent / "tables" / "failures.csv")

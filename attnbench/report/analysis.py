@@ -117,6 +117,13 @@ def _mode_rank(mode: str) -> int:
     return MODES.index(mode) if mode in MODES else len(MODES)
 
 
+_DTYPE_ORDER = ("float32", "bfloat16", "float16", "float64")
+
+
+def _dtype_rank(dtype: str) -> int:
+    return _DTYPE_ORDER.index(dtype) if dtype in _DTYPE_ORDER else len(_DTYPE_ORDER)
+
+
 @dataclass
 class Group:
     """One configuration (every axis but ``impl`` and ``seq_len`` fixed): a panel in the figures."""
@@ -157,7 +164,8 @@ def groups(df: pd.DataFrame) -> list[Group]:
         if values["cache"] != "warm":
             extra.append(axis_label("cache", values["cache"]))
         out.append(Group(tuple(key), values, label, f"{full} ({', '.join(extra)})", rows))
-    out.sort(key=lambda g: (g.values["device"], g.values["dtype"], _mode_rank(g.values["mode"]), g.values["mode"],
+    out.sort(key=lambda g: (g.values["device"], _dtype_rank(g.values["dtype"]), g.values["dtype"],
+                            _mode_rank(g.values["mode"]), g.values["mode"],
                             g.values["cache"], g.values["batch"], g.values["num_heads"], g.values["d_model"]))
     return out
 
@@ -246,10 +254,10 @@ def speedups(df: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = []
     for gi, g in enumerate(groups(ok_rows(df))):
-        base = g.rows[g.rows["impl"] == baseline].set_index("seq_len")["median_s"]
+        base = g.rows[g.rows["impl"] == baseline].groupby("seq_len")["median_s"].median()
         for r in g.rows.itertuples():
             if r.seq_len in base.index:
-                b = float(base.loc[r.seq_len]) if np.ndim(base.loc[r.seq_len]) == 0 else float(base.loc[r.seq_len].iloc[0])
+                b = float(base.loc[r.seq_len])
                 rows.append({"group": gi, "configuration": g.full_label, "impl": r.impl, "seq_len": int(r.seq_len),
                              "median_s": r.median_s, "baseline_median_s": b, "speedup": b / r.median_s})
     return pd.DataFrame(rows, columns=cols)
@@ -282,7 +290,8 @@ def crossovers(df: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, li
     Returns ``(table, notes)``. The table has one row per (configuration, a, b) pair with at least two
     common sequence lengths: ``kind`` is ``always_faster``, ``always_slower``, ``crossover`` or ``mixed``,
     ``crossover_T`` the first T of the new order, ``vs_baseline`` whether ``b`` is the baseline, and
-    ``sentence`` says it in words (``short``: the same without the configuration, for under a heading). ``notes`` explain configurations where nothing could be said.
+    ``sentence`` says it in words (``short``: the same without the configuration, for under a heading).
+    ``notes`` explain configurations where nothing could be said.
     """
     cols = ["configuration", "a", "b", "vs_baseline", "kind", "crossover_T", "n_T", "sentence", "short"]
     rows, notes = [], []
@@ -463,7 +472,8 @@ def profile_tables(ops: pd.DataFrame, top: int = 15) -> list[dict]:
     ops["configuration"] = [c.split("|", 1)[1] if "|" in c else c for c in cid]
     out = []
     for conf, part in ops.groupby("configuration", sort=True):
-        use_device = "self_device_s" in part and pd.to_numeric(part["self_device_s"], errors="coerce").fillna(0).gt(0).any()
+        device_t = pd.to_numeric(part.get("self_device_s", pd.Series(dtype=float)), errors="coerce").fillna(0)
+        use_device = bool(device_t.gt(0).any())
         tcol = "self_device_s" if use_device else "self_cpu_s"
         part = part.assign(_t=pd.to_numeric(part[tcol], errors="coerce").fillna(0.0),
                            _calls=pd.to_numeric(part.get("calls", 0), errors="coerce").fillna(0))

@@ -131,8 +131,16 @@ def _legend(fig: MplFigure, handles: list, ncol: int | None = None) -> None:
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False)
 
 
+def label(name: str, width: int = 40) -> str:
+    """An implementation name as figure text: ``$`` not read as mathtext, long plug-in paths shortened."""
+    if len(name) > width:
+        keep = width - 1
+        name = name[:keep // 3] + "…" + name[-(keep - keep // 3):]
+    return name.replace("$", r"\$")
+
+
 def _impl_handle(name: str, style: dict, **kw) -> Line2D:
-    return Line2D([], [], color=style["color"], marker=style["marker"], label=name, **kw)
+    return Line2D([], [], color=style["color"], marker=style["marker"], label=label(name), **kw)
 
 
 def _empty_panel(ax, text: str) -> None:
@@ -151,6 +159,17 @@ def _chunks(items: list, size: int = MAX_PANELS) -> list[list]:
 
 def _suffix(i: int, n: int) -> str:
     return "" if n == 1 else f"-{i + 1}"
+
+
+def _suptitle(fig: MplFigure, axes: list, text: str) -> None:
+    """The figure title; with one panel, the panel's own title is dropped when the figure title says it all."""
+    text = text.replace("$", r"\$")
+    if len(axes) == 1:
+        if axes[0].get_title() and axes[0].get_title() in text:
+            axes[0].set_title("")
+        if len(text) > 62 and " — " in text:
+            text = text.replace(" — ", "\n", 1)
+    fig.suptitle(text, fontsize=12)
 
 
 def _title(base: str, df: pd.DataFrame, i: int, n: int) -> str:
@@ -178,7 +197,7 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
         for ax, g in zip(axes, chunk, strict=True):
             rows = g.rows
             good = an.ok_rows(rows)
-            ax.set_title(g.label)
+            ax.set_title(label(g.label, 80))
             if good.empty:
                 _empty_panel(ax, "no successful cells here\n(see the failed cells list)")
                 continue
@@ -201,8 +220,8 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
             failed = rows[rows["status"] != "ok"]
             for r in failed.itertuples():
                 any_failed = True
-                ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x", color=styles[r.impl]["color"],
-                        markersize=7, mew=2, linestyle="none", clip_on=False)
+                ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x",
+                        color=styles[r.impl]["color"], markersize=7, mew=2, linestyle="none", clip_on=False)
                 if r.impl not in impls_seen:
                     impls_seen.append(r.impl)
             _seq_axis(ax, rows["seq_len"])
@@ -217,7 +236,7 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
                                   label="failed cell (oom/error/…)"))
         _legend(fig, handles)
         title = _title("Latency vs sequence length", df, ci, len(chunks))
-        fig.suptitle(title, fontsize=12)
+        _suptitle(fig, axes, title)
         name = f"latency{_suffix(ci, len(chunks))}"
         png, svg, uri = _save(fig, out_dir, name)
         notes = []
@@ -236,7 +255,7 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
 @_styled
 def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) -> list[Figure]:
     """Speed-up over the baseline (baseline median / median) vs T, per configuration."""
-    title = f"Speed-up relative to {baseline}" if baseline else "Speed-up relative to a baseline"
+    title = f"Speed-up relative to {label(baseline)}" if baseline else "Speed-up relative to a baseline"
     if baseline is None:
         return [Figure("speedup", title, skipped="no successful cells, so there is no baseline")]
     others = sp[sp["impl"] != baseline]
@@ -255,7 +274,7 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
         for ax, gi in zip(axes, chunk, strict=True):
             g = gs[gi]
             part = sp[sp["group"] == gi]
-            ax.set_title(g.label)
+            ax.set_title(label(g.label, 80))
             ax.axhline(1.0, color=styles[baseline]["color"], linestyle="--", linewidth=1.2)
             rest = part[part["impl"] != baseline]
             if rest.empty:
@@ -269,12 +288,13 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
             _seq_axis(ax, part["seq_len"])
             vals = np.concatenate([rest["speedup"].to_numpy(), [1.0]])
             _log_y(ax, vals, lambda v: f"{v:.3g}×", base=2 if vals.max() / vals.min() > 8 else 10)
-            ax.set_ylabel(f"speed-up vs {baseline} (>1 faster)")
+            ax.set_ylabel(f"speed-up vs {label(baseline, 24)} (>1 faster)")
         handles = [_impl_handle(i, styles[i]) for i in sorted(seen)]
-        handles.append(Line2D([], [], color=styles[baseline]["color"], linestyle="--", label=f"{baseline} (baseline, 1×)"))
+        handles.append(Line2D([], [], color=styles[baseline]["color"], linestyle="--",
+                              label=f"{label(baseline)} (baseline, 1×)"))
         _legend(fig, handles)
         t = _title(title, df, ci, len(chunks))
-        fig.suptitle(t, fontsize=12)
+        _suptitle(fig, axes, t)
         name = f"speedup{_suffix(ci, len(chunks))}"
         png, svg, uri = _save(fig, out_dir, name)
         out.append(Figure(name, t, f"{baseline} median / implementation median at the same cell: above the dashed "
@@ -296,7 +316,7 @@ def _metric_panels(df: pd.DataFrame, column: str, name: str, title: str, ylabel:
         fig, axes = _new_figure(len(chunk))
         seen = set()
         for ax, g in zip(axes, chunk, strict=True):
-            ax.set_title(g.label)
+            ax.set_title(label(g.label, 80))
             good = an.ok_rows(g.rows)
             good = good[np.isfinite(good[column]) & (good[column] > 0)]
             if good.empty:
@@ -318,7 +338,7 @@ def _metric_panels(df: pd.DataFrame, column: str, name: str, title: str, ylabel:
         extra = getattr(decorate, "handles", [])
         _legend(fig, handles + list(extra))
         t = _title(title, df, ci, len(chunks))
-        fig.suptitle(t, fontsize=12)
+        _suptitle(fig, axes, t)
         fname = f"{name}{_suffix(ci, len(chunks))}"
         png, svg, uri = _save(fig, out_dir, fname)
         out.append(Figure(fname, t, caption, png, svg, uri))
@@ -379,7 +399,7 @@ def compile_times(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]
         fig, axes = _new_figure(len(chunk))
         seen = set()
         for ax, g in zip(axes, chunk, strict=True):
-            ax.set_title(g.label)
+            ax.set_title(label(g.label, 80))
             vals = []
             for impl in an.impl_order(g.rows):
                 r = g.rows[g.rows["impl"] == impl].sort_values("seq_len")
@@ -393,13 +413,13 @@ def compile_times(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]
             _seq_axis(ax, g.rows["seq_len"])
             _log_y(ax, vals, an.fmt_time)
             ax.set_ylabel("time")
-        handles = [Patch(color=styles[i]["color"], label=i) for i in sorted(seen)]
+        handles = [Patch(color=styles[i]["color"], label=label(i)) for i in sorted(seen)]
         handles += [Line2D([], [], color="#444", marker="s", linestyle="-", label="compile time (first call)"),
                     Line2D([], [], color="#444", marker="o", markerfacecolor="white", linestyle="--",
                            label="steady-state time per call")]
         _legend(fig, handles, ncol=min(len(handles), 3))
         t = _title(title, comp, ci, len(chunks))
-        fig.suptitle(t, fontsize=12)
+        _suptitle(fig, axes, t)
         name = f"compile{_suffix(ci, len(chunks))}"
         png, svg, uri = _save(fig, out_dir, name)
         out.append(Figure(name, t, "Solid: time to compile (the first call); dashed: median time per call after "
@@ -416,7 +436,7 @@ def bars(df: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) ->
         return Figure("bars", "Implementations side by side", skipped="no successful cells to compare"), pd.DataFrame()
     g, t = choice
     cells = g.rows[g.rows["seq_len"] == t].sort_values("median_s", ascending=False)
-    title = f"All implementations at T={t}, {g.full_label}"
+    title = f"All implementations at T={t}, {g.full_label}"  # axis values only: no mathtext risk
     scale, unit = next(((s, u) for s, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
                         if cells["median_s"].max() >= s), (1e-9, "ns"))
     med = cells["median_s"].to_numpy() / scale
@@ -427,17 +447,17 @@ def bars(df: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) ->
     y = np.arange(len(cells))
     ax.barh(y, med, xerr=[lo, hi], color=[styles[i]["color"] for i in cells["impl"]], capsize=3,
             error_kw={"elinewidth": 1.1, "ecolor": "#222"})
-    ax.set_yticks(y, cells["impl"])
+    ax.set_yticks(y, [label(i) for i in cells["impl"]])
     ax.grid(axis="y", visible=False)
     base_med = cells.loc[cells["impl"] == baseline, "median_s"]
     for yi, (m, h, impl) in enumerate(zip(med, hi, cells["impl"], strict=True)):
-        label = f" {m:.3g} {unit}"
+        text = f" {m:.3g} {unit}"
         if len(base_med) and impl != baseline:
-            label += f"  ({float(base_med.iloc[0]) / (m * scale):.2f}× vs {baseline})"
-        ax.text(m + h, yi, label, va="center", fontsize=8.5)
+            text += f"  ({float(base_med.iloc[0]) / (m * scale):.2f}× vs {label(baseline, 24)})"
+        ax.text(m + h, yi, text, va="center", fontsize=8.5)
     ax.set_xlim(0, (med + hi).max() * 1.45)
     ax.set_xlabel(f"median time per call ({unit}); error bars: 95% CI of the median")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(label(title, 200), fontsize=11)
     png, svg, uri = _save(fig, out_dir, "bars")
     others = g.rows.groupby("seq_len")["impl"].nunique()
     table = pd.DataFrame({"impl": cells["impl"][::-1].tolist(),
@@ -466,7 +486,7 @@ def latency_overlay(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str
         fig, axes = _new_figure(len(chunk))
         seen = set()
         for ax, g in zip(axes, chunk, strict=True):
-            ax.set_title(g.label)
+            ax.set_title(label(g.label, 80))
             good = an.ok_rows(g.rows)
             if good.empty:
                 _empty_panel(ax, "no successful cells here in either run")
@@ -483,12 +503,12 @@ def latency_overlay(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str
             _log_y(ax, good["median_s"], an.fmt_time)
             ax.set_ylabel("median time per call")
         handles = [_impl_handle(i, styles[i]) for i in sorted(seen)]
-        handles += [Line2D([], [], color="#444", linestyle="-", marker="o", label=f"A: {label_a}"),
+        handles += [Line2D([], [], color="#444", linestyle="-", marker="o", label=f"A: {label(label_a)}"),
                     Line2D([], [], color="#444", linestyle="--", marker="o", markerfacecolor="white",
-                           label=f"B: {label_b}")]
+                           label=f"B: {label(label_b)}")]
         _legend(fig, handles)
         t = _title(title, both, ci, len(chunks))
-        fig.suptitle(t, fontsize=12)
+        _suptitle(fig, axes, t)
         fname = f"{name}{_suffix(ci, len(chunks))}"
         png, svg, uri = _save(fig, out_dir, fname)
         out.append(Figure(fname, t, "Median time per call; A solid with filled markers, B dashed with hollow "

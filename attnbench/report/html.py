@@ -185,18 +185,18 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
         t["speedup"] = tables.add("speedup", sp_disp.rename(columns={"median_s": "median",
                                                                      "baseline_median_s": "baseline median"}), sp_raw)
     cross, cross_notes = an.crossovers(df, chosen)
+    cross_t = [("" if v is None or v != v else int(v)) for v in cross["crossover_T"]]
     t["crossovers"] = tables.add("crossovers", cross[["configuration", "a", "b", "kind", "crossover_T", "n_T"]]
-                                 .assign(crossover_T=[("" if v is None or v != v else int(v)) for v in cross["crossover_T"]]),
-                                 cross.drop(columns="short"))
+                                 .assign(crossover_T=cross_t), cross.drop(columns="short"))
     sentences: dict[str, list[str]] = {}
     for r in cross[cross["vs_baseline"]].itertuples():
         sentences.setdefault(r.configuration, []).append(r.short)
     other_cross = cross[~cross["vs_baseline"] & cross["kind"].isin(["crossover", "mixed"])]["sentence"].tolist()
     lat_scaling = an.scaling(df, "median_s")
     mem_scaling = an.scaling(df, "peak_bytes")
-    fmt_k = {"k_all": lambda v: an.fmt_num(v, 3), "r2": lambda v: an.fmt_num(v, 3), "k_tail": lambda v: an.fmt_num(v, 3)}
-    t["scaling_latency"] = tables.add("scaling_latency", _fmt_df(lat_scaling, fmt_k), lat_scaling, long_columns=("note",))
-    t["scaling_memory"] = tables.add("scaling_memory", _fmt_df(mem_scaling, fmt_k), mem_scaling, long_columns=("note",))
+    fmt_k = dict.fromkeys(("k_all", "r2", "k_tail"), an.fmt_num)
+    for name, table in (("scaling_latency", lat_scaling), ("scaling_memory", mem_scaling)):
+        t[name] = tables.add(name, _fmt_df(table, fmt_k), table, long_columns=("note",))
     noisy = an.noisy(df)
     t["noisy"] = tables.add("noisy", noisy)
     fails = an.failures(df)

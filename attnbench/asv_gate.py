@@ -1,0 +1,244 @@
+"""The asv regression gate: benchmark two commits in the existing environment and fail on a slowdown.
+
+``asv continuous`` would build a fresh environment per commit (PyTorch per commit: far too heavy), so
+with ``environment_type: existing`` the gate does it by hand:
+
+1. each commit is exported (``git archive``) and installed with ``pip install --no-deps --target``
+   into its own temporary folder, which is put first on ``PYTHONPATH`` for the asv processes. The
+   environment's own install (usually the user's editable checkout) is never modified, so nothing has
+   to be restored, even after a crash or Ctrl-C, and other processes using the same environment are
+   undisturbed;
+2. ``asv run --python=same --set-commit-hash SHA --record-samples`` records each commit's results.
+   Commits are alternated (BASE, HEAD, BASE, HEAD with ``--append-samples``) so that a change in the
+   machine's load during the gate hits both sides alike;
+3. ``asv compare --factor F --split`` prints the table. asv's compare always exits 0, so its table is
+   parsed: a benchmark is a regression when asv marks it worse (``+``: slower by more than the
+   factor *and* statistically significant when raw samples exist, Mann-Whitney U at p < 0.002) or
+   newly failing (``!``). For higher-is-better benchmarks (``track_gflops``) asv's ``-`` is the
+   regression.
+
+The benchmark suite itself (``benchmarks/``) is always the current checkout's, so both commits are
+measured by the same code and asv keeps their results comparable. asv runs with ``HOME`` set to the
+gate's temporary folder (its machine file lives there), results go to that folder too and are deleted
+at the end unless ``--keep`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnbench.errors import AttnbenchError
+
+MACHINE = "attnbench-gate"
+HIGHER_IS_BETTER = re.compile(r"\.track_gflops\b")
+"""Benchmarks where a larger value is better; asv's compare assumes smaller is better for all."""
+EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
+
+
+class GateError(AttnbenchError):
+    """The gate could not run (bad revision, no asv, an install or asv run failed)."""
+
+
+@dataclass
+class GateResult:
+    """What the gate found: the compare table and the rows that count as regressions."""
+
+    base: str
+    head: str
+    table: str
+    regressions: list[str] = field(default_factory=list)
+    failed_runs: list[str] = field(default_factory=list)  # "sha: asv run exit 2" (some benchmarks failed)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_REGRESSION if self.regressions else EXIT_OK
+
+
+def _run(cmd: list[str], cwd: Path | str | None = None, env: dict | None = None, capture: bool = False,
+         check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.STDOUT if capture else None)
+    if check and proc.returncode != 0:
+        out = f"\n{proc.stdout[-3000:]}" if capture and proc.stdout else ""
+        raise GateError(f"`{' '.join(map(str, cmd))}` failed with exit status {proc.returncode}{out}")
+    return proc
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        return _run(["git", *args], cwd=repo, capture=True).stdout.strip()
+    except GateError as exc:
+        raise GateError(f"git {' '.join(args)} in {repo}: {exc}") from None
+
+
+def resolve(repo: Path, rev: str) -> str:
+    """The full commit hash of ``rev`` (a branch, tag, ``HEAD~1``, short hash ...)."""
+    try:
+        return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except GateError:
+        raise GateError(f"{rev!r} is not a commit in {repo}") from None
+
+
+def export_commit(repo: Path, sha: str, dest: Path) -> Path:
+    """The tree of commit ``sha`` extracted to ``dest`` (``git archive``: no worktree, no repo changes)."""
+    data = subprocess.run(["git", "archive", "--format=tar", sha], cwd=repo, capture_output=True, check=True).stdout
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        try:
+            tar.extractall(dest, filter="data")
+        except TypeError:  # Python < 3.11.4: no extraction filters (the archive is our own commit)
+            tar.extractall(dest)
+    return dest
+
+
+def install_commit(python: str, source: Path, target: Path) -> Path:
+    """``pip install --no-deps --target`` the project at ``source``: a private site folder for PYTHONPATH."""
+    cmd = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-compile", "--quiet",
+           "--disable-pip-version-check", "--target", str(target), str(source)]
+    proc = _run(cmd, capture=True, check=False)
+    if proc.returncode != 0:
+        raise GateError(f"installing {source.name} failed (pip exit {proc.returncode}); the environment needs "
+                        f"setuptools for --no-build-isolation:\n{proc.stdout[-3000:]}")
+    return target
+
+
+def gate_config(repo: Path, work: Path, config: Path | None = None) -> Path:
+    """A copy of the repository's ``asv.conf.json`` with absolute paths and results under ``work``."""
+    from asv.util import load_json
+
+    src = config or repo / "asv.conf.json"
+    if not src.is_file():
+        raise GateError(f"no asv configuration at {src}")
+    conf = load_json(str(src), js_comments=True)
+    conf.update(repo=str(repo), benchmark_dir=str((src.parent / conf.get("benchmark_dir", "benchmarks")).resolve()),
+                results_dir=str(work / "results"), html_dir=str(work / "html"), env_dir=str(work / "env"))
+    path = work / "asv.conf.json"
+    path.write_text(json.dumps(conf, indent=2))
+    return path
+
+
+def parse_compare(table: str) -> list[str]:
+    """The rows of ``asv compare``'s table that are regressions (see the module docstring)."""
+    bad = []
+    for line in table.splitlines():
+        if not line.lstrip().startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 5 or cells[0] == "Change" or all(c and set(c) <= set("-:") for c in cells):
+            continue  # not a row, the header, or the |---| rule
+        mark, name = cells[0], cells[-1]
+        worse = "-" if HIGHER_IS_BETTER.search(name) else "+"
+        if mark in ("!", worse):
+            bad.append(line.strip())
+    return bad
+
+
+def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.2, bench: list[str] | None = None,
+             rounds: int = 2, python: str | None = None, config: str | Path | None = None,
+             keep: str | Path | None = None, show_stderr: bool = False, log=print) -> GateResult:
+    """Benchmark ``base`` and ``head`` and compare them (see the module docstring)."""
+    python = python or sys.executable
+    if rounds < 1:
+        raise GateError("--rounds must be at least 1")
+    repo = Path(_git(Path(repo).resolve(), "rev-parse", "--show-toplevel"))
+    shas = {"base": resolve(repo, base), "head": resolve(repo, head)}
+    work = Path(tempfile.mkdtemp(prefix="attnbench-gate-"))
+    try:
+        conf = gate_config(repo, work, Path(config).resolve() if config else None)
+        env = dict(os.environ, HOME=str(work / "home"))
+        env.pop("ASV_PYTHONPATH", None)
+        (work / "home").mkdir()
+        asv = [python, "-m", "asv", "--config", str(conf)]
+        _run([*asv, "machine", "--yes", "--machine", MACHINE], env=env, capture=True)
+        sites = {}
+        for sha in dict.fromkeys(shas.values()):
+            log(f"gate: installing {sha[:8]} into a private folder (pip --target)")
+            sites[sha] = install_commit(python, export_commit(repo, sha, work / f"src-{sha[:12]}"),
+                                        work / f"site-{sha[:12]}")
+        failed = []
+        for r in range(rounds):
+            for side in ("base", "head"):
+                sha = shas[side]
+                log(f"gate: round {r + 1}/{rounds}: asv run at {side} {sha[:8]}")
+                run_env = dict(env, PYTHONPATH=os.pathsep.join([str(sites[sha])] + (
+                    [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+                cmd = [*asv, "run", f"--python={python}", "--set-commit-hash", sha, "--machine", MACHINE,
+                       "--record-samples", "-a", "rounds=1"]
+                if r or (side == "head" and shas["head"] == shas["base"]):
+                    cmd.append("--append-samples")
+                if show_stderr:
+                    cmd.append("--show-stderr")
+                for regex in bench or ():
+                    cmd += ["--bench", regex]
+                proc = _run(cmd, env=run_env, check=False)
+                if proc.returncode == 2:  # asv: some benchmarks failed; compare shows which ('!' at head)
+                    failed.append(f"{sha[:8]}: some benchmarks failed in round {r + 1}")
+                elif proc.returncode != 0:
+                    raise GateError(f"asv run at {sha[:8]} failed with exit status {proc.returncode}")
+        table = _run([*asv, "compare", shas["base"], shas["head"], "--factor", str(factor), "--split",
+                      "--machine", MACHINE], env=env, capture=True).stdout
+        return GateResult(shas["base"], shas["head"], table, parse_compare(table), failed)
+    finally:
+        if keep and (work / "results").is_dir():
+            shutil.copytree(work / "results", Path(keep) / "results", dirs_exist_ok=True)
+            log(f"gate: asv results kept in {Path(keep) / 'results'}")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(result: GateResult, factor: float, log=print) -> int:
+    """Print the compare table and the verdict; return the exit code."""
+    log(result.table.rstrip())
+    for line in result.failed_runs:
+        log(f"gate: warning: {line}")
+    if result.regressions:
+        log(f"\ngate: FAIL: {len(result.regressions)} benchmark(s) regressed beyond x{factor:g} "
+            f"({result.base[:8]} -> {result.head[:8]}):")
+        for line in result.regressions:
+            log(f"  {line}")
+    else:
+        log(f"\ngate: OK: no significant regression beyond x{factor:g} ({result.base[:8]} -> {result.head[:8]})")
+    return result.exit_code
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/gate.py", description=(
+        "Benchmark BASE and HEAD with asv in this environment (without modifying its install) and exit 1 "
+        "when HEAD is significantly slower than BASE by more than --factor; 2 when the gate cannot run."))
+    p.add_argument("base", help="the reference commit (branch, tag, hash)")
+    p.add_argument("head", help="the commit under test")
+    p.add_argument("--factor", type=float, default=1.2, help="ratio beyond which a change counts (default 1.2)")
+    p.add_argument("--bench", "-b", action="append", help="asv benchmark regex (repeatable; default: all)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating BASE/HEAD asv runs per commit (default 2)")
+    p.add_argument("--python", help="the environment's interpreter (default: this one)")
+    p.add_argument("--repo", default=".", help="the git repository (default: the current directory)")
+    p.add_argument("--config", help="asv config (default: REPO/asv.conf.json)")
+    p.add_argument("--keep", metavar="DIR", help="copy asv's results to DIR/results")
+    p.add_argument("--show-stderr", action="store_true", help="pass --show-stderr to asv run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = run_gate(args.base, args.head, repo=args.repo, factor=args.factor, bench=args.bench,
+                          rounds=args.rounds, python=args.python, config=args.config, keep=args.keep,
+                          show_stderr=args.show_stderr)
+    except GateError as exc:
+        print(f"gate: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return report(result, args.factor)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
