@@ -128,13 +128,15 @@ def gate_config(repo: Path, work: Path, config: Path | None = None) -> Path:
     return path
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")] if line.lstrip().startswith("|") else []
+
+
 def parse_compare(table: str) -> list[str]:
     """The rows of ``asv compare``'s table that are regressions (see the module docstring)."""
     bad = []
     for line in table.splitlines():
-        if not line.lstrip().startswith("|"):
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
         if len(cells) < 5 or cells[0] == "Change" or all(c and set(c) <= set("-:") for c in cells):
             continue  # not a row, the header, or the |---| rule
         mark, name = cells[0], cells[-1]
@@ -196,9 +198,34 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _drop_unmeasured(table: str) -> str:
+    """asv's output without rows that are n/a on both sides (parameter sets outside ``--bench``) and
+    without the sections that leaves empty."""
+    blocks, current = [], []
+    for line in table.splitlines():
+        cells = _cells(line)
+        if len(cells) >= 5 and cells[1] == cells[2] == "n/a":
+            continue
+        if not line.strip():
+            blocks.append(current)
+            current = []
+        else:
+            current.append(line)
+    blocks.append(current)
+    out: list[list[str]] = []
+    for block in blocks:
+        if block and _cells(block[0]) and len(block) <= 2:  # a table with a header and a rule only
+            if out and len(out[-1]) == 1 and not _cells(out[-1][0]):
+                out.pop()  # its section title
+            continue
+        if block:
+            out.append(block)
+    return "\n\n".join("\n".join(b) for b in out)
+
+
 def report(result: GateResult, factor: float, log=print) -> int:
     """Print the compare table and the verdict; return the exit code."""
-    log(result.table.rstrip())
+    log(_drop_unmeasured(result.table).rstrip())
     for line in result.failed_runs:
         log(f"gate: warning: {line}")
     if result.regressions:

@@ -24,7 +24,7 @@ from torch.func import functional_call
 
 from attnbench import golden, registry
 from attnbench.devices import DTYPES, parse_device
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, SweepError
 from attnbench.reference import reference_forward
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, random_weights, state_from_canonical
@@ -85,7 +85,12 @@ class CaseResult:
 
 
 def cases(kinds: Iterable[str] | None = None) -> list[Case]:
-    """Every case of the matrix (optionally only ``kinds``)."""
+    """Every case of the matrix (optionally only ``kinds``; an unknown kind is a :class:`SweepError`)."""
+    if kinds is not None:
+        kinds = list(kinds)
+        unknown = [k for k in kinds if k not in RUNNERS]
+        if unknown:
+            raise SweepError(f"unknown check kind(s) {unknown}; use {', '.join(RUNNERS)}")
     out: list[Case] = []
     for shape in SHAPES:
         for dtype in ("float64", "float32"):
@@ -170,6 +175,9 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     w_t = w.to(device=device, dtype=low).leaves()
     state = state_from_canonical(module, w_t, spec)
     out = functional_call(module, state, (x_t,), strict=False)
+    if out.shape != ref_out.shape:  # a wrong shape may still broadcast against the output gradient
+        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", math.inf, None,
+                          f"output shape {tuple(out.shape)} != expected {tuple(ref_out.shape)}")
     grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(), [x_t] + [t for _, t in w_t.items()],
                                 allow_unused=True)
     # Some true gradients are structurally ~0 (the key bias: softmax cancels a per-row constant), so
@@ -304,18 +312,29 @@ def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: I
     Unknown names raise :class:`~attnbench.errors.UnknownImplementationError` before anything runs.
     """
     resolved = [registry.get(n) for n in (list(impls) if impls else registry.available(device))]
+    selected = cases(kinds)
     rows = []
-    for impl in resolved:
-        for case in cases(kinds):
-            result = run_case(impl, case, device)
-            rows.append(asdict(result))
-            if progress:
-                progress(result)
+    # The check's tensors are tiny: one CPU thread is as fast, and far faster on a busy machine where
+    # several spinning OpenMP threads wait on each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for impl in resolved:
+            for case in selected:
+                result = run_case(impl, case, device)
+                rows.append(asdict(result))
+                if progress:
+                    progress(result)
+    finally:
+        torch.set_num_threads(threads)
     return pd.DataFrame(rows, columns=[f for f in CaseResult.__dataclass_fields__])
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
     """One row per implementation, kind and dtype: counts of pass/fail/error/skip and the worst error."""
+    counts = ["cases", "passed", "failed", "errors", "skipped"]
+    if results.empty:
+        return pd.DataFrame(columns=["impl", "kind", "dtype", *counts, "worst_error", "tolerance"])
     def agg(g: pd.DataFrame) -> pd.Series:
         err = g["error"].astype(float)
         return pd.Series({
@@ -326,5 +345,4 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
         })
 
     out = results.groupby(["impl", "kind", "dtype"], sort=False)[list(results.columns)].apply(agg).reset_index()
-    counts = ["cases", "passed", "failed", "errors", "skipped"]
     return out.astype({c: int for c in counts})

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from attnbench import registry
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, UnavailableError
 
 # Wide when piped (logs, CI): rich would otherwise wrap every table at 80 columns.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -73,7 +73,8 @@ def list_cmd(device: str, as_json: bool) -> None:
         table.add_row(r["name"], status, r["description"], ",".join(r["backward"]) or "-",
                       ",".join(r["dropout"]) or "-", r["source"])
     console.print(table)
-    console.print("Also: compiled:NAME[@MODE] for any NAME; plug-ins as path/to/file.py:Class or package.module:Class.")
+    console.print("Also: compiled:NAME[@MODE] for any NAME; plug-ins as path/to/file.py:Class or package.module:Class.",
+                  markup=False)
 
 
 @cli.command("check")
@@ -89,7 +90,9 @@ def check_cmd(impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_c
     parse_device(device)
     names = _split(impls) or None
     for name in names or []:
-        registry.get(name)  # unknown names fail before anything runs
+        reason = registry.get(name).unavailable_reason(device)  # unknown names fail before anything runs
+        if reason:
+            raise UnavailableError(f"{name} cannot run on {device} here: {reason}; choose another --device or implementation")
     with console.status("running the correctness matrix ..."):
         results = run_matrix(names, device=device, kinds=_split(kinds) or None)
     summary = summarize(results)

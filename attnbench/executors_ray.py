@@ -325,7 +325,7 @@ class RayExecutor:
         def submit(cell: Cell, attempt: int = 1, retry_note: str = "") -> None:
             cuda = cell.device.startswith("cuda")
             task = _TASKS[("cuda" if cuda else "cpu", streaming)]
-            ref = task.options(resources={}).remote(
+            ref = task.options(resources={CPU_SLOT: GPU_CELL_SLOT if cuda else 1}).remote(
                 cell, self.settings, self.run_id, cwd)
             jobs[ref] = _Job(cell, ref, attempt, retry_note=retry_note)
 

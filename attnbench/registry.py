@@ -273,8 +273,9 @@ def _compiled(name: str) -> Implementation:
 def get(name: str) -> Implementation:
     """The :class:`Implementation` called ``name`` (see the module docstring for the accepted forms)."""
     name = name.strip()
-    if name in _RESOLVED:
-        return _RESOLVED[name]
+    key = _cache_key(name)
+    if key in _RESOLVED:
+        return _RESOLVED[key]
     _load_builtins()
     if name in _REGISTRY:
         return _REGISTRY[name]
@@ -292,8 +293,16 @@ def get(name: str) -> Implementation:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownImplementationError(f"unknown implementation {name!r}{hint} (`attnbench list` shows all)")
-    _RESOLVED[name] = impl
+    _RESOLVED[key] = impl
     return impl
+
+
+def _cache_key(name: str) -> str:
+    """Resolved names are cached; a relative plug-in path is keyed by the file it points to from here."""
+    target, sep, attr = name.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target) and not target.startswith("compiled"):
+        return f"{Path(target).expanduser().resolve()}:{attr}"
+    return name
 
 
 def names() -> list[str]:

@@ -27,11 +27,22 @@ from attnbench.sweep import Settings
 from attnbench.workload import build_workload
 
 DEVICE = os.environ.get("ATTNBENCH_ASV_DEVICE", "cpu")
+# One intra-op thread by default: on a shared or busy machine (CI) OpenMP threads contending for cores
+# make CPU timings 10-50x slower and wildly noisy. ATTNBENCH_ASV_THREADS=N sets N; 0 keeps torch's default.
+THREADS = int(os.environ.get("ATTNBENCH_ASV_THREADS", "1"))
 BATCH, HEADS = 2, 4
 MODES = ("inference", "forward", "forward+backward")
 SEQ_LENS = (64, 256)
 D_MODELS = (256,)
 COMPILED = "compiled:sdpa"  # the one compiled implementation: compiling costs seconds per shape
+
+
+def _set_threads() -> None:
+    """Called in setup (in the forked child), never at import."""
+    if THREADS > 0:
+        import torch
+
+        torch.set_num_threads(THREADS)
 
 
 def _builtins(device: str) -> list[str]:
@@ -55,6 +66,7 @@ class Attention:
     timeout = 120
 
     def setup(self, impl, mode, seq_len, d_model):
+        _set_threads()
         self.cell = Cell(impl=impl, device=DEVICE, batch=BATCH, seq_len=seq_len, num_heads=HEADS, d_model=d_model,
                          mode=mode)
         reason = skip_reason(self.cell)
@@ -99,7 +111,8 @@ class Compile:
 
     def track_compile_s(self):
         cell = Cell(impl=COMPILED, device=DEVICE, batch=1, seq_len=32, num_heads=2, d_model=64, mode="inference")
-        row = run_cell(cell, Settings(budget_s=0.05, min_samples=3, warmup_calls=1, warmup_s=0.0, flop_check=False))
+        row = run_cell(cell, Settings(budget_s=0.05, min_samples=3, warmup_calls=1, warmup_s=0.0, flop_check=False,
+                                      threads=THREADS or None))
         if row["status"] == "skipped":
             raise NotImplementedError(row["error"])
         if row["status"] != "ok":

@@ -11,9 +11,9 @@ comparable: heads of width ``d_out // num_heads`` plus the output projection.
 from __future__ import annotations
 
 import torch
-from attnbench.implementations._common import AttentionModule, per_head_adapter
 from torch import nn
 
+from attnbench.implementations._common import AttentionModule, per_head_adapter
 from attnbench.registry import register
 
 BOOK = "Raschka, Build a Large Language Model (From Scratch), ch. 3"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import warnings
 
 import torch
-from attnbench.implementations._common import AttentionModule, merge_heads, split_heads
 from torch import nn
 
+from attnbench.implementations._common import AttentionModule, merge_heads, split_heads
 from attnbench.registry import register
 
 warnings.filterwarnings("ignore", message=r"flex_attention called without torch.compile")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from attnbench.implementations._common import AttentionModule, merge_heads
 from torch import nn
 
+from attnbench.implementations._common import AttentionModule, merge_heads
 from attnbench.registry import register
 from attnbench.spec import AttnSpec
 from attnbench.weights import Adapter, CanonicalWeights

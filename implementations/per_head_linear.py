@@ -9,10 +9,10 @@ Dropout sits where that design puts it: on the attention weights and after the p
 from __future__ import annotations
 
 import torch
-from attnbench.implementations._common import AttentionModule, per_head_adapter
 from torch import nn
 from torch.nn import functional as F
 
+from attnbench.implementations._common import AttentionModule, per_head_adapter
 from attnbench.registry import register
 
 

@@ -9,11 +9,11 @@ import functools
 import warnings
 
 import torch
-from attnbench.implementations._common import AttentionModule, merge_heads, split_heads
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnbench.implementations._common import AttentionModule, merge_heads, split_heads
 from attnbench.registry import register
 
 API = "torch.nn.functional.scaled_dot_product_attention"

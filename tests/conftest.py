@@ -1,4 +1,4 @@
-"""Shared fixtures: a CUDA skip, the repository as working directory, plug-ins on sys.path, an isolated registry."""
+"""Shared fixtures: a CUDA skip, the repo as working directory, plug-ins on sys.path, an isolated registry, one thread."""
 
 from __future__ import annotations
 

@@ -73,7 +73,6 @@ def test_list_json(capsys):
             assert rows[name]["available"] is False and rows[name]["reason"] == "needs CUDA"
 
 
-@pytest.mark.xfail(strict=True, reason="bug in attnbench/cli.py: rich reads '[@MODE]' as markup and drops it")
 def test_list_mentions_compile_modes(capsys):
     _, out, _ = run_cli(["list"], capsys)
     assert "compiled:NAME[@MODE]" in out
@@ -185,15 +184,11 @@ def test_cuda_device_without_cuda(capsys, device):
 
 
 @no_cuda_only
-@pytest.mark.xfail(strict=True, reason="bug in attnbench/cli.py check: an implementation that cannot run on the "
-                                       "device is all skips and exits 0")
 def test_check_unavailable_implementation(capsys):
     code, _, err = run_cli(["check", "--impl", "sdpa_efficient"], capsys)
     assert_one_line_error(code, err, r"sdpa_efficient.*needs CUDA")
 
 
-@pytest.mark.xfail(strict=True, reason="bug in attnbench/check.py: unknown --kind is not rejected; summarize() of "
-                                       "no rows raises ValueError")
 def test_check_unknown_kind(capsys):
     code, _, err = run_cli(["check", "--impl", "weight_split", "--kind", "forwrd"], capsys)
     assert_one_line_error(code, err, r"forwrd")
