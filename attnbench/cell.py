@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -63,6 +64,11 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _release(device: torch.device) -> None:
+    # Cells must not interact through torch.compile's in-memory state: FlopCounterMode over an eager
+    # FlexAttention call (which compiles internally) leaves Dynamo unable to trace the next one, and a
+    # compiled cell's caches would make the next cell's compile time look shorter.
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

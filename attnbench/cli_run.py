@@ -141,6 +141,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         console.print(f"results: {run_dir / 'results.parquet'}", markup=False)
         if report_path:
             console.print(f"report:  {report_path}", markup=False)
+        _warn_if_busy(run_dir)
         noisy = df[(df.status == "ok") & (df.ci_rel > 0.05)]
         if len(noisy):
             console.print(f"note: {len(noisy)} cell(s) have a CI wider than ±5% of the median (noisy machine?)")
@@ -148,6 +149,20 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
         sys.exit(130)
+
+
+def _warn_if_busy(run_dir: Path) -> None:
+    """Say so when other work loaded the machine: timings are then inflated and noisy."""
+    import os
+
+    from attnbench.store import read_meta
+
+    meta = read_meta(run_dir)
+    cores = os.cpu_count() or 1
+    load = meta.get("load_average_1m")
+    if load is not None and load > 0.5 * cores:
+        console.print(f"warning: the machine was busy when the run started (load average {load} on {cores} cores); "
+                      "other processes compete for the cores, so timings are inflated and noisy", markup=False)
 
 
 def _write_report(run_dir: Path, report_dir: str | None, quiet: bool) -> Path | None:

@@ -26,6 +26,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): other work on the machine skews timings."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
 def git_commit(path: str | Path | None = None) -> str | None:
     """The commit of the git checkout containing ``path`` (default: the working directory), with ``-dirty``."""
     cwd = Path(path) if path else Path.cwd()
@@ -56,6 +64,7 @@ def collect(argv: list[str] | None = None) -> dict:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "load_average_1m": load_average(),
         "cuda_version": torch.version.cuda,
         "gpus": [],
         "cuda_driver": None,

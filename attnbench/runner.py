@@ -175,6 +175,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     finally:
         store.meta["wall_s"] = store.meta.get("wall_s", 0.0) + time.perf_counter() - started
         store.meta["interrupted"] = interrupted
+        store.meta["load_average_1m_end"] = environment.load_average()
         df, _ = load_run(store.path)
         store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
                                      df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}

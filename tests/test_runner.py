@@ -76,6 +76,13 @@ def test_invalid_combinations_are_skipped_rows_not_crashes(tmp_path):
     assert set(df[(df.num_heads == 2) & (df.impl == "sdpa")].status) == {"ok"}
 
 
+def test_cells_do_not_interact_through_compiler_state(tmp_path):
+    # FlopCounterMode over eager FlexAttention once broke Dynamo for every later flex cell.
+    df = run_tiny(tmp_path, ["flex", "compiled:sdpa"], seq_len=[8, 16, 24], mode=["inference"],
+                  settings={"flop_check": True})
+    assert set(df.status) == {"ok"}, df[["cell_id", "error"]].to_string()
+
+
 def test_resume_skips_finished_cells_and_rejects_foreign_folders(tmp_path):
     df = run_tiny(tmp_path, ["weight_split"], seq_len=[8, 16])
     run_dir = Path(df.attrs["run_dir"])
