@@ -4,7 +4,8 @@
 with ``environment_type: existing`` the gate does it by hand:
 
 1. each commit is exported (``git archive``) and installed with ``pip install --no-deps --target``
-   into its own temporary folder, which is put first on ``PYTHONPATH`` for the asv processes. The
+   into its own temporary folder, which asv puts first on its benchmark processes' ``sys.path``
+   (``ASV_PYTHONPATH``; asv >= 0.6.5 applies it to discovery too, and drops plain ``PYTHONPATH``). The
    environment's own install (usually the user's editable checkout) is never modified, so nothing has
    to be restored, even after a crash or Ctrl-C, and other processes using the same environment are
    undisturbed;
@@ -44,6 +45,10 @@ MACHINE = "attnbench-gate"
 HIGHER_IS_BETTER = re.compile(r"\.track_gflops\b")
 """Benchmarks where a larger value is better; asv's compare assumes smaller is better for all."""
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)  # flushed: asv's own output goes straight to the same stream
 
 
 class GateError(AttnbenchError):
@@ -146,20 +151,30 @@ def parse_compare(table: str) -> list[str]:
     return bad
 
 
+def check_asv(python: str) -> None:
+    """asv >= 0.6.5 must be importable by ``python`` (it applies ASV_PYTHONPATH to discovery as well)."""
+    proc = _run([python, "-c", "import importlib.metadata as m; print(m.version('asv'))"], capture=True, check=False)
+    version = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else ""
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    if not version or parts < (0, 6, 5):
+        raise GateError(f"the gate needs asv >= 0.6.5 in {python} (found {version or 'none'}); "
+                        "pip install 'attnbench[asv]' or 'asv>=0.6.5'")
+
+
 def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.2, bench: list[str] | None = None,
              rounds: int = 2, python: str | None = None, config: str | Path | None = None,
-             keep: str | Path | None = None, show_stderr: bool = False, log=print) -> GateResult:
+             keep: str | Path | None = None, show_stderr: bool = False, log=_log) -> GateResult:
     """Benchmark ``base`` and ``head`` and compare them (see the module docstring)."""
     python = python or sys.executable
     if rounds < 1:
         raise GateError("--rounds must be at least 1")
+    check_asv(python)
     repo = Path(_git(Path(repo).resolve(), "rev-parse", "--show-toplevel"))
     shas = {"base": resolve(repo, base), "head": resolve(repo, head)}
     work = Path(tempfile.mkdtemp(prefix="attnbench-gate-"))
     try:
         conf = gate_config(repo, work, Path(config).resolve() if config else None)
         env = dict(os.environ, HOME=str(work / "home"))
-        env.pop("ASV_PYTHONPATH", None)
         (work / "home").mkdir()
         asv = [python, "-m", "asv", "--config", str(conf)]
         _run([*asv, "machine", "--yes", "--machine", MACHINE], env=env, capture=True)
@@ -173,8 +188,9 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
             for side in ("base", "head"):
                 sha = shas[side]
                 log(f"gate: round {r + 1}/{rounds}: asv run at {side} {sha[:8]}")
-                run_env = dict(env, PYTHONPATH=os.pathsep.join([str(sites[sha])] + (
-                    [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+                # asv strips PYTHONPATH from its benchmark processes; ASV_PYTHONPATH goes first on their sys.path
+                run_env = dict(env, ASV_PYTHONPATH=os.pathsep.join([str(sites[sha])] + (
+                    [os.environ["ASV_PYTHONPATH"]] if os.environ.get("ASV_PYTHONPATH") else [])))
                 cmd = [*asv, "run", f"--python={python}", "--set-commit-hash", sha, "--machine", MACHINE,
                        "--record-samples", "-a", "rounds=1"]
                 if r or (side == "head" and shas["head"] == shas["base"]):
@@ -223,7 +239,7 @@ def _drop_unmeasured(table: str) -> str:
     return "\n\n".join("\n".join(b) for b in out)
 
 
-def report(result: GateResult, factor: float, log=print) -> int:
+def report(result: GateResult, factor: float, log=_log) -> int:
     """Print the compare table and the verdict; return the exit code."""
     log(_drop_unmeasured(result.table).rstrip())
     for line in result.failed_runs:

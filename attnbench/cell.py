@@ -145,7 +145,8 @@ def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "") -> d
 def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
     device = workload.device
     compiled = cell.impl.startswith("compiled:")
-    graphs_before = _compiled_graphs()
+    # Importing torch._dynamo costs seconds: only compiled cells count graphs.
+    graphs_before = _compiled_graphs() if compiled else 0
     t0 = time.perf_counter()
     out = workload.step()  # the first call: compiles compiled: cells, checks the output
     synchronize(device)
@@ -155,12 +156,12 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
     if problem:
         row.update(status="invalid", error=problem)
         return
-    graphs_after_first = _compiled_graphs()
+    graphs_after_first = _compiled_graphs() if compiled else 0
     timing = time_fn(workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
                      target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
                      max_samples=settings.max_samples, budget_s=settings.budget_s,
                      l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
-    graphs_after_timing = _compiled_graphs()
+    graphs_after_timing = _compiled_graphs() if compiled else 0
     stats = timing.stats()
     row.update(stats)
     row.update(samples_s=list(timing.samples_s), calls_per_sample=timing.calls_per_sample,

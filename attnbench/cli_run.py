@@ -93,12 +93,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
         sweep = None
     else:
-        sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, **axes)
-        for d in set(sweep.device):
-            if d.startswith("cuda"):
-                from attnbench.devices import parse_device
-
-                parse_device(d)  # `cuda` without CUDA: one clear line before anything runs
+        sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)
 
     progress_bar = None
     if not quiet:

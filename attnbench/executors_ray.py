@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import glob
 import os
 import socket
@@ -145,6 +146,7 @@ def check_resources(cells: Iterable[Cell], nodes: list[dict]) -> None:
 _NODE_ENV: dict | None = None
 
 
+@functools.cache
 def torch_default_threads() -> int:
     """The intra-op thread count torch picks by itself (physical cores, else logical CPUs).
 
@@ -272,9 +274,10 @@ class _Job:
 class RayExecutor:
     """Cells as Ray tasks, each holding its device exclusively; rows come back as cells finish.
 
-    ``address=None`` uses the Ray this process is already connected to, else starts a private local
-    instance (:func:`start_local`) and shuts it down when ``execute`` returns. Any other address
-    (``auto``, ``host:6379``, ``ray://host:10001``) joins that cluster; leaving only disconnects.
+    A Ray this process is already connected to (``ray.init`` in a notebook) is used as it is and left
+    connected. Otherwise ``address=None`` starts a private local instance (:func:`start_local`) and
+    shuts it down when ``execute`` returns; any other address (``auto``, ``host:6379``,
+    ``ray://host:10001``) joins that cluster, and leaving only disconnects this driver.
     ``on_start(cell)`` is called when a worker starts the cell (through Ray Client, which cannot
     stream, just before its row). :meth:`node_environments` describes every node that ran a cell.
     """

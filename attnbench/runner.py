@@ -14,9 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import environment, registry
+from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
 from attnbench.schema import Cell
-from attnbench.store import RunStore, load_run
+from attnbench.store import RunStore, load_run, new_run_id
 from attnbench.sweep import Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
 
 AXIS_ARGS = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache")
@@ -28,10 +29,11 @@ def default_sweep() -> Sweep:
 
 
 def make_sweep(preset: str | None = None, file: str | Path | None = None, base: Sweep | None = None,
-               settings: dict | None = None, **axes) -> Sweep:
+               settings: dict | None = None, executor: str = "local", **axes) -> Sweep:
     """Combine a preset or TOML file (or ``base``) with axis overrides (lists or strings like ``"128..1024x2"``).
 
-    With neither a preset nor a file nor any axis, this is :func:`default_sweep`.
+    With neither a preset nor a file nor any axis, this is :func:`default_sweep`. With
+    ``executor="ray"`` the devices are those of the cluster, so CUDA need not exist on this machine.
     """
     from attnbench.sweep import load_toml
 
@@ -49,11 +51,11 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
         else:
             data, name = {"sweep": {}}, "custom"
         devices = parse_strs(given.get("device") or data.get("sweep", {}).get("device", "cpu"))
+        local = executor != "ray"
         for d in devices:
-            from attnbench.devices import parse_device
-
-            parse_device(d)  # an unknown device, or CUDA that is not here: one clear error before anything runs
-        avail = sorted({n for d in devices for n in _available_on(d)}, key=registry.names().index)
+            # An unknown device, or (locally) CUDA that is not here: one clear error before anything runs.
+            parse_device(d) if local else parse_device_type(d)
+        avail = sorted({n for d in devices for n in _available_on(d, local)}, key=registry.names().index)
         if "impl" in given:
             data = {**data, "sweep": {**data.get("sweep", {}), "impl": list(parse_strs(given["impl"]))}}
         elif "impl" not in data.get("sweep", {}) and not file and not preset and given:
@@ -75,9 +77,11 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
     return sweep
 
 
-def _available_on(device: str) -> list[str]:
-    from attnbench.devices import cuda_available
-
+def _available_on(device: str, local: bool = True) -> list[str]:
+    """Implementations that run on ``device``: probed here, or (for a remote cluster) as declared."""
+    if not local:
+        kind = parse_device_type(device)
+        return [n for n in registry.names() if kind in registry.get(n).devices]
     if device.startswith("cuda") and not cuda_available():
         return []
     return registry.available(device)
@@ -138,12 +142,14 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         done = store.done_cell_ids()
     else:
         if sweep is None:
-            sweep = make_sweep(preset=preset, file=file, settings=settings, **axes)
+            sweep = make_sweep(preset=preset, file=file, settings=settings, executor=executor, **axes)
         elif settings:
             sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
         meta = environment.collect(argv)
         meta["sweep"] = sweep_to_dict(sweep)
         meta["executor"] = executor
+        run_id = run_id or new_run_id()
+        run_exec = make_executor(executor, sweep.settings, run_id, ray_address)  # fails before any folder exists
         store = RunStore(out, run_id=run_id, meta=meta)
         done = set()
     if sweep.settings.threads:
@@ -154,7 +160,8 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     cells = [c for c in sweep.cells() if c.cell_id not in done]
     total = len(cells)
     counter = {"i": 0}
-    run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
+    if resume is not None:
+        run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
 
     def on_start(cell: Cell) -> None:
         if progress:
@@ -179,8 +186,10 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         df, _ = load_run(store.path)
         store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
                                      df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
-        if hasattr(run_exec, "node_environments"):
-            store.meta["nodes"] = run_exec.node_environments()
+        if hasattr(run_exec, "node_environments"):  # merged by node, so a resumed run keeps earlier nodes
+            nodes = {n.get("ray_node_id"): n for n in store.meta.get("nodes", [])}
+            nodes.update({n.get("ray_node_id"): n for n in run_exec.node_environments()})
+            store.meta["nodes"] = list(nodes.values())
         store.write_meta()
         store.finalize(csv=csv)
     if profile and not interrupted:

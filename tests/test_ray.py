@@ -293,3 +293,34 @@ def test_executor_ray_without_ray(monkeypatch, tmp_path):
         make_executor("ray", Settings(), "run-id")
     with pytest.raises(AttnbenchError, match=r"--executor ray needs Ray: pip install 'attnbench\[ray\]'"):
         attnbench.run(impl=["sdpa"], seq_len=[32], d_model=[32], num_heads=[2], out=tmp_path, executor="ray")
+
+
+@pytest.mark.slow
+def test_two_nodes_share_the_sweep(ray_local, tmp_path):
+    """A two-node mini-cluster (Ray's cluster_utils, both nodes on loopback): cells spread over both nodes, never
+    two at once on one node, and the run records both nodes. Last in the module: it replaces the module's Ray."""
+    from ray.cluster_utils import Cluster
+
+    from attnbench import executors_ray
+
+    ray_local.shutdown()
+    with executors_ray._loopback_only():
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "resources": {executors_ray.CPU_SLOT: 1}, "include_dashboard": False})
+        cluster.add_node(num_cpus=1, resources={executors_ray.CPU_SLOT: 1})
+        ray_local.init(address=cluster.address)
+    try:
+        cluster.wait_for_nodes()
+        df = attnbench.run(impl=["weight_split", "sdpa"], seq_len=[16, 32], d_model=[32], num_heads=[2], batch=[1],
+                           settings={**FAST, "threads": 1}, out=tmp_path, executor="ray")
+        nodes = {n["NodeID"][:8] for n in ray_local.nodes() if n["Alive"]}
+    finally:
+        ray_local.shutdown()
+        cluster.shutdown()
+    assert (df.status == "ok").all() and len(df) == 4
+    df["node"] = df.worker.str.extract(r"^ray:([0-9a-f]{8}) ")[0]
+    assert set(df.node) == nodes and len(nodes) == 2  # both nodes ran cells
+    for _, on_node in df.groupby("node"):
+        _assert_no_overlap(_intervals(on_node))
+    meta = read_meta(df.attrs["run_dir"])
+    assert {n["ray_node_id"][:8] for n in meta["nodes"]} == nodes
