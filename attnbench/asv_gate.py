@@ -9,7 +9,7 @@ with ``environment_type: existing`` the gate does it by hand:
    environment's own install (usually the user's editable checkout) is never modified, so nothing has
    to be restored, even after a crash or Ctrl-C, and other processes using the same environment are
    undisturbed;
-2. ``asv run --python=same --set-commit-hash SHA --record-samples`` records each commit's results.
+2. ``asv run --python=PYTHON --set-commit-hash SHA --record-samples`` records each commit's results.
    Commits are alternated (BASE, HEAD, BASE, HEAD with ``--append-samples``) so that a change in the
    machine's load during the gate hits both sides alike;
 3. ``asv compare --factor F --split`` prints the table. asv's compare always exits 0, so its table is
@@ -108,13 +108,17 @@ def export_commit(repo: Path, sha: str, dest: Path) -> Path:
 
 
 def install_commit(python: str, source: Path, target: Path) -> Path:
-    """``pip install --no-deps --target`` the project at ``source``: a private site folder for PYTHONPATH."""
-    cmd = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-compile", "--quiet",
-           "--disable-pip-version-check", "--target", str(target), str(source)]
-    proc = _run(cmd, capture=True, check=False)
+    """``pip install --no-deps --target`` the project at ``source``: a private site folder for ASV_PYTHONPATH."""
+    cmd = [python, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet", "--disable-pip-version-check",
+           "--target", str(target), str(source)]
+    # the environment's own build backend first (no network); pip's isolated build env if that fails
+    proc = _run([*cmd[:4], "--no-build-isolation", *cmd[4:]], capture=True, check=False)
     if proc.returncode != 0:
-        raise GateError(f"installing {source.name} failed (pip exit {proc.returncode}); the environment needs "
-                        f"setuptools for --no-build-isolation:\n{proc.stdout[-3000:]}")
+        shutil.rmtree(target, ignore_errors=True)
+        retry = _run(cmd, capture=True, check=False)
+        if retry.returncode != 0:
+            raise GateError(f"pip could not install commit {source.name} into {target} (exit {retry.returncode}); "
+                            f"with --no-build-isolation:\n{proc.stdout[-2000:]}\nisolated:\n{retry.stdout[-2000:]}")
     return target
 
 
@@ -203,7 +207,8 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
                 if proc.returncode == 2:  # asv: some benchmarks failed; compare shows which ('!' at head)
                     failed.append(f"{sha[:8]}: some benchmarks failed in round {r + 1}")
                 elif proc.returncode != 0:
-                    raise GateError(f"asv run at {sha[:8]} failed with exit status {proc.returncode}")
+                    raise GateError(f"asv run at {sha[:8]} failed with exit status {proc.returncode} (the suite in "
+                                    f"{repo / 'benchmarks'} must import with that commit's attnbench)")
         table = _run([*asv, "compare", shas["base"], shas["head"], "--factor", str(factor), "--split",
                       "--machine", MACHINE], env=env, capture=True).stdout
         return GateResult(shas["base"], shas["head"], table, parse_compare(table), failed)

@@ -87,8 +87,9 @@ def skip_reason(cell: Cell) -> str | None:
     reason = impl.unavailable_reason(cell.device, cell.dtype)
     if reason:
         return reason
-    if cell.mode == "forward+backward" and not impl.supports_backward(cell.device):
-        return f"{impl.name} declares no backward on {torch.device(cell.device).type}"
+    if cell.mode != "inference" and not impl.supports_backward(cell.device):
+        # Autograd recording alone is refused by such kernels (FlexAttention on CPU), not just backward.
+        return f"{impl.name} declares no backward on {torch.device(cell.device).type} (needed for {cell.mode})"
     if cell.cache == "cold" and not cell.device.startswith("cuda"):
         return "cold cache (L2 flush) exists only for CUDA cells"
     return None

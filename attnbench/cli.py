@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # Sub-commands that live in their own modules register themselves on import.
-for _module in ("attnbench.cli_run", "attnbench.cli_report", "attnbench.cli_profile"):
+for _module in ("attnbench.cli_run", "attnbench.cli_report", "attnbench.cli_profile", "attnbench.cli_asv"):
     try:
         __import__(_module)
     except ModuleNotFoundError as _exc:

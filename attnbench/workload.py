@@ -66,7 +66,7 @@ def build_workload(cell: Cell, seed: int = 0) -> Workload:
         spec = spec_for(cell)
     except InvalidSpecError as exc:
         raise InvalidSpecError(f"d_model={cell.d_model}, heads={cell.num_heads}: {exc}") from exc
-    if cell.mode == "forward+backward" and not impl.supports_backward(device):
+    if cell.mode != "inference" and not impl.supports_backward(device):
         from attnbench.errors import UnavailableError
 
         raise UnavailableError(f"{impl.name} declares no backward on {device.type}")

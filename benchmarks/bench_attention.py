@@ -10,15 +10,19 @@ execute kernels happen in ``setup`` (in the child).
 
 asv's ``peakmem_`` benchmarks are not used: they report the process's peak RSS, which is dominated by
 the torch import and the CPU allocator's caching, not by the attention's tensors.
-Module-level names must not start with ``time_``/``track_``/``mem_``/``peakmem_``: asv would collect them.
 ``track_peak_bytes`` reports the tensor memory of one step instead (:func:`attnbench.measure.peak_memory`).
+
+Module-level names must not start with ``time_``/``track_``/``mem_``/``peakmem_``: asv would collect them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
-import torch._inductor  # noqa: F401  (pre-import once in the forkserver: the profiler and compile import it lazily, ~3-5 s)
+import torch
+import torch._inductor  # noqa: F401  (imported once in the forkserver: the profiler and compile import it lazily, 3-5 s)
 
 from attnbench import measure, registry
 from attnbench.cell import run_cell, skip_reason
@@ -40,8 +44,6 @@ COMPILED = "compiled:sdpa"  # the one compiled implementation: compiling costs s
 def _set_threads() -> None:
     """Called in setup (in the forked child), never at import."""
     if THREADS > 0:
-        import torch
-
         torch.set_num_threads(THREADS)
 
 
@@ -70,9 +72,6 @@ class Attention:
         self.cell = Cell(impl=impl, device=DEVICE, batch=BATCH, seq_len=seq_len, num_heads=HEADS, d_model=d_model,
                          mode=mode)
         reason = skip_reason(self.cell)
-        if not reason and mode == "forward" and not registry.get(impl).supports_backward(DEVICE):
-            # train-mode forward builds an autograd graph; flex on CPU refuses it (no CPU backward)
-            reason = f"{impl} declares no backward on {DEVICE}, so no train-mode forward"
         if reason:
             raise NotImplementedError(reason)  # asv's way to skip a combination
         try:
@@ -84,8 +83,6 @@ class Attention:
     def time_step(self, impl, mode, seq_len, d_model):
         self.workload.step()
         if self.workload.device.type == "cuda":
-            import torch
-
             torch.cuda.synchronize(self.workload.device)
 
     def track_peak_bytes(self, impl, mode, seq_len, d_model):
@@ -95,8 +92,8 @@ class Attention:
 
     def track_gflops(self, impl, mode, seq_len, d_model):
         """Useful GFLOP/s (analytic causal FLOP model / median step time). Higher is better."""
-        timing = measure.time_fn(self.workload.step, self.workload.device, warmup_calls=1, warmup_s=0.0, budget_s=0.2,
-                         min_samples=5, target_rel_ci=0.05)
+        timing = measure.time_fn(self.workload.step, self.workload.device, warmup_calls=1, warmup_s=0.0,
+                                 budget_s=0.2, min_samples=5, target_rel_ci=0.05)
         flops = measure.analytic_flops(BATCH, seq_len, d_model, d_model, mode)
         return flops / timing.stats()["median_s"] / 1e9
 
@@ -104,10 +101,26 @@ class Attention:
 
 
 class Compile:
-    """Seconds ``torch.compile`` adds to the first call of one tiny compiled cell."""
+    """Seconds ``torch.compile`` adds to the first call of one tiny compiled cell, with cold on-disk caches.
+
+    Inductor caches compiled graphs under ``TORCHINDUCTOR_CACHE_DIR``; a warm cache would make the number
+    depend on what ran before (about 3x less when warm), so each measurement gets an empty one.
+    """
 
     timeout = 300
     rounds = 1
+
+    def setup(self):
+        self._previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        self._cache = tempfile.mkdtemp(prefix="attnbench-asv-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._cache  # read at compile time, in this (forked) process
+
+    def teardown(self):
+        if self._previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._previous
+        shutil.rmtree(self._cache, ignore_errors=True)
 
     def track_compile_s(self):
         cell = Cell(impl=COMPILED, device=DEVICE, batch=1, seq_len=32, num_heads=2, d_model=64, mode="inference")
