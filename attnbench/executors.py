@@ -24,41 +24,6 @@ OnRow = Callable[[Cell, dict], None]
 STARTUP_GRACE_S = 20.0
 
 
-class LocalExecutor:
-    """Cells one after another in this process (timeouts interrupt Python-level hangs only)."""
-
-    name = "local"
-
-    def __init__(self, settings: Settings, run_id: str):
-        self.settings, self.run_id = settings, run_id
-
-    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
-        for cell in cells:
-            if on_start:
-                on_start(cell)
-            on_row(cell, run_cell(cell, self.settings, self.run_id))
-
-
-class SubprocessExecutor:
-    """Each cell in a fresh ``python -m attnbench.worker`` process.
-
-    A crash (segfault, abort, os._exit) becomes an ``error`` row naming the signal or exit code; a
-    cell past ``cell_timeout_s`` is killed and becomes a ``timeout`` row. Costs one interpreter and
-    torch import per cell (about two seconds).
-    """
-
-    name = "subprocess"
-
-    def __init__(self, settings: Settings, run_id: str):
-        self.settings, self.run_id = settings, run_id
-
-    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
-        for cell in cells:
-            if on_start:
-                on_start(cell)
-            on_row(cell, run_in_subprocess(cell, self.settings, self.run_id))
-
-
 def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "") -> dict:
     """Run one cell in a child interpreter and return its row (a status row if the child dies)."""
     with tempfile.TemporaryDirectory(prefix="attnbench-cell-") as tmp:
@@ -89,3 +54,38 @@ def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "") -> dict:
         tail = (proc.stderr or "").strip().splitlines()[-3:]
         row.update(status="error", error=why + (": " + " | ".join(tail) if tail else ""), worker="subprocess")
         return row
+
+
+class _SerialExecutor:
+    """Cells one after another; each becomes a row through ``run_one(cell, settings, run_id)``."""
+
+    name = "serial"
+    run_one: Callable[[Cell, Settings, str], dict]
+
+    def __init__(self, settings: Settings, run_id: str):
+        self.settings, self.run_id = settings, run_id
+
+    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
+        for cell in cells:
+            if on_start:
+                on_start(cell)
+            on_row(cell, type(self).run_one(cell, self.settings, self.run_id))
+
+
+class LocalExecutor(_SerialExecutor):
+    """Cells one after another in this process (timeouts interrupt Python-level hangs only)."""
+
+    name = "local"
+    run_one = staticmethod(run_cell)
+
+
+class SubprocessExecutor(_SerialExecutor):
+    """Each cell in a fresh ``python -m attnbench.worker`` process.
+
+    A crash (segfault, abort, os._exit) becomes an ``error`` row naming the signal or exit code; a
+    cell past ``cell_timeout_s`` is killed and becomes a ``timeout`` row. Costs one interpreter and
+    torch import per cell (about two seconds).
+    """
+
+    name = "subprocess"
+    run_one = staticmethod(run_in_subprocess)

@@ -25,6 +25,15 @@ class AttentionModule(nn.Module):
         self.spec.check_input(x)
 
 
+def add_book_projections(module: nn.Module, d_in: int, d_out: int, qkv_bias: bool) -> None:
+    """Give ``module`` the book's projections (``W_query``, ``W_key``, ``W_value``, ``out_proj``), so the
+    canonical weights load into it without an adapter."""
+    module.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.out_proj = nn.Linear(d_out, d_out)
+
+
 def per_head_adapter(query: str, key: str, value: str, out_w: str, out_b: str) -> Adapter:
     """Adapter for layouts with one ``nn.Linear(d_in, head_dim)`` per head and role.
 

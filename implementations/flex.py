@@ -11,9 +11,8 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch import nn
 
-from attnbench.implementations._common import AttentionModule, merge_heads, split_heads
+from attnbench.implementations._common import AttentionModule, add_book_projections, merge_heads, split_heads
 from attnbench.registry import register
 
 warnings.filterwarnings("ignore", message=r"flex_attention called without torch.compile")
@@ -36,10 +35,7 @@ class FlexAttention(AttentionModule):
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
+        add_book_projections(self, d_in, d_out, qkv_bias)
         self._block_masks: dict = {}
 
     def _block_mask(self, T: int, device: torch.device):

@@ -9,11 +9,10 @@ import functools
 import warnings
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.implementations._common import AttentionModule, merge_heads, split_heads
+from attnbench.implementations._common import AttentionModule, add_book_projections, merge_heads, split_heads
 from attnbench.registry import register
 
 API = "torch.nn.functional.scaled_dot_product_attention"
@@ -33,10 +32,7 @@ class SDPAttention(AttentionModule):
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
+        add_book_projections(self, d_in, d_out, qkv_bias)
         self.dropout_p = dropout
         if self.explicit_mask:  # True = may attend (SDPA's meaning, the opposite of masked_fill's)
             self.register_buffer("allowed", torch.ones(context_length, context_length, dtype=torch.bool).tril(),
