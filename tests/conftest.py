@@ -58,3 +58,11 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """No test leaks a changed torch thread count into the next (rows record the threads they ran with)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
