@@ -147,17 +147,13 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
 
 
 def _warn_if_busy(run_dir: Path) -> None:
-    """Say so when other work loaded the machine: timings are then inflated and noisy."""
-    import os
-
+    """Say so when other work kept the cores busy as the run started: timings are then inflated and noisy."""
     from attnbench.store import read_meta
 
-    meta = read_meta(run_dir)
-    cores = os.cpu_count() or 1
-    load = meta.get("load_average_1m")
-    if load is not None and load > 0.5 * cores:
-        console.print(f"warning: the machine was busy when the run started (load average {load} on {cores} cores); "
-                      "other processes compete for the cores, so timings are inflated and noisy", markup=False)
+    busy = read_meta(run_dir).get("cpu_busy_before_run")
+    if busy is not None and busy > 0.25:
+        console.print(f"warning: other processes kept the CPUs {100 * busy:.0f}% busy just before the run started; "
+                      "they compete for the cores, so timings are inflated and noisy", markup=False)
 
 
 def _write_report(run_dir: Path, report_dir: str | None, quiet: bool) -> Path | None:

@@ -34,6 +34,31 @@ def load_average() -> float | None:
         return None
 
 
+def cpu_busy_fraction(window_s: float = 0.5) -> float | None:
+    """Fraction of all cores' time spent busy over ``window_s`` (Linux ``/proc/stat``; None elsewhere).
+
+    Taken just before a run starts, this is other work competing for the cores; unlike the load
+    average it does not lag behind by a minute (so the previous run does not count against this one).
+    """
+    def snapshot() -> tuple[int, int] | None:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        except (OSError, ValueError, IndexError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    import time
+
+    first = snapshot()
+    if first is None:
+        return None
+    time.sleep(window_s)
+    second = snapshot()
+    total, idle = second[0] - first[0], second[1] - first[1]
+    return round(1 - idle / total, 3) if total > 0 else None
+
+
 def git_commit(path: str | Path | None = None) -> str | None:
     """The commit of the git checkout containing ``path`` (default: the working directory), with ``-dirty``."""
     cwd = Path(path) if path else Path.cwd()
@@ -65,6 +90,7 @@ def collect(argv: list[str] | None = None) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "load_average_1m": load_average(),
+        "cpu_busy_before_run": cpu_busy_fraction(),
         "cuda_version": torch.version.cuda,
         "gpus": [],
         "cuda_driver": None,
