@@ -194,12 +194,17 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     return result
 
 
+def _property_setup(impl, case: Case, device: torch.device, dropout: float = 0.0, train: bool = False):
+    """``(spec, weights, module, x)`` for a property case: the case's spec (with ``dropout``), seeded
+    canonical weights loaded into the module, and the case's float64 input (on the CPU)."""
+    spec = AttnSpec(**{**case.shape.spec.kwargs(), "dropout": dropout})
+    w = random_weights(spec, seed=_seed_for(case.shape))
+    return spec, w, _build(impl, spec, device, case.dtype, w, train=train), _inputs(case.shape)
+
+
 def _run_causality(impl, case: Case, device: torch.device) -> CaseResult:
     """Changing tokens at positions >= t must never change outputs before t (checked for several t)."""
-    spec = case.shape.spec
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    module = _build(impl, spec, device, case.dtype, w)
-    x = _inputs(case.shape)
+    _, _, module, x = _property_setup(impl, case, device)
     worst, where = 0.0, 0
     with torch.no_grad():
         base = module(x.to(device)).cpu()
@@ -217,10 +222,8 @@ def _run_causality(impl, case: Case, device: torch.device) -> CaseResult:
 
 
 def _run_batch_independence(impl, case: Case, device: torch.device) -> CaseResult:
-    spec = case.shape.spec
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    module = _build(impl, spec, device, case.dtype, w)
-    x = _inputs(case.shape)
+    """Each batch row computed alone equals the same row computed in the batch."""
+    _, _, module, x = _property_setup(impl, case, device)
     with torch.no_grad():
         whole = module(x.to(device)).cpu()
         alone = torch.cat([module(x[i:i + 1].to(device)).cpu() for i in range(x.shape[0])])
@@ -229,10 +232,7 @@ def _run_batch_independence(impl, case: Case, device: torch.device) -> CaseResul
 
 def _run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResult:
     """Built with dropout > 0, eval mode is deterministic and equals the (dropout-free) reference."""
-    spec = AttnSpec(**{**case.shape.spec.kwargs(), "dropout": DROPOUT})
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    module = _build(impl, spec, device, case.dtype, w, train=False)
-    x = _inputs(case.shape)
+    spec, w, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=False)
     with torch.no_grad():
         a, b = module(x.to(device)).cpu(), module(x.to(device)).cpu()
     err = max(rel_error(a, reference_forward(x, w, spec.num_heads)), rel_error(a, b))
@@ -244,10 +244,8 @@ def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     if not impl.supports_dropout(device):
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "skip", None, None,
                           f"declares no dropout on {device.type}")
-    spec = AttnSpec(**{**case.shape.spec.kwargs(), "dropout": DROPOUT})
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    module = _build(impl, spec, device, case.dtype, w, train=True)
-    x = _inputs(case.shape).to(device=device, dtype=DTYPES[case.dtype])
+    _, _, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=True)
+    x = x.to(device=device, dtype=DTYPES[case.dtype])
     with torch.no_grad():
         a, b = module(x).cpu(), module(x).cpu()
         module.eval()
