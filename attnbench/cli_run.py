@@ -91,6 +91,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     if resume:
         if sweep_file or preset or any(v for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
+        from attnbench.store import load_run
+
+        load_run(resume)  # a missing, foreign or corrupt folder: one clear line before the progress bar
         sweep = None
     else:
         sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)

@@ -10,7 +10,7 @@ import base64
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
@@ -124,11 +124,10 @@ def _log_y(ax, values, fmt: Callable[[float], str], base: int = 10) -> None:
         ax.set_ylim(v.min() / 1.5, v.max() * 1.5)
 
 
-def _legend(fig: MplFigure, handles: list, ncol: int | None = None) -> None:
+def _legend(fig: MplFigure, handles: list, max_cols: int = 4) -> None:
     if not handles:
         return
-    ncol = ncol or min(len(handles), 4)
-    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), max_cols), frameon=False)
 
 
 def label(name: str, width: int = 40) -> str:
@@ -177,6 +176,42 @@ def _title(base: str, df: pd.DataFrame, i: int, n: int) -> str:
     return base + (f" — {common}" if common else "") + (f" (part {i + 1} of {n})" if n > 1 else "")
 
 
+@dataclass
+class _Seen:
+    """What the panels of one figure drew, for its legend: implementations, and marks such as ``"failed"``."""
+
+    impls: set[str] = field(default_factory=set)
+    marks: set[str] = field(default_factory=set)
+
+
+def _paneled(name: str, title: str, title_df: pd.DataFrame, panels: list[an.Group],
+             draw: Callable[[object, an.Group, _Seen], str | None], handles: Callable[[_Seen], list], caption: str,
+             out_dir: Path, max_cols: int = 4, notes: Callable[[int, int], list[str]] | None = None) -> list[Figure]:
+    """One panel per group, :data:`MAX_PANELS` to a figure (``name``, or ``name-1``, ``name-2``, … when split).
+
+    ``draw(ax, group, seen)`` draws a panel under its title and records in ``seen`` what it drew; when there
+    is nothing to draw it returns the note to show instead. ``handles(seen)`` gives the figure's legend,
+    ``notes(i, n)`` the notes of figure ``i`` of ``n``; ``title_df`` supplies the title's common axes.
+    """
+    chunks = _chunks(panels)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        fig, axes = _new_figure(len(chunk))
+        seen = _Seen()
+        for ax, g in zip(axes, chunk, strict=True):
+            ax.set_title(label(g.label, 80))
+            empty_note = draw(ax, g, seen)
+            if empty_note:
+                _empty_panel(ax, empty_note)
+        _legend(fig, handles(seen), max_cols)
+        t = _title(title, title_df, ci, len(chunks))
+        _suptitle(fig, axes, t)
+        fname = f"{name}{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, fname)
+        out.append(Figure(fname, t, caption, png, svg, uri, notes=notes(ci, len(chunks)) if notes else []))
+    return out
+
+
 # ---------------------------------------------------------------- figures
 
 
@@ -189,67 +224,59 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
     all_groups = an.groups(df)
     gs = [g for g in all_groups if (g.rows["status"] == "ok").any()]
     empty = [g.full_label for g in all_groups if not (g.rows["status"] == "ok").any()]
-    chunks = _chunks(gs)
-    out = []
-    for ci, chunk in enumerate(chunks):
-        fig, axes = _new_figure(len(chunk))
-        impls_seen, any_noisy, any_failed = [], False, False
-        for ax, g in zip(axes, chunk, strict=True):
-            rows = g.rows
-            good = an.ok_rows(rows)
-            ax.set_title(label(g.label, 80))
-            if good.empty:
-                _empty_panel(ax, "no successful cells here\n(see the failed cells list)")
-                continue
-            for impl in an.impl_order(good):
-                st = styles[impl]
-                r = good[good["impl"] == impl].sort_values("seq_len")
-                lo = [_quantiles(s, 0.25, m - iq / 2 if np.isfinite(iq) else m)
-                      for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
-                hi = [_quantiles(s, 0.75, m + iq / 2 if np.isfinite(iq) else m)
-                      for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
-                ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], label=impl)
-                ax.fill_between(r["seq_len"], lo, hi, color=st["color"], alpha=0.18, linewidth=0)
-                nz = r[r["ci_rel"] > an.NOISY_CI_REL]
-                if len(nz):
-                    any_noisy = True
-                    ax.scatter(nz["seq_len"], nz["median_s"], s=110, facecolors="none", edgecolors="black",
-                               linewidths=1.1, zorder=5)
-                if impl not in impls_seen:
-                    impls_seen.append(impl)
-            failed = rows[rows["status"] != "ok"]
-            for r in failed.itertuples():
-                any_failed = True
-                ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x",
-                        color=styles[r.impl]["color"], markersize=7, mew=2, linestyle="none", clip_on=False)
-                if r.impl not in impls_seen:
-                    impls_seen.append(r.impl)
-            _seq_axis(ax, rows["seq_len"])
-            _log_y(ax, np.concatenate([good["median_s"].to_numpy(), good["ci_high_s"].to_numpy()]), an.fmt_time)
-            ax.set_ylabel("median time per call")
-        handles = [_impl_handle(i, styles[i]) for i in sorted(impls_seen)]
-        if any_noisy:
-            handles.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="black",
-                                  linestyle="none", label=f"noisy: CI > ±{an.NOISY_CI_REL:.0%}"))
-        if any_failed:
-            handles.append(Line2D([], [], marker="x", color="#444", mew=2, linestyle="none",
-                                  label="failed cell (oom/error/…)"))
-        _legend(fig, handles)
-        title = _title("Latency vs sequence length", df, ci, len(chunks))
-        _suptitle(fig, axes, title)
-        name = f"latency{_suffix(ci, len(chunks))}"
-        png, svg, uri = _save(fig, out_dir, name)
-        notes = []
-        if empty and ci == len(chunks) - 1:
-            notes.append(f"Not drawn: {len(empty)} configuration(s) without any successful cell "
-                         f"({'; '.join(empty[:6])}{' …' if len(empty) > 6 else ''}); see the failed cells list.")
+
+    def draw(ax, g, seen):
+        rows = g.rows
+        good = an.ok_rows(rows)
+        if good.empty:
+            return "no successful cells here\n(see the failed cells list)"
+        for impl in an.impl_order(good):
+            st = styles[impl]
+            r = good[good["impl"] == impl].sort_values("seq_len")
+            lo = [_quantiles(s, 0.25, m - iq / 2 if np.isfinite(iq) else m)
+                  for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
+            hi = [_quantiles(s, 0.75, m + iq / 2 if np.isfinite(iq) else m)
+                  for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
+            ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], label=impl)
+            ax.fill_between(r["seq_len"], lo, hi, color=st["color"], alpha=0.18, linewidth=0)
+            nz = r[r["ci_rel"] > an.NOISY_CI_REL]
+            if len(nz):
+                seen.marks.add("noisy")
+                ax.scatter(nz["seq_len"], nz["median_s"], s=110, facecolors="none", edgecolors="black",
+                           linewidths=1.1, zorder=5)
+            seen.impls.add(impl)
+        for r in rows[rows["status"] != "ok"].itertuples():
+            seen.marks.add("failed")
+            ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x",
+                    color=styles[r.impl]["color"], markersize=7, mew=2, linestyle="none", clip_on=False)
+            seen.impls.add(r.impl)
+        _seq_axis(ax, rows["seq_len"])
+        _log_y(ax, np.concatenate([good["median_s"].to_numpy(), good["ci_high_s"].to_numpy()]), an.fmt_time)
+        ax.set_ylabel("median time per call")
+
+    def handles(seen):
+        out = [_impl_handle(i, styles[i]) for i in sorted(seen.impls)]
+        if "noisy" in seen.marks:
+            out.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="black",
+                              linestyle="none", label=f"noisy: CI > ±{an.NOISY_CI_REL:.0%}"))
+        if "failed" in seen.marks:
+            out.append(Line2D([], [], marker="x", color="#444", mew=2, linestyle="none",
+                              label="failed cell (oom/error/…)"))
+        return out
+
+    def notes(ci, n):
+        out = []
+        if empty and ci == n - 1:
+            out.append(f"Not drawn: {len(empty)} configuration(s) without any successful cell "
+                       f"({'; '.join(empty[:6])}{' …' if len(empty) > 6 else ''}); see the failed cells list.")
         if ok["seq_len"].nunique() == 1:
-            notes.append("Only one sequence length was measured, so each line is a single point; the bar chart "
-                         "below compares the implementations at that length.")
-        out.append(Figure(name, title, "Median time per call (lines); band: interquartile range of the per-call "
-                          "samples. Black rings mark noisy cells; × on the x axis marks a cell that failed.",
-                          png, svg, uri, notes=notes))
-    return out
+            out.append("Only one sequence length was measured, so each line is a single point; the bar chart "
+                       "below compares the implementations at that length.")
+        return out
+
+    return _paneled("latency", "Latency vs sequence length", df, gs, draw, handles,
+                    "Median time per call (lines); band: interquartile range of the per-call samples. Black rings "
+                    "mark noisy cells; × on the x axis marks a cell that failed.", out_dir, notes=notes)
 
 
 @_styled
@@ -265,41 +292,33 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
                f"no other implementation has a successful cell at a configuration where {baseline} has one")
         return [Figure("speedup", title, skipped=why)]
     gs = an.groups(an.ok_rows(df))  # the same groups (and indices) as analysis.speedups
-    gids = [i for i, _ in enumerate(gs) if i in set(sp["group"])]
-    chunks = _chunks(gids)
-    out = []
-    for ci, chunk in enumerate(chunks):
-        fig, axes = _new_figure(len(chunk))
-        seen = set()
-        for ax, gi in zip(axes, chunk, strict=True):
-            g = gs[gi]
-            part = sp[sp["group"] == gi]
-            ax.set_title(label(g.label, 80))
-            ax.axhline(1.0, color=styles[baseline]["color"], linestyle="--", linewidth=1.2)
-            rest = part[part["impl"] != baseline]
-            if rest.empty:
-                _empty_panel(ax, f"only {baseline} has successful cells here")
-                continue
-            for impl in an.impl_order(rest):
-                r = rest[rest["impl"] == impl].sort_values("seq_len")
-                st = styles[impl]
-                ax.plot(r["seq_len"], r["speedup"], color=st["color"], marker=st["marker"])
-                seen.add(impl)
-            _seq_axis(ax, part["seq_len"])
-            vals = np.concatenate([rest["speedup"].to_numpy(), [1.0]])
-            _log_y(ax, vals, lambda v: f"{v:.3g}×", base=2 if vals.max() / vals.min() > 8 else 10)
-            ax.set_ylabel(f"speed-up vs {label(baseline, 24)} (>1 faster)")
-        handles = [_impl_handle(i, styles[i]) for i in sorted(seen)]
-        handles.append(Line2D([], [], color=styles[baseline]["color"], linestyle="--",
-                              label=f"{label(baseline)} (baseline, 1×)"))
-        _legend(fig, handles)
-        t = _title(title, df, ci, len(chunks))
-        _suptitle(fig, axes, t)
-        name = f"speedup{_suffix(ci, len(chunks))}"
-        png, svg, uri = _save(fig, out_dir, name)
-        out.append(Figure(name, t, f"{baseline} median / implementation median at the same cell: above the dashed "
-                          "line is faster than the baseline, below is slower.", png, svg, uri))
-    return out
+    # one panel per group with speed-ups, its rows replaced by those speed-ups
+    panels = [replace(g, rows=sp[sp["group"] == gi]) for gi, g in enumerate(gs) if gi in set(sp["group"])]
+
+    def draw(ax, g, seen):
+        part = g.rows
+        ax.axhline(1.0, color=styles[baseline]["color"], linestyle="--", linewidth=1.2)
+        rest = part[part["impl"] != baseline]
+        if rest.empty:
+            return f"only {baseline} has successful cells here"
+        for impl in an.impl_order(rest):
+            r = rest[rest["impl"] == impl].sort_values("seq_len")
+            st = styles[impl]
+            ax.plot(r["seq_len"], r["speedup"], color=st["color"], marker=st["marker"])
+            seen.impls.add(impl)
+        _seq_axis(ax, part["seq_len"])
+        vals = np.concatenate([rest["speedup"].to_numpy(), [1.0]])
+        _log_y(ax, vals, lambda v: f"{v:.3g}×", base=2 if vals.max() / vals.min() > 8 else 10)
+        ax.set_ylabel(f"speed-up vs {label(baseline, 24)} (>1 faster)")
+
+    def handles(seen):
+        return [*(_impl_handle(i, styles[i]) for i in sorted(seen.impls)),
+                Line2D([], [], color=styles[baseline]["color"], linestyle="--",
+                       label=f"{label(baseline)} (baseline, 1×)")]
+
+    return _paneled("speedup", title, df, panels, draw, handles,
+                    f"{baseline} median / implementation median at the same cell: above the dashed line is faster "
+                    "than the baseline, below is slower.", out_dir)
 
 
 def _metric_panels(df: pd.DataFrame, column: str, name: str, title: str, ylabel: str, fmt, styles: dict,
@@ -310,39 +329,30 @@ def _metric_panels(df: pd.DataFrame, column: str, name: str, title: str, ylabel:
     if vals.empty:
         return [Figure(name, title, skipped=empty_reason)]
     gs = [g for g in an.groups(df) if (g.rows["status"] == "ok").any()]
-    chunks = _chunks(gs)
-    out = []
-    for ci, chunk in enumerate(chunks):
-        fig, axes = _new_figure(len(chunk))
-        seen = set()
-        for ax, g in zip(axes, chunk, strict=True):
-            ax.set_title(label(g.label, 80))
-            good = an.ok_rows(g.rows)
-            good = good[np.isfinite(good[column]) & (good[column] > 0)]
-            if good.empty:
-                _empty_panel(ax, f"no {column} measured here")
-                continue
-            for k, impl in enumerate(an.impl_order(good)):
-                r = good[good["impl"] == impl].sort_values("seq_len")
-                st = styles[impl]
-                # hollow markers, later lines thinner: implementations with identical values stay visible
-                ax.plot(r["seq_len"], r[column], color=st["color"], marker=st["marker"], markerfacecolor="none",
-                        markersize=7 - min(k, 4) * 0.6, markeredgewidth=1.4, linewidth=2.2 - min(k, 5) * 0.25)
-                seen.add(impl)
-            _seq_axis(ax, g.rows["seq_len"])
-            _log_y(ax, good[column], fmt, base=base)
-            ax.set_ylabel(ylabel)
-            if decorate:
-                decorate(ax, good)
-        handles = [_impl_handle(i, styles[i], markerfacecolor="none") for i in sorted(seen)]
-        extra = getattr(decorate, "handles", [])
-        _legend(fig, handles + list(extra))
-        t = _title(title, df, ci, len(chunks))
-        _suptitle(fig, axes, t)
-        fname = f"{name}{_suffix(ci, len(chunks))}"
-        png, svg, uri = _save(fig, out_dir, fname)
-        out.append(Figure(fname, t, caption, png, svg, uri))
-    return out
+
+    def draw(ax, g, seen):
+        good = an.ok_rows(g.rows)
+        good = good[np.isfinite(good[column]) & (good[column] > 0)]
+        if good.empty:
+            return f"no {column} measured here"
+        for k, impl in enumerate(an.impl_order(good)):
+            r = good[good["impl"] == impl].sort_values("seq_len")
+            st = styles[impl]
+            # hollow markers, later lines thinner: implementations with identical values stay visible
+            ax.plot(r["seq_len"], r[column], color=st["color"], marker=st["marker"], markerfacecolor="none",
+                    markersize=7 - min(k, 4) * 0.6, markeredgewidth=1.4, linewidth=2.2 - min(k, 5) * 0.25)
+            seen.impls.add(impl)
+        _seq_axis(ax, g.rows["seq_len"])
+        _log_y(ax, good[column], fmt, base=base)
+        ax.set_ylabel(ylabel)
+        if decorate:
+            decorate(ax, good)
+
+    def handles(seen):
+        return ([_impl_handle(i, styles[i], markerfacecolor="none") for i in sorted(seen.impls)]
+                + list(getattr(decorate, "handles", [])))
+
+    return _paneled(name, title, df, gs, draw, handles, caption, out_dir)
 
 
 @_styled
@@ -392,40 +402,31 @@ def compile_times(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]
         why = ("this run has no compiled: implementations" if not df["impl"].str.startswith("compiled:").any()
                else "no compiled: cell succeeded")
         return [Figure("compile", title, skipped=why)]
-    gs = [g for g in an.groups(comp)]
-    chunks = _chunks(gs)
-    out = []
-    for ci, chunk in enumerate(chunks):
-        fig, axes = _new_figure(len(chunk))
-        seen = set()
-        for ax, g in zip(axes, chunk, strict=True):
-            ax.set_title(label(g.label, 80))
-            vals = []
-            for impl in an.impl_order(g.rows):
-                r = g.rows[g.rows["impl"] == impl].sort_values("seq_len")
-                st = styles[impl]
-                if r["compile_s"].notna().any():
-                    ax.plot(r["seq_len"], r["compile_s"], color=st["color"], marker="s", linestyle="-")
-                ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker="o", linestyle="--",
-                        markerfacecolor="white")
-                vals += [*r["compile_s"].dropna(), *r["median_s"].dropna()]
-                seen.add(impl)
-            _seq_axis(ax, g.rows["seq_len"])
-            _log_y(ax, vals, an.fmt_time)
-            ax.set_ylabel("time")
-        handles = [Patch(color=styles[i]["color"], label=label(i)) for i in sorted(seen)]
-        handles += [Line2D([], [], color="#444", marker="s", linestyle="-", label="compile time (first call)"),
-                    Line2D([], [], color="#444", marker="o", markerfacecolor="white", linestyle="--",
-                           label="steady-state time per call")]
-        _legend(fig, handles, ncol=min(len(handles), 3))
-        t = _title(title, comp, ci, len(chunks))
-        _suptitle(fig, axes, t)
-        name = f"compile{_suffix(ci, len(chunks))}"
-        png, svg, uri = _save(fig, out_dir, name)
-        out.append(Figure(name, t, "Solid: time to compile (the first call); dashed: median time per call after "
-                          "compilation. The table below gives the number of calls after which compiling pays off.",
-                          png, svg, uri))
-    return out
+
+    def draw(ax, g, seen):
+        vals = []
+        for impl in an.impl_order(g.rows):
+            r = g.rows[g.rows["impl"] == impl].sort_values("seq_len")
+            st = styles[impl]
+            if r["compile_s"].notna().any():
+                ax.plot(r["seq_len"], r["compile_s"], color=st["color"], marker="s", linestyle="-")
+            ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker="o", linestyle="--",
+                    markerfacecolor="white")
+            vals += [*r["compile_s"].dropna(), *r["median_s"].dropna()]
+            seen.impls.add(impl)
+        _seq_axis(ax, g.rows["seq_len"])
+        _log_y(ax, vals, an.fmt_time)
+        ax.set_ylabel("time")
+
+    def handles(seen):
+        return [*(Patch(color=styles[i]["color"], label=label(i)) for i in sorted(seen.impls)),
+                Line2D([], [], color="#444", marker="s", linestyle="-", label="compile time (first call)"),
+                Line2D([], [], color="#444", marker="o", markerfacecolor="white", linestyle="--",
+                       label="steady-state time per call")]
+
+    return _paneled("compile", title, comp, an.groups(comp), draw, handles,
+                    "Solid: time to compile (the first call); dashed: median time per call after compilation. "
+                    "The table below gives the number of calls after which compiling pays off.", out_dir, max_cols=3)
 
 
 @_styled
@@ -480,37 +481,28 @@ def latency_overlay(a: pd.DataFrame, b: pd.DataFrame, label_a: str, label_b: str
     if ok.empty:
         return [Figure(name, title, skipped="neither run has a successful cell")]
     gs = [g for g in an.groups(both) if (g.rows["status"] == "ok").any()]
-    chunks = _chunks(gs)
-    out = []
-    for ci, chunk in enumerate(chunks):
-        fig, axes = _new_figure(len(chunk))
-        seen = set()
-        for ax, g in zip(axes, chunk, strict=True):
-            ax.set_title(label(g.label, 80))
-            good = an.ok_rows(g.rows)
-            if good.empty:
-                _empty_panel(ax, "no successful cells here in either run")
-                continue
-            for impl in an.impl_order(good):
-                st = styles[impl]
-                for run, ls, face in (("A", "-", st["color"]), ("B", "--", "white")):
-                    r = good[(good["impl"] == impl) & (good["_run"] == run)].sort_values("seq_len")
-                    if len(r):
-                        ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], linestyle=ls,
-                                markerfacecolor=face)
-                seen.add(impl)
-            _seq_axis(ax, g.rows["seq_len"])
-            _log_y(ax, good["median_s"], an.fmt_time)
-            ax.set_ylabel("median time per call")
-        handles = [_impl_handle(i, styles[i]) for i in sorted(seen)]
-        handles += [Line2D([], [], color="#444", linestyle="-", marker="o", label=f"A: {label(label_a)}"),
-                    Line2D([], [], color="#444", linestyle="--", marker="o", markerfacecolor="white",
-                           label=f"B: {label(label_b)}")]
-        _legend(fig, handles)
-        t = _title(title, both, ci, len(chunks))
-        _suptitle(fig, axes, t)
-        fname = f"{name}{_suffix(ci, len(chunks))}"
-        png, svg, uri = _save(fig, out_dir, fname)
-        out.append(Figure(fname, t, "Median time per call; A solid with filled markers, B dashed with hollow "
-                          "markers.", png, svg, uri))
-    return out
+
+    def draw(ax, g, seen):
+        good = an.ok_rows(g.rows)
+        if good.empty:
+            return "no successful cells here in either run"
+        for impl in an.impl_order(good):
+            st = styles[impl]
+            for run, ls, face in (("A", "-", st["color"]), ("B", "--", "white")):
+                r = good[(good["impl"] == impl) & (good["_run"] == run)].sort_values("seq_len")
+                if len(r):
+                    ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], linestyle=ls,
+                            markerfacecolor=face)
+            seen.impls.add(impl)
+        _seq_axis(ax, g.rows["seq_len"])
+        _log_y(ax, good["median_s"], an.fmt_time)
+        ax.set_ylabel("median time per call")
+
+    def handles(seen):
+        return [*(_impl_handle(i, styles[i]) for i in sorted(seen.impls)),
+                Line2D([], [], color="#444", linestyle="-", marker="o", label=f"A: {label(label_a)}"),
+                Line2D([], [], color="#444", linestyle="--", marker="o", markerfacecolor="white",
+                       label=f"B: {label(label_b)}")]
+
+    return _paneled(name, title, both, gs, draw, handles,
+                    "Median time per call; A solid with filled markers, B dashed with hollow markers.", out_dir)
