@@ -24,7 +24,7 @@ import torch
 from attnbench import registry
 from attnbench.devices import cuda_available, device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
-from attnbench.measure import analytic_flops, counted_flops, peak_gflops, peak_memory, time_fn
+from attnbench.measure import analytic_flops, counted_flops, peak_gflops, peak_memory, summarize, time_fn
 from attnbench.schema import Cell, empty_row
 from attnbench.sweep import Settings
 
@@ -190,6 +190,27 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
     row["frac_peak"] = row["gflops_per_s"] / peak
     row["status"] = "ok"
     row["notes"] = "; ".join(notes)
+
+
+def merge_rounds(rows: list[dict]) -> dict:
+    """One row from the rows of the same ok cell measured in several rounds: raw samples pooled and
+    their statistics recomputed; peak memory is the largest seen; compile time is the first round's."""
+    merged = dict(rows[0])
+    samples = [s for r in rows for s in r["samples_s"]]
+    merged.update(summarize(samples))
+    merged["samples_s"] = samples
+    for key in ("peak_bytes", "peak_reserved_bytes"):
+        values = [r[key] for r in rows if r[key] is not None and r[key] == r[key]]
+        merged[key] = max(values) if values else math.nan
+    merged["gflops_per_s"] = merged["flops"] / merged["median_s"] / 1e9
+    merged["frac_peak"] = merged["gflops_per_s"] / merged["peak_gflops_per_s"]
+    recompiles = [r["recompiles"] for r in rows if r["recompiles"] == r["recompiles"]]
+    merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
+    merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)
+    merged["duration_s"] = sum(r["duration_s"] for r in rows)
+    medians = ", ".join(f"{1e3 * r['median_s']:.4g}" for r in rows)
+    merged["notes"] = f"{len(rows)} rounds in shuffled order, round medians {medians} ms; " + (rows[0]["notes"] or "")
+    return merged
 
 
 def _compiled_graphs() -> int:

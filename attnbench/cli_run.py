@@ -52,6 +52,7 @@ def summary_table(df, title: str) -> Table:
 @click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
 @click.option("--target-ci", "target_rel_ci", type=float, help="Stop sampling when the median's CI half-width is below this fraction.")
 @click.option("--threads", type=int, help="torch.set_num_threads for the run (recorded per row).")
+@click.option("--rounds", type=int, help="Measure every cell this many times, shuffled each round, pooling the samples.")
 @click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
 @click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
@@ -64,7 +65,7 @@ def summary_table(df, title: str) -> Table:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, cache, out, resume,
-            budget_s, target_rel_ci, threads, cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
+            budget_s, target_rel_ci, threads, rounds, cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
 
@@ -79,7 +80,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     from attnbench.runner import make_sweep, run
 
     quiet = quiet or as_json
-    settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads,
+    if rounds is not None and rounds < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--rounds")
+    settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
                                        cell_timeout_s=cell_timeout_s, isolate=isolate, cuda_graph=cuda_graph).items()
                 if v is not None}
     if threads is not None and threads < 1:

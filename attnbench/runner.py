@@ -6,6 +6,7 @@ The engine behind the CLI, the Python API (``attnbench.run``), the asv suite and
 from __future__ import annotations
 
 import dataclasses
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import environment, registry
+from attnbench.cell import merge_rounds
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
 from attnbench.schema import Cell
@@ -158,25 +160,46 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         torch.set_num_threads(sweep.settings.threads)
         store.meta["torch_threads"] = sweep.settings.threads
     cells = [c for c in sweep.cells() if c.cell_id not in done]
-    total = len(cells)
+    rounds = max(1, sweep.settings.rounds)
+    total = len(cells) * rounds
     counter = {"i": 0}
     if resume is not None:
         run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
+    pending: dict[str, list[dict]] = {}  # ok rows of cells still owed more rounds
+    finished: set[str] = set()
 
     def on_start(cell: Cell) -> None:
         if progress:
             progress(counter["i"], total, cell, None)
 
     def on_row(cell: Cell, row: dict) -> None:
-        store.append(row)
         counter["i"] += 1
+        if rounds > 1 and row["status"] == "ok":
+            pending.setdefault(cell.cell_id, []).append(row)
+            if len(pending[cell.cell_id]) < rounds:
+                if progress:
+                    progress(counter["i"], total, cell, row)
+                return
+            row = merge_rounds(pending.pop(cell.cell_id))
+        elif rounds > 1:  # a cell that fails in any round is recorded as it failed, and not run again
+            earlier_ok = len(pending.pop(cell.cell_id, []))
+            counter["i"] += rounds - earlier_ok - 1  # the rounds it will not run
+            if earlier_ok:
+                row = {**row, "notes": f"failed in round {earlier_ok + 1} of {rounds} after {earlier_ok} ok round(s); "
+                                       + (row.get("notes") or "")}
+        finished.add(cell.cell_id)
+        store.append(row)
         if progress:
             progress(counter["i"], total, cell, row)
 
     interrupted = False
     started = time.perf_counter()
     try:
-        run_exec.execute(cells, on_row, on_start)
+        for r in range(rounds):
+            todo = [c for c in cells if c.cell_id not in finished]
+            if rounds > 1:  # a fresh order each round, so slow phases of the machine hit every cell alike
+                todo = random.Random(sweep.settings.seed * 1000 + r).sample(todo, len(todo))
+            run_exec.execute(todo, on_row, on_start)
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -33,6 +33,7 @@ class Settings:
     threads: int | None = None  # torch.set_num_threads for CPU cells (None: torch's default)
     cuda_graph: bool = False  # replay inference cells from a CUDA graph
     isolate: bool = False  # each cell in a fresh subprocess (survives segfaults and aborts)
+    rounds: int = 1  # measure every cell this many times, in a shuffled order each round, and pool the samples
     seed: int = 0
     flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
 

@@ -83,6 +83,21 @@ def test_cells_do_not_interact_through_compiler_state(tmp_path):
     assert set(df.status) == {"ok"}, df[["cell_id", "error"]].to_string()
 
 
+def test_rounds_pool_samples_in_shuffled_order_and_stop_failing_cells(tmp_path):
+    seen = []
+    df = attnbench.run(impl=["weight_split", "sdpa", plugin("Raises")], out=tmp_path, settings={**FAST, "rounds": 3},
+                       progress=lambda i, n, cell, row: seen.append((i, n, cell.impl, row is None)), **TINY)
+    assert len(df) == 3 and df.cell_id.is_unique
+    ok = df[df.status == "ok"]
+    assert len(ok) == 2
+    for r in ok.itertuples():
+        assert r.notes.startswith("3 rounds in shuffled order") and r.n == len(r.samples_s) >= 3 * 3
+    assert df[df.impl == plugin("Raises")].status.item() == "error"  # failed in round 1, not run again
+    starts = [impl for i, n, impl, starting in seen if starting]
+    assert starts.count("weight_split") == 3 and starts.count(plugin("Raises")) == 1
+    assert seen[-1][0] == seen[-1][1] == 9  # the progress total is reached
+
+
 def test_resume_skips_finished_cells_and_rejects_foreign_folders(tmp_path):
     df = run_tiny(tmp_path, ["weight_split"], seq_len=[8, 16])
     run_dir = Path(df.attrs["run_dir"])
