@@ -94,9 +94,6 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     if resume:
         if sweep_file or preset or any(v for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
-        from attnbench.store import load_run
-
-        load_run(resume)  # a missing, foreign or corrupt folder: one clear line before the progress bar
         sweep = None
     else:
         sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)
@@ -111,12 +108,12 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     def on_progress(i, total, cell, row):
         if progress_bar is None:
             return
+        if not progress_bar.live.is_started:  # started by the first cell: errors before it print cleanly
+            progress_bar.start()
         progress_bar.update(task, total=total, completed=i,
                             description=cell.cell_id if row is None else f"{cell.cell_id} -> {row['status']}")
 
     argv = ["attnbench", *sys.argv[1:]]
-    if progress_bar:
-        progress_bar.start()
     try:
         df = run(sweep, out=out, resume=resume, executor=executor, ray_address=ray_address, argv=argv, csv=csv,
                  profile=profile, progress=on_progress, settings=settings if resume else None)
