@@ -77,7 +77,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     attnbench run --preset long-context
     attnbench run --resume results/<run-id>
     """
-    from attnbench.runner import make_sweep, run
+    from attnbench.runner import argv_for_meta, make_sweep, run
 
     quiet = quiet or as_json
     if rounds is not None and rounds < 1:
@@ -113,9 +113,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         progress_bar.update(task, total=total, completed=i,
                             description=cell.cell_id if row is None else f"{cell.cell_id} -> {row['status']}")
 
-    argv = ["attnbench", *sys.argv[1:]]
     try:
-        df = run(sweep, out=out, resume=resume, executor=executor, ray_address=ray_address, argv=argv, csv=csv,
+        df = run(sweep, out=out, resume=resume, executor=executor, ray_address=ray_address, argv=argv_for_meta(), csv=csv,
                  profile=profile, progress=on_progress, settings=settings if resume else None)
     finally:
         if progress_bar:

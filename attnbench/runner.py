@@ -18,11 +18,9 @@ from attnbench import environment, registry
 from attnbench.cell import merge_rounds
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
-from attnbench.schema import Cell
+from attnbench.schema import AXES, Cell
 from attnbench.store import RunStore, load_run, new_run_id
-from attnbench.sweep import Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
-
-AXIS_ARGS = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache")
+from attnbench.sweep import INT_AXES, Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
 
 
 def default_sweep() -> Sweep:
@@ -40,9 +38,9 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
     from attnbench.sweep import load_toml
 
     given = {k: v for k, v in axes.items() if v not in (None, (), [], "")}
-    unknown = set(given) - set(AXIS_ARGS)
+    unknown = set(given) - set(AXES)
     if unknown:
-        raise SweepError(f"unknown sweep axis {sorted(unknown)}; axes are {', '.join(AXIS_ARGS)}")
+        raise SweepError(f"unknown sweep axis {sorted(unknown)}; axes are {', '.join(AXES)}")
     if preset and file:
         raise SweepError("give either a sweep file or --preset, not both")
     if base is None:
@@ -58,19 +56,10 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
             # An unknown device, or (locally) CUDA that is not here: one clear error before anything runs.
             parse_device(d) if local else parse_device_type(d)
         avail = sorted({n for d in devices for n in _available_on(d, local)}, key=registry.names().index)
-        if "impl" in given:
+        if "impl" in given:  # named implementations replace the file's, and need not be available here
             data = {**data, "sweep": {**data.get("sweep", {}), "impl": list(parse_strs(given["impl"]))}}
-        elif "impl" not in data.get("sweep", {}) and not file and not preset and given:
-            data = {**data, "sweep": {**data.get("sweep", {}), "impl": "available"}}
         base = sweep_from_dict(data, name, available_impls=avail)
-    overrides = {}
-    for axis, value in given.items():
-        if axis == "impl":
-            overrides[axis] = parse_strs(value)
-        elif axis in ("batch", "seq_len", "num_heads", "d_model"):
-            overrides[axis] = parse_ints(value, axis)
-        else:
-            overrides[axis] = parse_strs(value)
+    overrides = {axis: parse_ints(value, axis) if axis in INT_AXES else parse_strs(value) for axis, value in given.items()}
     sweep = dataclasses.replace(base, **overrides)
     if settings:
         sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
