@@ -30,15 +30,15 @@ from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_we
 
 
 def check(impls=None, **kwargs):
-    """Run the correctness matrix (see :func:`attnbench.check.run_matrix`)."""
-    from attnbench.check import run_matrix
+    """Run the correctness matrix (see :func:`attnbench.correctness.matrix.run_matrix`)."""
+    from attnbench.correctness.matrix import run_matrix
 
     return run_matrix(impls, **kwargs)
 
 
 def run(*args, **kwargs):
-    """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.run`)."""
-    from attnbench.runner import run as _run
+    """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.engine.run`)."""
+    from attnbench.runner.engine import run as _run
 
     return _run(*args, **kwargs)
 

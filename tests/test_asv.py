@@ -67,7 +67,7 @@ def test_suite_runs_one_cell_and_skips_impossible_ones(suite, single_thread):
 
 
 def test_parse_compare_reads_marks_and_higher_is_better():
-    from attnbench.asv_gate import _drop_unmeasured, parse_compare
+    from attnbench.tools.asv_gate import _drop_unmeasured, parse_compare
 
     table = textwrap.dedent("""
         Benchmarks that have stayed the same:
@@ -157,7 +157,7 @@ def test_gate_fails_a_slowdown_and_passes_an_unchanged_commit(tmp_path):
 
     The gate runs only weight_split forward at T=64 (one asv benchmark) so it stays around a minute a side.
     """
-    from attnbench.asv_gate import main
+    from attnbench.tools.asv_gate import main
 
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("needs git and a git checkout of attnbench")

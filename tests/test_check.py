@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from attnbench import registry
-from attnbench.check import RUNNERS, SHAPES, cases, run_case, run_matrix, summarize
+from attnbench.correctness.matrix import RUNNERS, SHAPES, cases, run_case, run_matrix, summarize
 from attnbench.errors import UnknownImplementationError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -225,7 +225,7 @@ def test_buggy_plugin_as_entry_point(plugins_on_path, isolated_registry, monkeyp
 
 def test_declared_capabilities_turn_cases_into_skips(isolated_registry, repo_cwd):
     """A class that says it has no dropout/backward is skipped there, not failed (and the skip says why)."""
-    from attnbench.check import PROPERTY_SHAPE, Case
+    from attnbench.correctness.matrix import PROPERTY_SHAPE, Case
 
     base = registry.get("tests/plugins/buggy.py:DropoutIgnored")
     registry.register("no_dropout_declared", base.factory, description="declares no dropout", dropout=False,

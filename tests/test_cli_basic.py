@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attnbench import cli
-from attnbench.check import cases
+from attnbench.correctness.matrix import cases
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from sample_runs import failed_row, ok_row
 
 from attnbench.cli import main
-from attnbench.compare import bootstrap_ratio, compare_runs, write_compare_html
-from attnbench.report.sample import failed_row, ok_row
-from attnbench.schema import Cell
-from attnbench.store import RunStore
+from attnbench.results.compare import bootstrap_ratio, compare_runs, write_compare_html
+from attnbench.results.schema import Cell
+from attnbench.results.store import RunStore
 
 META = {"command": "test", "torch_version": "2.5.0", "cpu_model": "test CPU"}
 
@@ -254,7 +254,7 @@ class Attn(MultiHeadAttention):
 
 def test_real_runs_flag_a_slowed_plugin(tmp_path, monkeypatch, isolated_registry):
     attnbench = pytest.importorskip("attnbench")
-    pytest.importorskip("attnbench.runner")
+    pytest.importorskip("attnbench.runner.engine")
     runs = {}
     for label, extra in (("before", 0), ("after", 4)):
         src = tmp_path / label

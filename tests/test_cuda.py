@@ -5,8 +5,8 @@ import torch
 
 import attnbench
 from attnbench.measure import peak_memory, time_fn
-from attnbench.schema import Cell
-from attnbench.workload import build_workload
+from attnbench.results.schema import Cell
+from attnbench.runner.workload import build_workload
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")]

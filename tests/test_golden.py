@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnbench import golden, registry
-from attnbench.check import Case, cases, run_case
+from attnbench import registry
+from attnbench.correctness import golden
+from attnbench.correctness.matrix import Case, cases, run_case
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attnbench.measure import analytic_flops, counted_flops, dense_flops, median_ci, peak_memory, summarize, time_fn
-from attnbench.schema import Cell
-from attnbench.workload import build_workload
+from attnbench.results.schema import Cell
+from attnbench.runner.workload import build_workload
 
 
 def test_median_ci_brackets_the_median_and_shrinks_with_n():

@@ -20,8 +20,8 @@ import pytest
 from attnbench.cli import main
 from attnbench.devices import cuda_available
 from attnbench.errors import InvalidSpecError, ResultsError, UnknownImplementationError
-from attnbench.profile import OPS_COLUMNS, ProfileResult, default_run_name, load_ops, profile_cell, save_ops
-from attnbench.schema import Cell
+from attnbench.profiling import OPS_COLUMNS, ProfileResult, default_run_name, load_ops, profile_cell, save_ops
+from attnbench.results.schema import Cell
 
 SMALL = {"batch": 1, "seq_len": 16, "num_heads": 2, "d_model": 32}
 SDPA_OPS = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"}
@@ -94,7 +94,7 @@ def test_ops_table_on_cuda_keeps_host_operators_by_device_time():
 
     from torch.autograd import DeviceType
 
-    from attnbench.profile import ops_table
+    from attnbench.profiling import ops_table
 
     def avg(key, device=DeviceType.CPU, self_cpu=10.0, cpu=20.0, self_dev=0.0, dev=0.0):
         return NS(key=key, device_type=device, count=3, self_cpu_time_total=self_cpu, cpu_time_total=cpu,

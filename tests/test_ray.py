@@ -17,9 +17,9 @@ import pytest
 
 import attnbench
 from attnbench.errors import AttnbenchError
-from attnbench.schema import COLUMNS, Cell
-from attnbench.store import read_meta
-from attnbench.sweep import Settings
+from attnbench.results.schema import COLUMNS, Cell
+from attnbench.results.store import read_meta
+from attnbench.runner.sweep import Settings
 
 FAST = {"budget_s": 0.1, "min_samples": 3, "warmup_calls": 1, "warmup_s": 0.0, "flop_check": False}
 SMALL = {"seq_len": [32, 64], "d_model": [32], "num_heads": [2], "batch": [1], "mode": ["forward"]}
@@ -108,7 +108,7 @@ def plugin(tmp_path_factory):
 def ray_local():
     """A private Ray instance for the module (what `--executor ray` starts when given no address)."""
     ray = pytest.importorskip("ray")
-    from attnbench import executors_ray
+    from attnbench.runner.executors import ray as executors_ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -197,7 +197,7 @@ def test_failing_and_crashing_implementations(ray_local, plugin, tmp_path):
 @pytest.mark.slow
 def test_timeouts(ray_local, plugin):
     """A Python-level hang stops at the cell's own alarm; a hang it cannot stop is killed from the driver."""
-    from attnbench.executors_ray import RayExecutor
+    from attnbench.runner.executors.ray import RayExecutor
 
     path, _ = plugin
     cells = [Cell(f"{path}:Sleeps", seq_len=32, num_heads=2, d_model=32, batch=1),
@@ -248,7 +248,7 @@ def test_interrupt_then_resume(ray_local, tmp_path):
 @pytest.mark.slow
 def test_ray_client_path_without_streaming(ray_local, monkeypatch):
     """Through Ray Client (no streaming generators) each task returns its start and row together."""
-    from attnbench import executors_ray
+    from attnbench.runner.executors import ray as executors_ray
 
     monkeypatch.setattr(executors_ray, "_client_mode", lambda: True)
     cells = [Cell("sdpa", seq_len=s, num_heads=2, d_model=32, batch=1) for s in (32, 64)]
@@ -264,7 +264,7 @@ def test_ray_client_path_without_streaming(ray_local, monkeypatch):
 
 def test_resource_check():
     """Cells that no node can run are refused up front, with how to start nodes; two slots on a node too."""
-    executors_ray = pytest.importorskip("attnbench.executors_ray")
+    executors_ray = pytest.importorskip("attnbench.runner.executors.ray")
     check, slot = executors_ray.check_resources, executors_ray.CPU_SLOT
     cpu, gpu = Cell("sdpa"), Cell("sdpa", device="cuda")
     node = lambda **r: {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 8.0, **r}}  # noqa: E731
@@ -283,12 +283,12 @@ def test_resource_check():
 
 def test_executor_ray_without_ray(monkeypatch, tmp_path):
     """Without Ray, `--executor ray` says how to install it (and nothing runs)."""
-    from attnbench.runner import make_executor
+    from attnbench.runner.engine import make_executor
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    monkeypatch.delitem(sys.modules, "attnbench.executors_ray", raising=False)
+    monkeypatch.delitem(sys.modules, "attnbench.runner.executors.ray", raising=False)
     with pytest.raises(ImportError):
-        importlib.import_module("attnbench.executors_ray")
+        importlib.import_module("attnbench.runner.executors.ray")
     with pytest.raises(AttnbenchError, match=r"pip install 'attnbench\[ray\]'"):
         make_executor("ray", Settings(), "run-id")
     with pytest.raises(AttnbenchError, match=r"--executor ray needs Ray: pip install 'attnbench\[ray\]'"):
@@ -301,7 +301,7 @@ def test_two_nodes_share_the_sweep(ray_local, tmp_path):
     two at once on one node, and the run records both nodes. Last in the module: it replaces the module's Ray."""
     from ray.cluster_utils import Cluster
 
-    from attnbench import executors_ray
+    from attnbench.runner.executors import ray as executors_ray
 
     ray_local.shutdown()
     with executors_ray._loopback_only():

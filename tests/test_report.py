@@ -1,7 +1,7 @@
 """``attnbench report``: the HTML page, its figures and tables, checked the way a user sees them.
 
-Most reports are built from synthetic runs written through :class:`~attnbench.store.RunStore`
-(``attnbench.report.sample``); one is built from a real, tiny ``attnbench.run`` with ``--profile``.
+Most reports are built from synthetic runs written through :class:`~attnbench.results.store.RunStore`
+(``sample_runs``); one is built from a real, tiny ``attnbench.run`` with ``--profile``.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import matplotlib.image
 import numpy as np
 import pandas as pd
 import pytest
+from sample_runs import failed_row, ok_row, synthetic_run
 
 from attnbench.cli import main
 from attnbench.report import analysis as an
 from attnbench.report import build_report
 from attnbench.report.figures import impl_styles
-from attnbench.report.html import markdown_table
-from attnbench.report.sample import failed_row, ok_row, synthetic_run
-from attnbench.schema import Cell
+from attnbench.report.page import markdown_table
+from attnbench.results.schema import Cell
 
 EVIL = "evil<script>$\\nope$.py:X"  # HTML to escape, and mathtext that would not parse if matplotlib read it
 EVIL_ERROR = "<script>alert('pwned')</script> & <b>bold</b>"
@@ -231,7 +231,7 @@ def _report(tmp_path: Path, rows: list[dict] | None = None, baseline: str = "wei
     """Build a report from ``rows`` (written through RunStore) or from a synthetic run with ``kw``."""
     root = tmp_path / "runs"
     if rows is not None:
-        from attnbench.store import RunStore
+        from attnbench.results.store import RunStore
 
         store = RunStore(root, run_id="custom", meta={"command": "test"})
         for r in rows:
@@ -331,7 +331,7 @@ def test_fastest_marks_ties_and_crossovers_are_stated_from_the_faster_side():
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
-    pytest.importorskip("attnbench.runner")
+    pytest.importorskip("attnbench.runner.engine")
     import attnbench
 
     out = tmp_path_factory.mktemp("real")

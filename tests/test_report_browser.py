@@ -17,11 +17,11 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+from sample_runs import failed_row, synthetic_run
 
-from attnbench.compare import compare_runs, write_compare_html
 from attnbench.report import build_report
-from attnbench.report.sample import failed_row, synthetic_run
-from attnbench.schema import Cell
+from attnbench.results.compare import compare_runs, write_compare_html
+from attnbench.results.schema import Cell
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome",
                                                         "google-chrome-stable")) if p), None)

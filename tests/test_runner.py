@@ -14,8 +14,8 @@ import pytest
 
 import attnbench
 from attnbench.errors import ResultsError
-from attnbench.schema import COLUMNS
-from attnbench.store import load_run
+from attnbench.results.schema import COLUMNS
+from attnbench.results.store import load_run
 
 PLUGINS = Path(__file__).parent / "plugins" / "faulty.py"
 TINY = dict(batch=[1], seq_len=[16], num_heads=[2], d_model=[16], mode=["forward"])

@@ -4,8 +4,8 @@ import pytest
 
 from attnbench import registry
 from attnbench.errors import SweepError, UnavailableError, UnknownImplementationError
-from attnbench.runner import default_sweep, make_sweep
-from attnbench.sweep import parse_ints, preset_names
+from attnbench.runner.engine import default_sweep, make_sweep
+from attnbench.runner.sweep import parse_ints, preset_names
 
 
 @pytest.mark.parametrize("text, values", [

@@ -7,8 +7,8 @@ import torch
 from torch.func import functional_call
 
 from attnbench import registry
+from attnbench.correctness.reference import reference_forward
 from attnbench.errors import PluginLoadError
-from attnbench.reference import reference_forward
 from attnbench.spec import AttnSpec
 from attnbench.weights import (
     BOOK_ADAPTER,

@@ -6,6 +6,6 @@
 
 from __future__ import annotations
 
-from attnbench.report.html import build_report
+from attnbench.report.page import build_report
 
 __all__ = ["build_report"]

@@ -1,6 +1,6 @@
 """The numbers behind a report, as plain DataFrames and sentences (no plotting, no HTML).
 
-Every function takes the tidy results table (:data:`attnbench.schema.COLUMNS`) and never raises on
+Every function takes the tidy results table (:data:`attnbench.results.schema.COLUMNS`) and never raises on
 a table that is empty, has only failed cells, one implementation or one sequence length: what cannot
 be computed is said in a ``note`` instead.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from attnbench.schema import AXES, MODES
+from attnbench.results.schema import AXES, MODES
 
 GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model")
 """The axes that define one panel/configuration; within it, lines are implementations over ``seq_len``."""
@@ -195,7 +195,7 @@ def choose_baseline(df: pd.DataFrame, requested: str | None) -> tuple[str | None
 
 def status_counts(df: pd.DataFrame) -> pd.DataFrame:
     """Cells per implementation and status (columns: impl, ok, oom, error, ..., total)."""
-    from attnbench.schema import STATUSES
+    from attnbench.results.schema import STATUSES
 
     if df.empty:
         return pd.DataFrame(columns=["impl", *STATUSES, "total"])
@@ -451,7 +451,7 @@ def bar_choice(df: pd.DataFrame) -> tuple[Group, int] | None:
 
 
 def cell_key(row) -> tuple:
-    """The :data:`~attnbench.schema.AXES` values of a row, as a tuple."""
+    """The :data:`~attnbench.results.schema.AXES` values of a row, as a tuple."""
     return tuple(row[a] for a in AXES)
 
 

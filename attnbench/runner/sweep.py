@@ -16,7 +16,7 @@ from pathlib import Path
 
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
-from attnbench.schema import CACHE_STATES, MODES, Cell
+from attnbench.results.schema import CACHE_STATES, MODES, Cell
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def load_toml(path: str | Path) -> dict:
 
 def preset_names() -> list[str]:
     """Names of the presets shipped with the package."""
-    return sorted(p.name.removesuffix(".toml") for p in resources.files("attnbench.presets").iterdir()
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("attnbench.runner.presets").iterdir()
                   if p.name.endswith(".toml"))
 
 
@@ -209,4 +209,4 @@ def load_preset(name: str) -> dict:
     """The dict of a shipped preset (``default``, ``gpt2-small``, ``long-context``, ``smoke``)."""
     if name not in preset_names():
         raise SweepError(f"unknown preset {name!r}; shipped presets: {', '.join(preset_names())}")
-    return tomllib.loads(resources.files("attnbench.presets").joinpath(f"{name}.toml").read_text())
+    return tomllib.loads(resources.files("attnbench.runner.presets").joinpath(f"{name}.toml").read_text())

@@ -2,7 +2,7 @@
 
 Run it as a script (it is a benchmark, not a unit test)::
 
-    python -m attnbench.fidelity [--budget 1.0] [--repeats 3]
+    python -m attnbench.tools.fidelity [--budget 1.0] [--repeats 3]
 
 For each workload both timers measure the same ``Workload.step`` in one process, alternating which
 goes first, and the ratio of medians (attnbench / blocked_autorange) is printed with its spread over
@@ -18,8 +18,8 @@ import torch
 from torch.utils import benchmark
 
 from attnbench.measure import time_fn
-from attnbench.schema import Cell
-from attnbench.workload import build_workload
+from attnbench.results.schema import Cell
+from attnbench.runner.workload import build_workload
 
 WORKLOADS = [
     Cell("weight_split", batch=2, seq_len=128, num_heads=4, d_model=256, mode="forward"),

@@ -10,7 +10,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from attnbench.cli import cli, console
+from attnbench.cli.app import cli, console
 
 
 @cli.command("report")
@@ -53,8 +53,8 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
     bootstrap confidence interval and a Mann-Whitney U test on the raw samples.
     """
-    from attnbench.compare import compare_runs, write_compare_html
     from attnbench.report.analysis import fmt_num, fmt_time
+    from attnbench.results.compare import compare_runs, write_compare_html
 
     with console.status("comparing ..."):
         result = compare_runs(a, b, threshold=threshold, alpha=alpha)

@@ -9,10 +9,10 @@ import click
 from rich.table import Table
 
 from attnbench import registry
-from attnbench.cli import _split, cli, console
+from attnbench.cli.app import _split, cli, console
 from attnbench.devices import dtype_name, parse_device
 from attnbench.errors import InvalidSpecError, SweepError, UnavailableError
-from attnbench.schema import MODES, Cell
+from attnbench.results.schema import MODES, Cell
 
 TB_PORT = 6006
 
@@ -39,7 +39,7 @@ def _bytes(b: int) -> str:
 
 def _validate(cells: list[Cell]) -> None:
     """Fail on bad input (one line, via AttnbenchError) before any profiling starts or any file is written."""
-    from attnbench.workload import spec_for
+    from attnbench.runner.workload import spec_for
 
     first = cells[0]
     if first.mode not in MODES:
@@ -81,7 +81,7 @@ def profile_cmd(impls: tuple[str, ...], batch: int, seq_len: int, num_heads: int
     Records 3 steps (after 1 skipped and 2 warm-up steps) with shapes, memory and Python stacks; writes
     <logdir>/<impl>-<device>-<dtype>-b<B>-T<T>-h<H>-d<D>-<mode>/*.pt.trace.json.
     """
-    from attnbench.profile import profile_cell
+    from attnbench.profiling import profile_cell
 
     names = _split(impls)
     if not names:

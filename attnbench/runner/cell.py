@@ -25,8 +25,8 @@ from attnbench import registry
 from attnbench.devices import cuda_available, device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
 from attnbench.measure import analytic_flops, counted_flops, peak_gflops, peak_memory, summarize, time_fn
-from attnbench.schema import Cell, empty_row
-from attnbench.sweep import Settings
+from attnbench.results.schema import Cell, empty_row
+from attnbench.runner.sweep import Settings
 
 
 class CellTimeout(Exception):
@@ -114,7 +114,7 @@ def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "") -> d
     try:
         with _deadline(settings.cell_timeout_s):
             row["device_name"] = device_name(device)
-            from attnbench.workload import build_workload
+            from attnbench.runner.workload import build_workload
 
             workload = build_workload(cell, seed=settings.seed)
             _measure(workload, cell, settings, row)

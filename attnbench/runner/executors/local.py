@@ -1,6 +1,6 @@
 """Executors run cells and hand back rows: in this process, or each cell in a fresh subprocess.
 
-The Ray executor (``attnbench.executors_ray``) has the same interface: ``execute(cells, on_row)``
+The Ray executor (``attnbench.runner.executors.ray``) has the same interface: ``execute(cells, on_row)``
 calls ``on_row(row)`` as each cell finishes and returns when all are done or the run is interrupted.
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 
-from attnbench.cell import run_cell
-from attnbench.schema import Cell, empty_row
-from attnbench.sweep import Settings
+from attnbench.results.schema import Cell, empty_row
+from attnbench.runner.cell import run_cell
+from attnbench.runner.sweep import Settings
 
 OnRow = Callable[[Cell, dict], None]
 STARTUP_GRACE_S = 20.0
@@ -33,7 +33,7 @@ def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "") -> dict:
         # when a hang in native code keeps it past the deadline plus start-up (interpreter, torch import).
         timeout = settings.cell_timeout_s + STARTUP_GRACE_S if settings.cell_timeout_s else None
         try:
-            proc = subprocess.run([sys.executable, "-m", "attnbench.worker"], input=payload, text=True,
+            proc = subprocess.run([sys.executable, "-m", "attnbench.runner.executors.worker"], input=payload, text=True,
                                   capture_output=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         except subprocess.TimeoutExpired:
             row = empty_row(cell, run_id)
@@ -80,7 +80,7 @@ class LocalExecutor(_SerialExecutor):
 
 
 class SubprocessExecutor(_SerialExecutor):
-    """Each cell in a fresh ``python -m attnbench.worker`` process.
+    """Each cell in a fresh ``python -m attnbench.runner.executors.worker`` process.
 
     A crash (segfault, abort, os._exit) becomes an ``error`` row naming the signal or exit code; a
     cell past ``cell_timeout_s`` is killed and becomes a ``timeout`` row. Costs one interpreter and

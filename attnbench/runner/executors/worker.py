@@ -1,4 +1,4 @@
-"""``python -m attnbench.worker``: run one cell from a JSON payload on stdin, write its row as JSON.
+"""``python -m attnbench.runner.executors.worker``: run one cell from a JSON payload on stdin, write its row as JSON.
 
 Used by ``--isolate`` so that a crashing implementation takes down only this process.
 """
@@ -9,9 +9,9 @@ import json
 import math
 import sys
 
-from attnbench.cell import run_cell
-from attnbench.schema import Cell
-from attnbench.sweep import Settings
+from attnbench.results.schema import Cell
+from attnbench.runner.cell import run_cell
+from attnbench.runner.sweep import Settings
 
 
 def _jsonable(value):

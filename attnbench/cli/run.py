@@ -10,8 +10,8 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from attnbench.cli import _split, cli, console, err_console
-from attnbench.schema import STATUSES
+from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.results.schema import STATUSES
 
 
 def _fmt_time(s: float) -> str:
@@ -77,7 +77,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     attnbench run --preset long-context
     attnbench run --resume results/<run-id>
     """
-    from attnbench.runner import argv_for_meta, make_sweep, run
+    from attnbench.runner.engine import argv_for_meta, make_sweep, run
 
     quiet = quiet or as_json
     if rounds is not None and rounds < 1:
@@ -150,7 +150,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
 
 def _warn_if_busy(run_dir: Path) -> None:
     """Say so when other work kept the cores busy as the run started: timings are then inflated and noisy."""
-    from attnbench.store import read_meta
+    from attnbench.results.store import read_meta
 
     busy = read_meta(run_dir).get("cpu_busy_before_run")
     if busy is not None and busy > 0.25:

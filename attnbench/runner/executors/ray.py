@@ -15,7 +15,7 @@ holds its device exclusively, so no two timed cells ever share one:
 A custom resource rather than ``num_cpus=<all CPUs of the node>`` because nodes differ in CPU count
 and a task's request is the same on every node; the slot says "this node's host" whatever its size.
 
-Same outcomes as a local run: ``attnbench.cell.run_cell`` runs in the worker's main thread (checked:
+Same outcomes as a local run: ``attnbench.runner.cell.run_cell`` runs in the worker's main thread (checked:
 Ray runs tasks there), so its alarm turns a Python-level hang into a ``timeout`` row; a cell stuck in
 native code past ``cell_timeout_s + kill_grace_s`` is force-cancelled from the driver (its worker
 killed) and recorded as ``timeout``; a worker that dies (segfault, abort, ``os._exit``) gives an
@@ -41,8 +41,8 @@ import ray
 import ray.exceptions
 
 from attnbench.errors import AttnbenchError
-from attnbench.schema import Cell, empty_row
-from attnbench.sweep import Settings
+from attnbench.results.schema import Cell, empty_row
+from attnbench.runner.sweep import Settings
 
 CPU_SLOT = "attnbench_cpu_slot"
 """The custom resource every node advertises exactly once; a CPU cell takes all of it."""
@@ -173,8 +173,8 @@ def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
 
     # What run_cell would import on its first call, imported before the start is reported (the driver's
     # clock for killing a stuck cell starts then) and outside the cell's own alarm.
-    import attnbench.cell  # noqa: F401
-    import attnbench.workload  # noqa: F401
+    import attnbench.runner.cell  # noqa: F401
+    import attnbench.runner.workload  # noqa: F401
     from attnbench import registry
 
     with contextlib.suppress(ImportError):
@@ -197,7 +197,7 @@ def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
 
 
 def _measure(cell: Cell, settings: Settings, run_id: str, info: dict) -> dict:
-    from attnbench.cell import run_cell
+    from attnbench.runner.cell import run_cell
 
     target = cell
     if cell.device.startswith("cuda:"):  # the task sees only the GPU Ray gave it, as cuda:0

@@ -15,12 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import environment, registry
-from attnbench.cell import merge_rounds
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
-from attnbench.schema import AXES, Cell
-from attnbench.store import RunStore, load_run, new_run_id
-from attnbench.sweep import INT_AXES, Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
+from attnbench.results.schema import AXES, Cell
+from attnbench.results.store import RunStore, load_run, new_run_id
+from attnbench.runner.cell import merge_rounds
+from attnbench.runner.sweep import INT_AXES, Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
 
 
 def default_sweep() -> Sweep:
@@ -35,7 +35,7 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
     With neither a preset nor a file nor any axis, this is :func:`default_sweep`. With
     ``executor="ray"`` the devices are those of the cluster, so CUDA need not exist on this machine.
     """
-    from attnbench.sweep import load_toml
+    from attnbench.runner.sweep import load_toml
 
     given = {k: v for k, v in axes.items() if v not in (None, (), [], "")}
     unknown = set(given) - set(AXES)
@@ -94,13 +94,13 @@ def sweep_from_meta(meta: dict) -> Sweep:
 
 def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str | None = None):
     """The executor called ``kind`` (``local``; ``subprocess`` when isolating; ``ray``)."""
-    from attnbench.executors import LocalExecutor, SubprocessExecutor
+    from attnbench.runner.executors.local import LocalExecutor, SubprocessExecutor
 
     if kind == "local":
         return SubprocessExecutor(settings, run_id) if settings.isolate else LocalExecutor(settings, run_id)
     if kind == "ray":
         try:
-            from attnbench.executors_ray import RayExecutor
+            from attnbench.runner.executors.ray import RayExecutor
         except ImportError as exc:
             raise AttnbenchError(f"--executor ray needs Ray: pip install 'attnbench[ray]' ({exc})") from exc
         return RayExecutor(settings, run_id, address=ray_address)
@@ -213,7 +213,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
 
 def _profile_cells(df: pd.DataFrame, run_dir: Path) -> None:
     """Profile every ok cell after timing (never while timing) into ``run_dir/profile``."""
-    from attnbench.profile import profile_cell, save_ops
+    from attnbench.profiling import profile_cell, save_ops
 
     results = []
     ok = df[df.status == "ok"]

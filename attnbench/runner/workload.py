@@ -15,7 +15,7 @@ from torch import nn
 from attnbench import registry
 from attnbench.devices import parse_device, to_dtype
 from attnbench.errors import InvalidSpecError, SweepError
-from attnbench.schema import MODES, Cell
+from attnbench.results.schema import MODES, Cell
 from attnbench.spec import AttnSpec
 from attnbench.weights import random_weights
 

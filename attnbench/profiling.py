@@ -1,6 +1,6 @@
 """``torch.profiler`` traces of one cell, for TensorBoard (torch-tb-profiler) and Perfetto.
 
-:func:`profile_cell` runs a cell's :class:`~attnbench.workload.Workload` under
+:func:`profile_cell` runs a cell's :class:`~attnbench.runner.workload.Workload` under
 ``torch.profiler.profile`` with a ``wait / warmup / active`` schedule and writes one Chrome-trace
 JSON file (``*.pt.trace.json``) per call into ``<logdir>/<run_name>/`` through
 ``torch.profiler.tensorboard_trace_handler``. Every implementation and configuration gets its own
@@ -34,8 +34,8 @@ import pandas as pd
 
 from attnbench.devices import synchronize
 from attnbench.errors import ResultsError, SweepError
-from attnbench.schema import Cell
-from attnbench.workload import build_workload
+from attnbench.results.schema import Cell
+from attnbench.runner.workload import build_workload
 
 OPS_COLUMNS: dict[str, str] = {
     "impl": "string",
@@ -245,7 +245,7 @@ def load_ops(path: str | Path) -> pd.DataFrame:
         p = p / "ops.parquet"
     if not p.is_file():
         raise ResultsError(f"operator table {p} does not exist; write it with `attnbench run --profile` "
-                           "or attnbench.profile.save_ops")
+                           "or attnbench.profiling.save_ops")
     try:
         df = pq.read_table(p).to_pandas()
     except Exception as exc:

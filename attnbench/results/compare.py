@@ -1,6 +1,6 @@
 """``attnbench compare A B``: two runs cell by cell, with a confidence interval and a significance test per cell.
 
-Cells are matched on :data:`attnbench.schema.AXES`. For a cell timed successfully in both runs, the
+Cells are matched on :data:`attnbench.results.schema.AXES`. For a cell timed successfully in both runs, the
 effect is the ratio of medians ``B / A`` (> 1: B is slower), with a bootstrap confidence interval
 (resampling each run's raw per-call ``samples_s``, seeded, so the same inputs give the same answer)
 and a two-sided Mann-Whitney U test on the raw samples. A cell is a **significant slowdown** when
@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from attnbench.errors import ResultsError
-from attnbench.schema import AXES
-from attnbench.store import load_run
+from attnbench.results.schema import AXES
+from attnbench.results.store import load_run
 
 ENV_COMPARE = ("git_commit", "attnbench_version", "torch_version", "python_version", "cuda_version", "cuda_driver",
                "platform", "hostname", "cpu_model", "cpu_count", "torch_threads", "gpus")
@@ -262,7 +262,7 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     """Write ``compare.html`` (self-contained), the overlaid latency figures and ``compare.csv``; return the page."""
     from attnbench.report import analysis as an
     from attnbench.report import figures as figs
-    from attnbench.report.html import Tables, _fmt_df, jinja_env
+    from attnbench.report.page import Tables, _fmt_df, jinja_env
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

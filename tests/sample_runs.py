@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnbench.schema import Cell, empty_row
-from attnbench.store import RunStore
+from attnbench.results.schema import Cell, empty_row
+from attnbench.results.store import RunStore
 
 # name: (overhead s, linear s per token, quadratic s per token², memory exponent)
 MODELS = {

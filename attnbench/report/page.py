@@ -13,9 +13,9 @@ import pandas as pd
 from attnbench.errors import ResultsError
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
-from attnbench.store import load_run
+from attnbench.results.store import load_run
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 ENV_KEYS = (
     ("run_id", "run id"), ("timestamp", "started"), ("command", "command line"), ("git_commit", "git commit"),

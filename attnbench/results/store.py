@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from attnbench.errors import ResultsError
-from attnbench.schema import COLUMNS
+from attnbench.results.schema import COLUMNS
 
 FORMAT = "attnbench-results/1"
 

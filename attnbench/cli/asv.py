@@ -1,4 +1,4 @@
-"""``attnbench asv-compare BASE HEAD``: the asv regression gate (see :mod:`attnbench.asv_gate`)."""
+"""``attnbench asv-compare BASE HEAD``: the asv regression gate (see :mod:`attnbench.tools.asv_gate`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from attnbench.cli import cli
+from attnbench.cli.app import cli
 
 
 @cli.command("asv-compare")
@@ -27,7 +27,7 @@ def asv_compare_cmd(base, head, factor, bench, rounds, python, repo, config, kee
     Each commit is installed into a private folder (pip --target) that only asv's processes see, so
     this environment's own install is never modified. Exit 2 when the gate cannot run.
     """
-    from attnbench.asv_gate import report, run_gate
+    from attnbench.tools.asv_gate import report, run_gate
 
     result = run_gate(base, head, repo=repo, factor=factor, bench=list(bench) or None, rounds=rounds, python=python,
                       config=config, keep=keep, show_stderr=show_stderr)

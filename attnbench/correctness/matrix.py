@@ -22,10 +22,11 @@ import pandas as pd
 import torch
 from torch.func import functional_call
 
-from attnbench import golden, registry
+from attnbench import registry
+from attnbench.correctness import golden
+from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES, parse_device
 from attnbench.errors import AttnbenchError, SweepError
-from attnbench.reference import reference_forward
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, random_weights, state_from_canonical
 
