@@ -58,6 +58,12 @@ class Implementation:
     backward: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
     dropout: tuple[str, ...] = ("cpu", "cuda")  # device types where attention dropout is applied
     same_width_only: bool = False
+    # Variants (see AttnSpec) the implementation computes; the book's causal MHA is always supported.
+    gqa: bool = False  # num_kv_heads < num_heads (grouped-query and multi-query attention)
+    sliding_window: bool = False  # spec.window is not None
+    non_causal: bool = False  # spec.causal is False
+    kv_cache: bool = False  # the KV-cache protocol (forward(x, use_cache=True), reset_cache, rewind_cache)
+    needs_window: bool = False  # computes sliding-window attention only (a rolling cache)
     min_torch: str = "2.0"
     probe: Callable[[torch.device], str | None] | None = field(default=None, compare=False)
     transform: Callable[[nn.Module], nn.Module] | None = field(default=None, compare=False)
@@ -123,6 +129,30 @@ class Implementation:
         return module
 
 
+def variant_skip_reason(impl: Implementation, spec: AttnSpec, mode: str = "inference") -> str | None:
+    """Why ``impl`` cannot compute ``spec``'s variant in ``mode``, or ``None`` when it can.
+
+    The one rule for attention variants and decoding, from the capabilities the implementation
+    declares (``gqa``, ``sliding_window``, ``non_causal``, ``kv_cache``); used by ``attnbench run``,
+    ``attnbench check``, ``attnbench profile`` and the asv suite.
+    """
+    missing = []
+    if spec.kv_heads != spec.num_heads and not impl.gqa:
+        missing.append(f"grouped/multi-query attention (num_kv_heads={spec.kv_heads} < num_heads={spec.num_heads})")
+    if spec.window is not None and not impl.sliding_window:
+        missing.append(f"sliding windows (window={spec.window})")
+    if not spec.causal and not impl.non_causal:
+        missing.append("non-causal attention")
+    if impl.needs_window and spec.window is None:
+        return f"{impl.name} is a sliding-window implementation: it needs a window (e.g. --window 64)"
+    if mode == "decode":
+        if not impl.kv_cache:
+            missing.append("a KV cache (decode mode)")
+        elif not spec.causal:
+            return "decode needs causal attention: a token being generated cannot see later tokens"
+    return f"{impl.name} does not support {' or '.join(missing)}" if missing else None
+
+
 _REGISTRY: dict[str, Implementation] = {}
 _RESOLVED: dict[str, Implementation] = {}
 _LOADED = {"builtins": False, "entry_points": False}
@@ -159,7 +189,10 @@ def _first_line(obj) -> str:
 
 def _class_factory(cls) -> Callable[[AttnSpec], nn.Module]:
     def factory(spec: AttnSpec) -> nn.Module:
-        return cls(spec.d_in, spec.d_out, spec.context_length, spec.dropout, spec.num_heads, qkv_bias=spec.qkv_bias)
+        # The book's constructor, plus the variant fields (num_kv_heads, window, causal) by name when the
+        # spec is a variant: a class declares a variant capability only if its constructor takes them.
+        return cls(spec.d_in, spec.d_out, spec.context_length, spec.dropout, spec.num_heads, qkv_bias=spec.qkv_bias,
+                   **spec.variant_kwargs())
 
     factory.__name__ = f"{cls.__name__}_factory"
     return factory

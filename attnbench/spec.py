@@ -15,6 +15,16 @@ class AttnSpec:
 
     ``forward(x)`` of every implementation maps ``(b, T, d_in)`` to ``(b, T, d_out)`` causally for
     every ``T <= context_length``; each of ``num_heads`` heads has width ``head_dim = d_out // num_heads``.
+
+    Variants (the defaults are the book's causal multi-head attention):
+
+    * ``num_kv_heads``: heads of keys and values (``None`` = ``num_heads``: MHA; 1: MQA; a divisor of
+      ``num_heads``: GQA). Query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``, so
+      consecutive query heads share a kv head (``repeat_interleave``, not ``repeat``);
+    * ``window``: ``None`` for full attention; ``w`` lets each token attend to itself and the previous
+      ``w - 1`` tokens (a sliding window);
+    * ``causal``: ``False`` for bidirectional (encoder) attention, where every token sees every token
+      (of its window, when there is one: ``|i - j| < w``).
     """
 
     d_in: int
@@ -23,6 +33,9 @@ class AttnSpec:
     dropout: float = 0.0
     num_heads: int = 1
     qkv_bias: bool = False
+    num_kv_heads: int | None = None
+    window: int | None = None
+    causal: bool = True
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_out", "context_length", "num_heads"):
@@ -40,11 +53,48 @@ class AttnSpec:
             )
         if not 0.0 <= float(self.dropout) < 1.0:
             raise InvalidSpecError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.num_kv_heads is not None:
+            kv = self.num_kv_heads
+            if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or self.num_heads % kv:
+                divisors = [h for h in range(1, self.num_heads + 1) if self.num_heads % h == 0]
+                raise InvalidSpecError(f"num_kv_heads={kv!r} does not divide num_heads={self.num_heads}; "
+                                       f"choose num_kv_heads from {divisors}")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1):
+            raise InvalidSpecError(f"window={self.window!r} must be an int >= 1 (1 = each token sees only itself), "
+                                   "or None for full attention")
+        if not isinstance(self.causal, bool):
+            raise InvalidSpecError(f"causal must be True or False, got {self.causal!r}")
 
     @property
     def head_dim(self) -> int:
         """Width of one head: ``d_out // num_heads``."""
         return self.d_out // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of keys and values: ``num_kv_heads``, or ``num_heads`` when it is ``None``."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Rows of the canonical ``W_k`` and ``W_v``: ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def is_variant(self) -> bool:
+        """Whether this is anything but the book's causal multi-head attention (GQA/MQA, a window, non-causal)."""
+        return self.kv_heads != self.num_heads or self.window is not None or not self.causal
+
+    def variant_kwargs(self) -> dict:
+        """The variant fields that differ from the book's defaults (what a variant-aware constructor takes)."""
+        out: dict = {}
+        if self.kv_heads != self.num_heads:
+            out["num_kv_heads"] = self.kv_heads
+        if self.window is not None:
+            out["window"] = self.window
+        if not self.causal:
+            out["causal"] = False
+        return out
 
     def kwargs(self) -> dict:
         """The constructor's keyword arguments, in the book's order."""

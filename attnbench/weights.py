@@ -1,8 +1,10 @@
 """Canonical weights: one layout every implementation imports and exports.
 
-The canonical layout is the book's: ``W_q, W_k, W_v`` of shape ``(d_out, d_in)`` (``nn.Linear``
-orientation, ``y = x @ W.T + b``), optional q/k/v biases of shape ``(d_out,)``, ``W_o`` of shape
-``(d_out, d_out)`` and ``b_o``. Loading the same canonical weights into every implementation is what
+The canonical layout is the book's: ``W_q`` of shape ``(d_out, d_in)`` and ``W_k, W_v`` of shape
+``(num_kv_heads * head_dim, d_in)`` (``(d_out, d_in)`` for multi-head attention; ``nn.Linear``
+orientation, ``y = x @ W.T + b``), optional q/k/v biases of matching rows, ``W_o`` of shape
+``(d_out, d_out)`` and ``b_o``. Rows ``h*head_dim:(h+1)*head_dim`` belong to head ``h``; query head
+``h`` reads kv head ``h // (num_heads // num_kv_heads)``. Loading the same canonical weights into every implementation is what
 makes "the same function" testable and every timing comparison fair.
 
 A weight layout is described by an :class:`Adapter`: a *differentiable* map from canonical weights
@@ -31,10 +33,10 @@ class CanonicalWeights:
     """The canonical parameters of one multi-head attention layer (biases ``None`` when absent)."""
 
     W_q: torch.Tensor  # (d_out, d_in)
-    W_k: torch.Tensor  # (d_out, d_in)
-    W_v: torch.Tensor  # (d_out, d_in)
+    W_k: torch.Tensor  # (kv_dim, d_in), kv_dim = num_kv_heads * head_dim (= d_out for MHA)
+    W_v: torch.Tensor  # (kv_dim, d_in)
     b_q: torch.Tensor | None  # (d_out,) or None
-    b_k: torch.Tensor | None
+    b_k: torch.Tensor | None  # (kv_dim,) or None
     b_v: torch.Tensor | None
     W_o: torch.Tensor  # (d_out, d_out)
     b_o: torch.Tensor  # (d_out,)
@@ -57,8 +59,9 @@ class CanonicalWeights:
 
     def check(self, spec: AttnSpec) -> None:
         """Raise ``ValueError`` unless the shapes match ``spec``."""
-        want = {"W_q": (spec.d_out, spec.d_in), "W_k": (spec.d_out, spec.d_in), "W_v": (spec.d_out, spec.d_in),
-                "b_q": (spec.d_out,), "b_k": (spec.d_out,), "b_v": (spec.d_out,),
+        kv = spec.kv_dim
+        want = {"W_q": (spec.d_out, spec.d_in), "W_k": (kv, spec.d_in), "W_v": (kv, spec.d_in),
+                "b_q": (spec.d_out,), "b_k": (kv,), "b_v": (kv,),
                 "W_o": (spec.d_out, spec.d_out), "b_o": (spec.d_out,)}
         for name, t in self.items():
             if tuple(t.shape) != want[name]:
@@ -88,10 +91,13 @@ def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.flo
         s_b = s_in
     else:
         raise ValueError(f"scale must be 'unit' or 'linear', got {scale!r}")
-    bias = (lambda: draw(spec.d_out, std=s_b)) if spec.qkv_bias else (lambda: None)
+    def bias(rows: int) -> torch.Tensor | None:
+        return draw(rows, std=s_b) if spec.qkv_bias else None
+
+    kv = spec.kv_dim
     return CanonicalWeights(
-        W_q=draw(spec.d_out, spec.d_in, std=s_in), W_k=draw(spec.d_out, spec.d_in, std=s_in),
-        W_v=draw(spec.d_out, spec.d_in, std=s_in), b_q=bias(), b_k=bias(), b_v=bias(),
+        W_q=draw(spec.d_out, spec.d_in, std=s_in), W_k=draw(kv, spec.d_in, std=s_in),
+        W_v=draw(kv, spec.d_in, std=s_in), b_q=bias(spec.d_out), b_k=bias(kv), b_v=bias(kv),
         W_o=draw(spec.d_out, spec.d_out, std=s_out), b_o=draw(spec.d_out, std=s_b),
     )
 

@@ -13,25 +13,58 @@ class AttentionModule(nn.Module):
     """Base of the built-ins: keeps the :class:`AttnSpec` and validates inputs like every layer should."""
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int,
-                 qkv_bias: bool = False) -> None:
+                 qkv_bias: bool = False, num_kv_heads: int | None = None, window: int | None = None,
+                 causal: bool = True) -> None:
         super().__init__()
-        self.spec = AttnSpec(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.spec = AttnSpec(d_in, d_out, context_length, dropout, num_heads, qkv_bias, num_kv_heads, window, causal)
         self.d_out = d_out
         self.num_heads = num_heads
         self.head_dim = d_out // num_heads
+        self.num_kv_heads = self.spec.kv_heads
+        self.group = num_heads // self.num_kv_heads  # query heads per kv head
+        self.window = window
+        self.causal = causal
 
     def check_input(self, x: torch.Tensor) -> None:
         """Raise :class:`~attnbench.errors.InputShapeError` for a wrong rank, width or length."""
         self.spec.check_input(x)
 
 
-def add_book_projections(module: nn.Module, d_in: int, d_out: int, qkv_bias: bool) -> None:
+def add_book_projections(module: nn.Module, d_in: int, d_out: int, qkv_bias: bool, kv_dim: int | None = None) -> None:
     """Give ``module`` the book's projections (``W_query``, ``W_key``, ``W_value``, ``out_proj``), so the
-    canonical weights load into it without an adapter."""
+    canonical weights load into it without an adapter. ``kv_dim`` (``num_kv_heads * head_dim``) is the
+    width of keys and values for grouped-query attention (default ``d_out``)."""
     module.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-    module.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-    module.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.W_key = nn.Linear(d_in, kv_dim or d_out, bias=qkv_bias)
+    module.W_value = nn.Linear(d_in, kv_dim or d_out, bias=qkv_bias)
     module.out_proj = nn.Linear(d_out, d_out)
+
+
+def visible(T_q: int, T_k: int, window: int | None, causal: bool, device: torch.device,
+            key_pos: torch.Tensor | None = None, q_start: int | None = None) -> torch.Tensor | None:
+    """``(T_q, T_k)`` bool mask, True = may attend (SDPA's meaning), or ``None`` when every pair is visible.
+
+    Queries sit at positions ``q_start .. q_start + T_q - 1`` (default: the last ``T_q`` of ``T_k``);
+    keys at ``key_pos`` (default ``0 .. T_k - 1``; a rolling cache passes its slots' positions, -1 = empty).
+    Causal keeps keys at or before the query; a window ``w`` keeps the ``w`` most recent of them
+    (``|i - j| < w`` when not causal).
+    """
+    if key_pos is None and (q_start is None or q_start == T_k - T_q):
+        if not causal and window is None:
+            return None
+        offset = T_k - T_q  # query i is at key position i + offset
+        ones = torch.ones(T_q, T_k, dtype=torch.bool, device=device)
+        upper = ones.tril(offset) if causal else ones.tril(offset + window - 1)
+        return upper if window is None else upper & ~ones.tril(offset - window)
+    start = T_k - T_q if q_start is None else q_start
+    q = torch.arange(start, start + T_q, device=device)[:, None]  # (T_q, 1)
+    k = (torch.arange(T_k, device=device) if key_pos is None else key_pos)[None, :]  # (1, T_k)
+    ok = k >= 0
+    if causal:
+        ok = ok & (k <= q)
+    if window is not None:
+        ok = ok & ((q - k).abs() < window)
+    return ok
 
 
 def per_head_adapter(query: str, key: str, value: str, out_w: str, out_b: str) -> Adapter:

@@ -45,7 +45,10 @@ def summary_table(df, title: str) -> Table:
 @click.option("--seq", "seq_len", help="Sequence lengths: 128,256 or 128..2048x2 or 64..512+64.")
 @click.option("--heads", "num_heads", help="Numbers of heads.")
 @click.option("--d-model", "d_model", help="Model widths (d_in = d_out).")
-@click.option("--mode", help="inference, forward, forward+backward (comma-separated).")
+@click.option("--mode", help="inference, forward, forward+backward, decode (comma-separated).")
+@click.option("--kv-heads", "num_kv_heads", help="Key/value heads: 1 (MQA), a divisor of --heads (GQA), mha (= heads).")
+@click.option("--window", help="Sliding windows: none (full attention) or w >= 1 (the token and the previous w-1), e.g. none,64.")
+@click.option("--causal/--no-causal", "causal", default=None, help="Causal (default) or bidirectional attention.")
 @click.option("--cache", help="warm, cold (cold flushes the GPU L2 before each call; CUDA only).")
 @click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
@@ -64,7 +67,8 @@ def summary_table(df, title: str) -> Table:
 @click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default reports/<run-id>).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
-def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, cache, out, resume,
+def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
+            cache, out, resume,
             budget_s, target_rel_ci, threads, rounds, cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
@@ -75,6 +79,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                   --dtype float32 --device cpu --mode forward,forward+backward --out results/
     attnbench run sweeps/gpt2-small.toml
     attnbench run --preset long-context
+    attnbench run --kv-heads 1,2,4 --heads 4 --window none,64 --mode decode,inference --seq 128,512
     attnbench run --resume results/<run-id>
     """
     from attnbench.runner.engine import argv_for_meta, make_sweep, run
@@ -90,9 +95,10 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     if budget_s is not None and budget_s <= 0:
         raise click.BadParameter("must be > 0", param_hint="--budget")
     axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
-                num_heads=num_heads, d_model=d_model, mode=mode, cache=cache)
+                num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
+                causal=None if causal is None else (causal,))
     if resume:
-        if sweep_file or preset or any(v for v in axes.values()):
+        if sweep_file or preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
         sweep = None
     else:

@@ -4,7 +4,9 @@ Cases (one :class:`Case` each) cover outputs in every dtype, gradients with resp
 every canonical parameter, shapes that expose real bugs (batch 1, T = 1, odd T, T < context_length,
 one head and several, head_dim 1 and 64, d_in != d_out, biases on and off) and properties (causality,
 batch independence, eval-mode determinism with dropout > 0, dropout active in train mode), plus the
-book's golden values for the book's own classes.
+book's golden values for the book's own classes. Variant shapes (GQA, MQA, sliding windows, non-causal)
+run where an implementation declares the variant and are skipped with the reason elsewhere; ``decode``
+cases check prefill + token-by-token decoding with a KV cache against the full forward.
 
 Errors are *relative max-norm* errors: ``max|out - ref| / max|ref|``, compared with a tolerance per
 dtype. Low-precision cases compare against a reference computed from the same rounded inputs and
@@ -23,7 +25,7 @@ import torch
 from torch.func import functional_call
 
 from attnbench import registry
-from attnbench.correctness import golden
+from attnbench.correctness import decode, golden
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES, parse_device
 from attnbench.errors import AttnbenchError, SweepError
@@ -59,13 +61,29 @@ SHAPES = [
 LOW_PRECISION_SHAPES = ("oddT_din_ne_dout", "hd64_bias", "gpt_like", "hd64_square")
 PROPERTY_SHAPE = Shape("props", 3, 11, AttnSpec(24, 24, 16, 0.0, 3, True))  # d_in == d_out: every impl runs it
 DROPOUT = 0.5
+VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped with the reason by the others
+    Shape("gqa", 2, 9, AttnSpec(32, 32, 12, 0.0, 4, True, num_kv_heads=2)),  # 2 query heads per kv head
+    Shape("mqa_din_ne_dout", 2, 7, AttnSpec(24, 16, 8, 0.0, 4, num_kv_heads=1)),  # one kv head
+    Shape("window", 2, 13, AttnSpec(16, 16, 16, 0.0, 2, window=4)),  # T > window
+    Shape("gqa_window_bias", 1, 17, AttnSpec(32, 32, 20, 0.0, 4, True, num_kv_heads=2, window=5)),
+    Shape("window1", 2, 6, AttnSpec(8, 8, 6, 0.0, 2, window=1)),  # each token sees only itself
+    Shape("noncausal", 2, 9, AttnSpec(16, 16, 12, 0.0, 2, causal=False)),
+    Shape("noncausal_mqa_window", 2, 10, AttnSpec(16, 16, 12, 0.0, 4, num_kv_heads=1, window=3, causal=False)),
+]
+DECODE_SHAPES = [  # (prefill = DECODE_PREFILL tokens, then one token at a time up to seq_len)
+    Shape("decode_mha", 2, 12, AttnSpec(16, 16, 12, 0.0, 2, True)),  # T == context_length
+    Shape("decode_gqa", 2, 11, AttnSpec(32, 32, 16, 0.0, 4, num_kv_heads=2)),
+    Shape("decode_mqa_window", 2, 15, AttnSpec(16, 16, 16, 0.0, 4, num_kv_heads=1, window=4)),  # wraps 2x+
+    Shape("decode_window_long_prefill", 1, 14, AttnSpec(16, 16, 16, 0.0, 2, True, window=3)),  # prefill > window
+]
+DECODE_PREFILL = {"decode_window_long_prefill": 7}  # default 5
 
 
 @dataclass(frozen=True)
 class Case:
     """One check of one implementation."""
 
-    kind: str  # forward | backward | causality | batch_independence | eval_deterministic | dropout_train | golden
+    kind: str  # forward | backward | causality | batch_independence | eval_deterministic | dropout_train | golden | decode
     shape: Shape
     dtype: str
 
@@ -99,6 +117,9 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
             out.append(Case("backward", shape, dtype))
         if shape.id in LOW_PRECISION_SHAPES:
             out += [Case("forward", shape, "bfloat16"), Case("forward", shape, "float16")]
+    for shape in VARIANT_SHAPES:
+        out += [Case("forward", shape, "float64"), Case("forward", shape, "float32"), Case("backward", shape, "float64")]
+    out += [Case("decode", shape, dtype) for shape in DECODE_SHAPES for dtype in ("float64", "float32")]
     out += [Case("causality", PROPERTY_SHAPE, "float64"), Case("batch_independence", PROPERTY_SHAPE, "float64"),
             Case("eval_deterministic", PROPERTY_SHAPE, "float64"), Case("dropout_train", PROPERTY_SHAPE, "float32"),
             Case("golden", SHAPES[0], "float32")]
@@ -125,6 +146,11 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 1e-12) -> flo
     return float((out64 - ref64).abs().max() / scale)
 
 
+def reference(x: torch.Tensor, w: CanonicalWeights, spec: AttnSpec) -> torch.Tensor:
+    """The float64 reference of ``spec``'s variant (GQA/MQA, window, causal or not)."""
+    return reference_forward(x, w, spec.num_heads, window=spec.window, causal=spec.causal)
+
+
 def _verdict(impl: str, case: Case, device: str, err: float, tol: float, what: str = "") -> CaseResult:
     status = "pass" if err <= tol else "fail"
     message = "" if status == "pass" else f"{what or case.kind} error {err:.3g} > tolerance {tol:.1g}"
@@ -142,7 +168,7 @@ def _run_forward(impl, case: Case, device: torch.device) -> CaseResult:
     w = random_weights(spec, seed=_seed_for(case.shape))
     x = _inputs(case.shape)
     w_low, x_low = w.to(dtype=DTYPES[dtype]), x.to(DTYPES[dtype])  # the rounding the implementation sees
-    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
+    ref = reference(x_low.double(), w_low.to(dtype=torch.float64), spec)
     module = _build(impl, spec, device, dtype, w_low)
     with torch.no_grad():
         out = module(x_low.to(device)).cpu()
@@ -164,7 +190,7 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     names = ["x"] + [n for n, _ in w.items()]
 
     x_ref, w_ref = x.clone().requires_grad_(True), w.leaves()
-    ref_out = reference_forward(x_ref, w_ref, spec.num_heads)
+    ref_out = reference(x_ref, w_ref, spec)
     ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for _, t in w_ref.items()])
 
     if not impl.supports_backward(device):
@@ -236,7 +262,7 @@ def _run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResul
     spec, w, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=False)
     with torch.no_grad():
         a, b = module(x.to(device)).cpu(), module(x.to(device)).cpu()
-    err = max(rel_error(a, reference_forward(x, w, spec.num_heads)), rel_error(a, b))
+    err = max(rel_error(a, reference(x, w, spec)), rel_error(a, b))
     return _verdict(impl.name, case, str(device), err, TOLERANCE[case.dtype], what="eval output with dropout>0")
 
 
@@ -271,10 +297,32 @@ def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
                       "" if same else "does not print the book's values to 4 decimals")
 
 
+def _run_decode(impl, case: Case, device: torch.device) -> CaseResult:
+    """Prefill, then decode token by token with the KV cache: every output equals the full forward there;
+    then the same after ``reset_cache()`` on another sequence (see :mod:`attnbench.correctness.decode`)."""
+    spec, dtype = case.shape.spec, case.dtype
+    w = random_weights(spec, seed=_seed_for(case.shape))
+    module = _build(impl, spec, device, dtype, w.to(dtype=DTYPES[dtype]))
+    missing = decode.missing_protocol(module)
+    if missing:
+        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", None, None,
+                          f"declares kv_cache but lacks the protocol method(s) {', '.join(missing)}")
+    worst, where = 0.0, ""
+    prefill = DECODE_PREFILL.get(case.shape.id, 5)
+    for seed, n0 in ((1, prefill), (2, max(1, prefill - 2))):  # the second pass runs after reset_cache()
+        x = _inputs(case.shape, seed=seed).to(DTYPES[dtype])
+        ref = reference(x.double(), w.to(dtype=DTYPES[dtype]).to(dtype=torch.float64), spec)
+        err, at = decode.decode_error(module, x.to(device), ref, n0, lambda o, r: rel_error(o.cpu(), r))
+        if err > worst or not where:
+            worst, where = err, at + (" (after reset_cache)" if seed == 2 else "")
+    result = _verdict(impl.name, case, str(device), worst, TOLERANCE[dtype], what=f"decode ({where})")
+    return result
+
+
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
     "forward": _run_forward, "backward": _run_backward, "causality": _run_causality,
     "batch_independence": _run_batch_independence, "eval_deterministic": _run_eval_deterministic,
-    "dropout_train": _run_dropout_train, "golden": _run_golden,
+    "dropout_train": _run_dropout_train, "golden": _run_golden, "decode": _run_decode,
 }
 
 
@@ -286,6 +334,8 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     reason = impl.unavailable_reason(dev, case.dtype)
     if reason is None and impl.same_width_only and spec.d_in != spec.d_out:
         reason = "declares d_in == d_out only"
+    if reason is None:
+        reason = registry.variant_skip_reason(impl, spec, "decode" if case.kind == "decode" else "inference")
     if reason is not None:
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, reason)
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32

@@ -20,14 +20,14 @@ import numpy as np
 import pandas as pd
 
 from attnbench.errors import ResultsError
-from attnbench.results.schema import AXES
+from attnbench.results.schema import AXES, fill_added_columns
 from attnbench.results.store import load_run
 
 ENV_COMPARE = ("git_commit", "attnbench_version", "torch_version", "python_version", "cuda_version", "cuda_driver",
                "platform", "hostname", "cpu_model", "cpu_count", "torch_threads", "gpus")
 """Metadata keys whose difference between two runs is worth a line in the comparison."""
 
-_INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
+_INT_AXES = ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window")  # window NaN (full) -> -1
 
 
 @dataclass
@@ -134,7 +134,7 @@ def _load(run) -> tuple[pd.DataFrame, dict, str]:
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:
-    df = df.copy()
+    df = fill_added_columns(df.copy())
     missing = [a for a in AXES if a not in df.columns]
     if missing:
         raise ResultsError(f"results lack the axis column(s) {missing}; not an attnbench results table")

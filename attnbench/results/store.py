@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from attnbench.errors import ResultsError
-from attnbench.results.schema import COLUMNS
+from attnbench.results.schema import COLUMNS, fill_added_columns
 
 FORMAT = "attnbench-results/1"
 
@@ -41,10 +41,13 @@ def _table(rows: list[dict]) -> pa.Table:
             df[name] = df[name].apply(lambda v: [float(x) for x in v] if v is not None else [])
         elif kind == "string":
             df[name] = df[name].astype("string")
+        elif kind == "bool":
+            df[name] = df[name].fillna(True).astype(bool)
         else:
             df[name] = pd.to_numeric(df[name], errors="coerce").astype(kind)
     schema = pa.schema([(n, pa.list_(pa.float64()) if k == "object" else
-                         pa.string() if k == "string" else pa.int64() if k == "int64" else pa.float64())
+                         pa.string() if k == "string" else pa.bool_() if k == "bool" else
+                         pa.int64() if k == "int64" else pa.float64())
                         for n, k in COLUMNS.items()])
     return pa.Table.from_pandas(df, schema=schema, preserve_index=False)
 
@@ -153,6 +156,7 @@ def _read_one(f: Path) -> pd.DataFrame:
     except Exception as exc:
         raise ResultsError(f"{f} is not a readable results file ({type(exc).__name__}: {exc}); "
                            "move it away or start a new run") from exc
+    df = fill_added_columns(df)
     missing = [c for c in COLUMNS if c not in df.columns and not (c == "samples_s" and f.suffix == ".csv")]
     if missing:
         raise ResultsError(f"{f} is not an attnbench results file: missing columns {missing[:5]}")

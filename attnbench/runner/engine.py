@@ -20,7 +20,7 @@ from attnbench.errors import AttnbenchError, SweepError
 from attnbench.results.schema import AXES, Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
 from attnbench.runner.cell import merge_rounds
-from attnbench.runner.sweep import INT_AXES, Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
+from attnbench.runner.sweep import Settings, Sweep, load_preset, parse_axis, parse_strs, sweep_from_dict
 
 
 def default_sweep() -> Sweep:
@@ -37,7 +37,7 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
     """
     from attnbench.runner.sweep import load_toml
 
-    given = {k: v for k, v in axes.items() if v not in (None, (), [], "")}
+    given = {k: v for k, v in axes.items() if v is not None and not (isinstance(v, tuple | list | str) and not v)}
     unknown = set(given) - set(AXES)
     if unknown:
         raise SweepError(f"unknown sweep axis {sorted(unknown)}; axes are {', '.join(AXES)}")
@@ -59,12 +59,18 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
         if "impl" in given:  # named implementations replace the file's, and need not be available here
             data = {**data, "sweep": {**data.get("sweep", {}), "impl": list(parse_strs(given["impl"]))}}
         base = sweep_from_dict(data, name, available_impls=avail)
-    overrides = {axis: parse_ints(value, axis) if axis in INT_AXES else parse_strs(value) for axis, value in given.items()}
+    overrides = {axis: parse_axis(axis, value) for axis, value in given.items()}
     sweep = dataclasses.replace(base, **overrides)
     if settings:
         sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
     for name in sweep.impl:
         registry.get(name)  # unknown names and broken plug-ins fail before anything runs
+    if set(sweep.mode) == {"decode"} and "impl" in given:
+        for name in sweep.impl:  # asked for decoding only, by name: an implementation without a cache is a mistake
+            if not registry.get(name).kv_cache:
+                with_cache = [n for n in registry.names() if registry.get(n).kv_cache]
+                raise SweepError(f"{name} has no KV cache, so it cannot run --mode decode; use one of "
+                                 f"{', '.join(with_cache)} or add another mode")
     return sweep
 
 
@@ -219,10 +225,10 @@ def _profile_cells(df: pd.DataFrame, run_dir: Path) -> None:
     ok = df[df.status == "ok"]
     # Profiling never flushes the cache: a cold cell profiles exactly like its warm twin, so profile one.
     ok = ok.sort_values("cache", key=lambda c: c != "warm").drop_duplicates(
-        ["impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode"])
+        ["impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "num_kv_heads", "window", "causal"])
     for row in ok.itertuples():
         cell = Cell(row.impl, row.device, row.dtype, int(row.batch), int(row.seq_len), int(row.num_heads),
-                    int(row.d_model), row.mode, row.cache)
+                    int(row.d_model), row.mode, row.cache, int(row.num_kv_heads), row.window, bool(row.causal))
         results.append(profile_cell(cell, logdir=Path(run_dir) / "profile" / "traces"))
     if results:
         save_ops(results, Path(run_dir) / "profile" / "ops.parquet")

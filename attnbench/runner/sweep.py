@@ -51,6 +51,9 @@ class Sweep:
     d_model: tuple[int, ...] = (256,)
     mode: tuple[str, ...] = ("forward",)
     cache: tuple[str, ...] = ("warm",)
+    num_kv_heads: tuple[int | None, ...] = (None,)  # None: as many kv heads as heads (MHA)
+    window: tuple[int | None, ...] = (None,)  # None: full attention
+    causal: tuple[bool, ...] = (True,)
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -74,24 +77,33 @@ class Sweep:
         for d in self.device:
             if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit())):
                 raise SweepError(f"unknown device {d!r}; use cpu, cuda or cuda:N")
+        object.__setattr__(self, "num_kv_heads", parse_kv_heads(self.num_kv_heads))
+        object.__setattr__(self, "window", parse_windows(self.window))
+        object.__setattr__(self, "causal", parse_bools(self.causal))
+        for heads in self.num_heads:
+            for kv in self.num_kv_heads:
+                if kv is not None and heads % kv:
+                    divisors = ",".join(str(h) for h in range(1, heads + 1) if heads % h == 0)
+                    raise SweepError(f"--kv-heads {kv} does not divide --heads {heads}: query heads are shared in "
+                                     f"equal groups; use --kv-heads from {divisors}")
 
     def cells(self) -> list[Cell]:
         """Every cell of the grid; CPU cells only get the ``warm`` cache state (no L2 flush on CPU)."""
         out: list[Cell] = []
         seen: set[str] = set()
-        for impl, device, dtype, batch, seq, heads, d_model, mode, cache in itertools.product(
+        for impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal in itertools.product(
                 self.impl, self.device, self.dtype, self.batch, self.seq_len, self.num_heads, self.d_model,
-                self.mode, self.cache):
+                self.mode, self.cache, self.num_kv_heads, self.window, self.causal):
             if device == "cpu":
                 cache = "warm"
-            cell = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache)
+            cell = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal)
             if cell.cell_id not in seen:
                 seen.add(cell.cell_id)
                 out.append(cell)
         return out
 
 
-FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model"}
+FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model", "num_kv_heads": "kv-heads"}
 """The CLI flag of each integer axis, for error messages."""
 
 
@@ -149,9 +161,64 @@ def parse_strs(text: str | list | tuple) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.strip() for s in items if str(s).strip()))
 
 
+def _none_or(text, what: str) -> list:
+    """Items of a list-like axis value, with ``none``/``mha``/``full`` (any case) read as ``None``."""
+    items = list(text) if isinstance(text, list | tuple) else [t.strip() for t in str(text).split(",") if t.strip()]
+    return [None if item is None or (isinstance(item, str) and item.strip().lower() in ("none", what)) else item
+            for item in items]
+
+
+def parse_kv_heads(text) -> tuple[int | None, ...]:
+    """``--kv-heads``: ``1,2,4`` (or ``mha``/``none`` for as many kv heads as heads) -> a tuple."""
+    items = _none_or(text, "mha")
+    ints = parse_ints([i for i in items if i is not None], "num_kv_heads") if any(i is not None for i in items) else ()
+    out = [None] if None in items else []
+    return tuple(dict.fromkeys(out + list(ints))) or (None,)
+
+
+def parse_windows(text) -> tuple[int | None, ...]:
+    """``--window``: ``none,64`` -> ``(None, 64)``; a window is >= 1 (w = the token and the previous w - 1)."""
+    values: list[int | None] = []
+    for item in _none_or(text, "full"):
+        if item is None:
+            values.append(None)
+            continue
+        try:
+            w = None if isinstance(item, bool) or isinstance(item, float) else int(str(item).strip())
+        except ValueError:
+            w = None
+        if w is None or w < 1:
+            raise SweepError(f"--window {item!r} is not a window: give none (full attention) or an integer >= 1 "
+                             "(each token sees itself and the previous w-1 tokens), e.g. --window none,64")
+        values.append(w)
+    return tuple(dict.fromkeys(values)) or (None,)
+
+
+def parse_bools(text) -> tuple[bool, ...]:
+    """``causal``: ``true``/``false`` (or a list of them) -> a tuple of bools."""
+    items = list(text) if isinstance(text, list | tuple) else [t.strip() for t in str(text).split(",") if t.strip()]
+    out = []
+    for item in items:
+        word = str(item).strip().lower()
+        if isinstance(item, bool) or word in ("true", "false", "1", "0", "causal", "non-causal", "noncausal"):
+            out.append(item if isinstance(item, bool) else word in ("true", "1", "causal"))
+        else:
+            raise SweepError(f"causal value {item!r} is not true or false (use --causal or --no-causal)")
+    return tuple(dict.fromkeys(out)) or (True,)
+
+
+def parse_axis(axis: str, value) -> tuple:
+    """The tuple of values of one sweep axis, parsed from a flag's text or a TOML value."""
+    if axis in INT_AXES:
+        return parse_ints(value, axis)
+    parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools}
+    return parsers[axis](value) if axis in parsers else parse_strs(value)
+
+
 AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "batch", "seq": "seq_len",
              "seq_len": "seq_len", "heads": "num_heads", "num_heads": "num_heads", "d_model": "d_model",
-             "d-model": "d_model", "mode": "mode", "cache": "cache"}
+             "d-model": "d_model", "mode": "mode", "cache": "cache", "kv_heads": "num_kv_heads",
+             "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal"}
 INT_AXES = {"batch", "seq_len", "num_heads", "d_model"}
 
 
@@ -171,7 +238,7 @@ def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str]
         if key not in AXIS_KEYS:
             raise SweepError(f"unknown sweep axis {key!r} in {name!r}; known: {', '.join(sorted(set(AXIS_KEYS)))}")
         axis = AXIS_KEYS[key]
-        axes[axis] = parse_ints(value, key) if axis in INT_AXES else parse_strs(value)
+        axes[axis] = parse_axis(axis, value)
     impls = axes.get("impl") or ("available",)
     if "available" in impls:  # the token stands for every implementation available on the sweep's devices
         if available_impls is None:
