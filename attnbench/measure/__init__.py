@@ -4,10 +4,17 @@ Each function takes a zero-argument callable and a device and returns plain numb
 the asv suite, a test and a notebook all call the same primitives.
 """
 
-from attnbench.measure.flops import analytic_flops, counted_flops, dense_flops, peak_gflops
-from attnbench.measure.memory import MemoryResult, peak_memory
+from attnbench.measure.flops import analytic_flops, attention_pairs, counted_flops, dense_flops, peak_gflops
+from attnbench.measure.memory import (
+    MemoryResult,
+    kv_cache_bytes_analytic,
+    peak_memory,
+    retained_bytes,
+    storage_bytes,
+)
 from attnbench.measure.stats import median_ci, summarize
 from attnbench.measure.timing import Timing, time_fn
 
-__all__ = ["MemoryResult", "Timing", "analytic_flops", "counted_flops", "dense_flops", "median_ci", "peak_gflops",
-           "peak_memory", "summarize", "time_fn"]
+__all__ = ["MemoryResult", "Timing", "analytic_flops", "attention_pairs", "counted_flops", "dense_flops",
+           "kv_cache_bytes_analytic", "median_ci", "peak_gflops", "peak_memory", "retained_bytes", "storage_bytes",
+           "summarize", "time_fn"]

@@ -2,10 +2,17 @@
 
 The analytic model (``analytic_flops``), per forward pass, 2 FLOPs per multiply-add:
 
-* projections: ``2·B·T·d_in·d_out`` for each of Q, K, V and ``2·B·T·d_out·d_out`` for the output;
-* attention: ``QKᵀ`` and ``AV`` over the *useful* causal pairs only, ``T·(T+1)/2`` per head:
-  ``2 · 2·B·H·head_dim · T(T+1)/2`` (a kernel that computes the masked half too does more work, but
-  that is not useful work, so the same number is credited to every implementation);
+* projections: ``2·B·T·d_in·d_out`` for Q, ``2·B·T·d_in·kv_dim`` for each of K and V
+  (``kv_dim = num_kv_heads·head_dim``, ``= d_out`` for multi-head attention) and ``2·B·T·d_out·d_out``
+  for the output;
+* attention: ``QKᵀ`` and ``AV`` over the *useful* query-key pairs only, ``2 · 2·B·H·head_dim · pairs``
+  (every query head does its own products, so grouped-query attention saves projections and cache,
+  not attention FLOPs): ``T·(T+1)/2`` pairs when causal, ``T²`` when not, and with a window ``w``
+  only pairs with ``0 <= i - j < w`` (causal) or ``|i - j| < w`` (a kernel that computes the masked
+  pairs too does more work, but that is not useful work, so the same number is credited to every
+  implementation);
+* decode: one new token (``T = 1`` in the projections) against ``min(seq_len + 1, w)`` keys (the
+  cached tokens it can see and itself);
 * softmax, scaling and masking are not counted (O(B·H·T²), not matmul work);
 * backward = 2 × forward (gradients with respect to inputs and weights for each matmul), so
   ``forward+backward`` = 3 × forward; kernels that recompute ``QKᵀ`` in backward (flash) do more
@@ -25,23 +32,42 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 BACKWARD_FACTOR = 2.0
-MODE_FACTOR = {"inference": 1.0, "forward": 1.0, "forward+backward": 1.0 + BACKWARD_FACTOR}
+MODE_FACTOR = {"inference": 1.0, "forward": 1.0, "forward+backward": 1.0 + BACKWARD_FACTOR, "decode": 1.0}
 
 
-def _flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str, pairs: float) -> float:
-    projections = 2 * batch * seq_len * d_in * d_out * 3 + 2 * batch * seq_len * d_out * d_out
+def attention_pairs(seq_len: int, window: int | None = None, causal: bool = True) -> float:
+    """Query-key pairs a query may attend to over a sequence of ``seq_len``: ``0 <= i - j < w`` (causal)
+    or ``|i - j| < w`` (non-causal); no window is ``w = seq_len``."""
+    T = seq_len
+    w = T if window is None else min(window, T)
+    one_side = (w - 1) * T - (w - 1) * w / 2  # pairs at distance 1 .. w-1 on one side of the diagonal
+    return float(T + one_side if causal else T + 2 * one_side)
+
+
+def _flops(batch: int, tokens: int, d_in: int, d_out: int, kv_dim: int, mode: str, pairs: float) -> float:
+    projections = 2 * batch * tokens * d_in * (d_out + 2 * kv_dim) + 2 * batch * tokens * d_out * d_out
     attention = 2 * 2 * batch * d_out * pairs  # H·head_dim == d_out
     return float(projections + attention) * MODE_FACTOR[mode]
 
 
-def analytic_flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str = "forward") -> float:
-    """Useful FLOPs of one call of ``mode`` (causal: only ``T(T+1)/2`` query-key pairs count)."""
-    return _flops(batch, seq_len, d_in, d_out, mode, seq_len * (seq_len + 1) / 2)
+def _kv_dim(d_out: int, num_heads: int, num_kv_heads: int | None) -> int:
+    return d_out if num_kv_heads is None else d_out // num_heads * num_kv_heads
 
 
-def dense_flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str = "forward") -> float:
+def analytic_flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str = "forward", *, num_heads: int = 1,
+                   num_kv_heads: int | None = None, window: int | None = None, causal: bool = True) -> float:
+    """Useful FLOPs of one call of ``mode`` (only the query-key pairs the mask keeps count; see the module)."""
+    kv_dim = _kv_dim(d_out, num_heads, num_kv_heads)
+    if mode == "decode":
+        keys = seq_len + 1 if window is None else min(seq_len + 1, window)
+        return _flops(batch, 1, d_in, d_out, kv_dim, mode, keys)
+    return _flops(batch, seq_len, d_in, d_out, kv_dim, mode, attention_pairs(seq_len, window, causal))
+
+
+def dense_flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str = "forward", *, num_heads: int = 1,
+                num_kv_heads: int | None = None) -> float:
     """FLOPs when all ``T²`` pairs are computed (what FlopCounterMode counts for the math path)."""
-    return _flops(batch, seq_len, d_in, d_out, mode, seq_len * seq_len)
+    return _flops(batch, seq_len, d_in, d_out, _kv_dim(d_out, num_heads, num_kv_heads), mode, seq_len * seq_len)
 
 
 def counted_flops(fn: Callable[[], object]) -> float:

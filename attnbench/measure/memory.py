@@ -49,6 +49,44 @@ class MemoryResult:
     method: str
 
 
+def kv_cache_bytes_analytic(batch: int, seq_len: int, num_kv_heads: int, head_dim: int, window: int | None,
+                            element_bytes: int) -> float:
+    """What a KV cache of ``seq_len`` tokens must hold: ``2·b·T_cached·num_kv_heads·head_dim·bytes``,
+    ``T_cached = min(seq_len, window)`` (keys and values; a sliding window needs only its last ``w`` tokens)."""
+    cached = seq_len if window is None else min(seq_len, window)
+    return float(2 * batch * cached * num_kv_heads * head_dim * element_bytes)
+
+
+def storage_bytes(tensors) -> float:
+    """Bytes of the distinct storages behind ``tensors`` (a view counts its whole storage, once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return float(sum(seen.values()))
+
+
+def retained_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> float:
+    """Bytes that ``fn`` allocated and still holds when it returns (whatever it returns is dropped first)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        synchronize(device)
+        return float(torch.cuda.memory_allocated(device) - before)
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet_native_stderr():
+        prof.start()
+    try:
+        fn()
+    finally:
+        with quiet_native_stderr():
+            prof.stop()
+    return float(sum(e.nbytes() for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU))
+
+
 def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> MemoryResult:
     """Run ``fn`` once and return its peak memory on ``device`` above what was allocated before."""
     device = torch.device(device)

@@ -24,7 +24,15 @@ import torch
 from attnbench import registry
 from attnbench.devices import cuda_available, device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
-from attnbench.measure import analytic_flops, counted_flops, peak_gflops, peak_memory, summarize, time_fn
+from attnbench.measure import (
+    analytic_flops,
+    counted_flops,
+    kv_cache_bytes_analytic,
+    peak_gflops,
+    peak_memory,
+    summarize,
+    time_fn,
+)
 from attnbench.results.schema import Cell, empty_row
 from attnbench.runner.sweep import Settings
 
@@ -87,7 +95,14 @@ def skip_reason(cell: Cell) -> str | None:
     reason = impl.unavailable_reason(cell.device, cell.dtype)
     if reason:
         return reason
-    if cell.mode != "inference" and not impl.supports_backward(cell.device):
+    if cell.num_kv_heads is not None and cell.num_heads % cell.num_kv_heads:
+        return f"num_kv_heads={cell.num_kv_heads} does not divide num_heads={cell.num_heads}"
+    from attnbench.runner.workload import spec_for
+
+    reason = registry.variant_skip_reason(impl, spec_for(cell), cell.mode)
+    if reason:
+        return reason
+    if cell.mode not in ("inference", "decode") and not impl.supports_backward(cell.device):
         # Autograd recording alone is refused by such kernels (FlexAttention on CPU), not just backward.
         return f"{impl.name} declares no backward on {torch.device(cell.device).type} (needed for {cell.mode})"
     if cell.cache == "cold" and not cell.device.startswith("cuda"):
@@ -178,8 +193,13 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
                          "timings include compilation")
     mem = peak_memory(workload.step, device)
     row.update(peak_bytes=mem.peak_bytes, peak_reserved_bytes=mem.peak_reserved_bytes, memory_method=mem.method)
-    flops = analytic_flops(cell.batch, cell.seq_len, cell.d_model, cell.d_model, cell.mode)
+    flops = analytic_flops(cell.batch, cell.seq_len, cell.d_model, cell.d_model, cell.mode, num_heads=cell.num_heads,
+                           num_kv_heads=cell.num_kv_heads, window=cell.window, causal=cell.causal)
     row["flops"] = flops
+    if cell.mode == "decode":
+        row["kv_cache_bytes"] = workload.kv_cache_bytes
+        row["kv_cache_bytes_analytic"] = kv_cache_bytes_analytic(cell.batch, cell.seq_len, cell.kv_heads, cell.head_dim,
+                                                                 cell.window, workload.x.element_size())
     if settings.flop_check and not compiled:
         # Under FlopCounterMode a compiled module recompiles (the mode fails its guards): counting
         # would cost a compile and measure the counter's trace, so compiled cells keep the model only.

@@ -13,8 +13,10 @@ import torch
 from torch import nn
 
 from attnbench import registry
+from attnbench.correctness.decode import missing_protocol
 from attnbench.devices import parse_device, to_dtype
-from attnbench.errors import InvalidSpecError, SweepError
+from attnbench.errors import InvalidSpecError, PluginLoadError, SweepError, UnavailableError
+from attnbench.measure.memory import retained_bytes, storage_bytes
 from attnbench.results.schema import MODES, Cell
 from attnbench.spec import AttnSpec
 from attnbench.weights import random_weights
@@ -31,10 +33,12 @@ class Workload:
     grad_out: torch.Tensor | None  # (batch, seq_len, d_model), forward+backward only
     device: torch.device
     step: Callable[[], torch.Tensor]
+    kv_cache_bytes: float | None = None  # decode: the cache after the prefill (its tensors' storage, or the allocator's)
 
     def check_output(self, out: torch.Tensor) -> str | None:
         """Why ``out`` is not a valid result (wrong shape, dtype or non-finite values), or ``None``."""
-        want = (self.cell.batch, self.cell.seq_len, self.cell.d_model)
+        tokens = 1 if self.cell.mode == "decode" else self.cell.seq_len
+        want = (self.cell.batch, tokens, self.cell.d_model)
         if not isinstance(out, torch.Tensor):
             return f"returned {type(out).__name__}, not a tensor"
         if tuple(out.shape) != want:
@@ -47,8 +51,11 @@ class Workload:
 
 
 def spec_for(cell: Cell) -> AttnSpec:
-    """The layer spec of a cell: ``d_in = d_out = d_model``, ``context_length = seq_len``, no dropout."""
-    return AttnSpec(cell.d_model, cell.d_model, cell.seq_len, 0.0, cell.num_heads)
+    """The layer spec of a cell: ``d_in = d_out = d_model``, ``context_length = seq_len`` (``seq_len + 1`` for
+    decode: the cache holds ``seq_len`` tokens and the new one), no dropout, the cell's variant."""
+    context = cell.seq_len + 1 if cell.mode == "decode" else cell.seq_len
+    return AttnSpec(cell.d_model, cell.d_model, context, 0.0, cell.num_heads, num_kv_heads=cell.num_kv_heads,
+                    window=cell.window, causal=cell.causal)
 
 
 def build_workload(cell: Cell, seed: int = 0) -> Workload:
@@ -66,16 +73,31 @@ def build_workload(cell: Cell, seed: int = 0) -> Workload:
         spec = spec_for(cell)
     except InvalidSpecError as exc:
         raise InvalidSpecError(f"d_model={cell.d_model}, heads={cell.num_heads}: {exc}") from exc
-    if cell.mode != "inference" and not impl.supports_backward(device):
-        from attnbench.errors import UnavailableError
-
+    if cell.mode not in ("inference", "decode") and not impl.supports_backward(device):
         raise UnavailableError(f"{impl.name} declares no backward on {device.type}")
+    reason = registry.variant_skip_reason(impl, spec, cell.mode)
+    if reason:
+        raise UnavailableError(reason)
     module = impl.build(spec, device, dtype, weights=random_weights(spec, seed=seed, scale="linear"))
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g).to(device=device, dtype=dtype)
     grad_out = None
+    kv_bytes = None
 
-    if cell.mode == "inference":
+    if cell.mode == "decode":
+        module.eval()
+        missing = missing_protocol(module)
+        if missing:
+            raise PluginLoadError(f"{impl.name} declares kv_cache but lacks {', '.join(missing)} (see implementations/kv_cache.py)")
+        x_new = torch.randn(cell.batch, 1, cell.d_model, generator=g).to(device=device, dtype=dtype)
+        kv_bytes = _prefill(module, x, device)
+
+        def step() -> torch.Tensor:  # one token against seq_len cached ones; rewinding keeps the cache length fixed
+            with torch.inference_mode():
+                out = module(x_new, use_cache=True)
+                module.rewind_cache(1)
+                return out
+    elif cell.mode == "inference":
         module.eval()
 
         def step() -> torch.Tensor:
@@ -100,4 +122,21 @@ def build_workload(cell: Cell, seed: int = 0) -> Workload:
             out.backward(grad_out)
             return out
 
-    return Workload(cell=cell, spec=spec, module=module, x=x, grad_out=grad_out, device=device, step=step)
+    return Workload(cell=cell, spec=spec, module=module, x=x, grad_out=grad_out, device=device, step=step,
+                    kv_cache_bytes=kv_bytes)
+
+
+def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> float:
+    """Fill ``module``'s KV cache with ``x`` (outside any timed region); the bytes the cache then holds:
+    the storage of its ``cache_tensors()``, or what the prefill left allocated when it has no such method."""
+    base = getattr(module, "_orig_mod", module)
+
+    def prefill() -> None:
+        with torch.inference_mode():
+            module.reset_cache()
+            module(x, use_cache=True)  # the output is dropped: only the cache stays allocated
+
+    if callable(getattr(base, "cache_tensors", None)):
+        prefill()
+        return storage_bytes(base.cache_tensors())
+    return retained_bytes(prefill, device)
