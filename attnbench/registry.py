@@ -63,7 +63,6 @@ class Implementation:
     sliding_window: bool = False  # spec.window is not None
     non_causal: bool = False  # spec.causal is False
     kv_cache: bool = False  # the KV-cache protocol (forward(x, use_cache=True), reset_cache, rewind_cache)
-    needs_window: bool = False  # computes sliding-window attention only (a rolling cache)
     min_torch: str = "2.0"
     probe: Callable[[torch.device], str | None] | None = field(default=None, compare=False)
     transform: Callable[[nn.Module], nn.Module] | None = field(default=None, compare=False)
@@ -143,8 +142,6 @@ def variant_skip_reason(impl: Implementation, spec: AttnSpec, mode: str = "infer
         missing.append(f"sliding windows (window={spec.window})")
     if not spec.causal and not impl.non_causal:
         missing.append("non-causal attention")
-    if impl.needs_window and spec.window is None:
-        return f"{impl.name} is a sliding-window implementation: it needs a window (e.g. --window 64)"
     if mode == "decode":
         if not impl.kv_cache:
             missing.append("a KV cache (decode mode)")

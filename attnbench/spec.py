@@ -97,8 +97,10 @@ class AttnSpec:
         return out
 
     def kwargs(self) -> dict:
-        """The constructor's keyword arguments, in the book's order."""
-        return asdict(self)
+        """The constructor's keyword arguments, in the book's order, plus the variant fields that differ
+        from the defaults (so ``AttnSpec(**spec.kwargs()) == spec``)."""
+        book = {k: v for k, v in asdict(self).items() if k not in ("num_kv_heads", "window", "causal")}
+        return {**book, **self.variant_kwargs()}
 
     def check_input(self, x: torch.Tensor) -> None:
         """Raise :class:`InputShapeError` unless ``x`` is ``(b, T, d_in)`` with ``1 <= T <= context_length``."""

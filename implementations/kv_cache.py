@@ -17,7 +17,7 @@ The protocol (in the style of the book's chapter-4 KV-cache bonus, ``use_cache``
 An implementation declares ``kv_cache=True`` to be run in decode mode. The built-ins here are one of
 each kind: a growing cache (``torch.cat``), a preallocated cache, SDPA over a preallocated cache, and a
 rolling cache of ``window`` slots for sliding-window attention, whose memory and decode time stop
-growing once the sequence is longer than the window. All support grouped-query attention (the cache
+growing once the sequence is longer than the window (without a window it never wraps). All support grouped-query attention (the cache
 holds ``num_kv_heads`` heads).
 """
 
@@ -161,12 +161,9 @@ class SDPACache(PreallocatedCache):
 
 
 class RollingCache(CachedAttention):
-    """A ring of min(window, context_length) K/V slots: token p lives in slot p % window, overwriting p - window."""
+    """A ring of min(window, context_length) K/V slots: token p lives in slot p % window, overwriting p - window.
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.window is None:
-            raise InvalidSpecError("a rolling cache needs a sliding window: pass window=w (e.g. --window 64)")
+    Without a window it has context_length slots and never wraps (a preallocated cache)."""
 
     def reset_cache(self) -> None:
         self.cache_k = self.cache_v = None
@@ -175,7 +172,7 @@ class RollingCache(CachedAttention):
 
     def _update(self, k, v):
         b, n_kv, t, hd = k.shape
-        slots = min(self.window, self.spec.context_length)
+        slots = min(self.window or self.spec.context_length, self.spec.context_length)
         if self.cache_k is None:
             self.cache_k = torch.zeros((b, n_kv, slots, hd), dtype=k.dtype, device=k.device)
             self.cache_v = torch.zeros((b, n_kv, slots, hd), dtype=v.dtype, device=v.device)
@@ -213,5 +210,5 @@ register("kv_prealloc", _factory(PreallocatedCache), **CACHES,
          source=f"preallocated K/V buffers of context_length with a position pointer; {HOW}")
 register("sdpa_cache", _factory(SDPACache), **CACHES, min_torch="2.5",
          source=f"torch.nn.functional.scaled_dot_product_attention(enable_gqa=True) over a preallocated cache; {HOW}")
-register("kv_rolling", _factory(RollingCache), **CACHES, sliding_window=True, needs_window=True,
+register("kv_rolling", _factory(RollingCache), **CACHES, sliding_window=True,
          source=f"a ring buffer of window slots (sliding-window attention, e.g. Mistral); {HOW}")

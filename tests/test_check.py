@@ -25,7 +25,8 @@ def _flagged(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _rows(df: pd.DataFrame, kind: str, shape: str | None = None) -> pd.DataFrame:
-    out = df[df.kind == kind]
+    """The cases of ``kind`` (and ``shape``) that ran: skips (variants a plug-in does not declare) left out."""
+    out = df[(df.kind == kind) & (df.status != "skip")]
     return out if shape is None else out[out["shape"] == shape]
 
 
@@ -71,7 +72,8 @@ def test_correct_plugins_pass_every_case(repo_cwd, name):
     df = run_matrix([name])
     assert len(df) == len(cases())
     assert _flagged(df).empty, _describe(df)
-    assert (df.status == "pass").sum() >= len(df) - 1  # only golden skips: not one of the book's classes
+    unsupported = df.message.str.contains("does not support")  # GQA/window/non-causal/decode cases: not declared
+    assert (df.status == "pass").sum() + unsupported.sum() >= len(df) - 1  # and golden: not one of the book's classes
 
 
 @pytest.mark.parametrize("name", registry.available("cpu"))

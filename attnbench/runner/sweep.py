@@ -170,10 +170,10 @@ def _none_or(text, what: str) -> list:
 
 def parse_kv_heads(text) -> tuple[int | None, ...]:
     """``--kv-heads``: ``1,2,4`` (or ``mha``/``none`` for as many kv heads as heads) -> a tuple."""
-    items = _none_or(text, "mha")
-    ints = parse_ints([i for i in items if i is not None], "num_kv_heads") if any(i is not None for i in items) else ()
-    out = [None] if None in items else []
-    return tuple(dict.fromkeys(out + list(ints))) or (None,)
+    values: list[int | None] = []
+    for item in _none_or(text, "mha"):
+        values += [None] if item is None else list(parse_ints([item], "num_kv_heads"))
+    return tuple(dict.fromkeys(values)) or (None,)
 
 
 def parse_windows(text) -> tuple[int | None, ...]:

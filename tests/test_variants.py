@@ -1,0 +1,351 @@
+"""Attention variants (GQA/MQA, sliding windows, non-causal) and KV-cache decoding: spec, reference,
+implementations, the matrix's variant and decode cases, buggy plug-ins, sweeps, rows and bad input."""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbench import cli, registry
+from attnbench.correctness.matrix import DECODE_SHAPES, VARIANT_SHAPES, cases, rel_error, run_matrix
+from attnbench.correctness.reference import allowed_pairs, reference_forward
+from attnbench.errors import AttnbenchError, InputShapeError, InvalidSpecError, SweepError
+from attnbench.measure import analytic_flops, attention_pairs, dense_flops, kv_cache_bytes_analytic
+from attnbench.results.schema import Cell
+from attnbench.runner.cell import run_cell
+from attnbench.runner.engine import make_sweep
+from attnbench.runner.sweep import Settings, Sweep, parse_windows, sweep_from_dict
+from attnbench.spec import AttnSpec
+from attnbench.weights import CanonicalWeights, random_weights
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+VARIANT_IMPLS = ["gqa", "sdpa_gqa", "sdpa_expand_kv", "sdpa_window", "flex_gqa"]
+CACHE_IMPLS = ["kv_concat", "kv_prealloc", "sdpa_cache", "kv_rolling"]
+BUGGY = "tests/plugins/buggy_variants.py"
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """``attnbench ARGV`` in-process: (exit code, stderr)."""
+    try:
+        cli.main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+# --- spec and canonical weights ------------------------------------------------------------------
+
+def test_spec_variant_fields_and_defaults():
+    mha = AttnSpec(16, 16, 8, 0.0, 4)
+    assert (mha.kv_heads, mha.kv_dim, mha.window, mha.causal, mha.is_variant) == (4, 16, None, True, False)
+    gqa = AttnSpec(16, 16, 8, 0.0, 4, num_kv_heads=2, window=3, causal=False)
+    assert (gqa.kv_heads, gqa.kv_dim, gqa.is_variant) == (2, 8, True)
+    assert AttnSpec(**gqa.kwargs()) == gqa and gqa.variant_kwargs() == {"num_kv_heads": 2, "window": 3, "causal": False}
+
+
+@pytest.mark.parametrize(("kwargs", "pattern"), [
+    ({"num_kv_heads": 3}, r"num_kv_heads=3 does not divide num_heads=4; choose num_kv_heads from \[1, 2, 4\]"),
+    ({"num_kv_heads": 8}, r"does not divide"),
+    ({"num_kv_heads": 0}, r"does not divide"),
+    ({"window": 0}, r"window=0 must be an int >= 1"),
+    ({"window": -2}, r"window=-2"),
+    ({"causal": "yes"}, r"causal must be True or False"),
+])
+def test_spec_rejects_bad_variants(kwargs, pattern):
+    with pytest.raises(InvalidSpecError, match=pattern) as info:
+        AttnSpec(16, 16, 8, 0.0, 4, **kwargs)
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_canonical_kv_weights_have_num_kv_heads_rows():
+    spec = AttnSpec(12, 16, 8, 0.0, 4, True, num_kv_heads=1)
+    w = random_weights(spec)
+    assert w.W_q.shape == (16, 12) and w.W_k.shape == (4, 12) and w.W_v.shape == (4, 12) and w.b_k.shape == (4,)
+    w.check(spec)
+    with pytest.raises(ValueError, match="W_k"):
+        w.check(AttnSpec(12, 16, 8, 0.0, 4, True))
+    # MHA draws are unchanged by the new fields (golden values and seeded checks stay put)
+    assert torch.equal(random_weights(AttnSpec(12, 16, 8, 0.0, 4)).W_k, random_weights(AttnSpec(12, 16, 8, 0.0, 4, num_kv_heads=4)).W_k)
+
+
+# --- the reference -------------------------------------------------------------------------------
+
+def _x(b=2, T=9, d=16, seed=0):
+    return torch.randn(b, T, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_reference_gqa_is_mha_with_kv_rows_shared_by_consecutive_heads():
+    spec = AttnSpec(16, 16, 12, 0.0, 4, num_kv_heads=2)
+    w = random_weights(spec, seed=1)
+    hd = spec.head_dim
+    # query heads 0,1 read kv head 0 and heads 2,3 kv head 1: expand the kv rows the same way for MHA
+    rows = torch.cat([torch.arange(h // 2 * hd, (h // 2 + 1) * hd) for h in range(4)])
+    mha = CanonicalWeights(w.W_q, w.W_k[rows], w.W_v[rows], None, None, None, w.W_o, w.b_o)
+    x = _x()
+    assert torch.allclose(reference_forward(x, w, 4), reference_forward(x, mha, 4), atol=1e-12)
+    wrong = torch.cat([torch.arange(h % 2 * hd, (h % 2 + 1) * hd) for h in range(4)])  # repeat, not interleave
+    bad = CanonicalWeights(w.W_q, w.W_k[wrong], w.W_v[wrong], None, None, None, w.W_o, w.b_o)
+    assert rel_error(reference_forward(x, bad, 4), reference_forward(x, w, 4)) > 1e-2
+
+
+def test_reference_windows_and_causality():
+    spec = AttnSpec(16, 16, 12, 0.0, 2)
+    w, x = random_weights(spec, seed=2), _x()
+    full = reference_forward(x, w, 2)
+    assert torch.allclose(reference_forward(x, w, 2, window=9), full)  # window >= T: full attention
+    assert rel_error(reference_forward(x, w, 2, window=3), full) > 1e-2
+    # window 1: each token attends only to itself, so the context is its own value projection
+    ctx = x @ w.W_v.T
+    assert torch.allclose(reference_forward(x, w, 2, window=1), ctx @ w.W_o.T + w.b_o, atol=1e-12)
+    # non-causal: permuting the tokens permutes the outputs
+    perm = torch.randperm(9, generator=torch.Generator().manual_seed(0))
+    nc = reference_forward(x, w, 2, causal=False)
+    assert torch.allclose(reference_forward(x[:, perm], w, 2, causal=False), nc[:, perm], atol=1e-12)
+    assert allowed_pairs(4, 4, window=2).tolist() == [[True, False, False, False], [True, True, False, False],
+                                                     [False, True, True, False], [False, False, True, True]]
+    assert allowed_pairs(3, 3, window=2, causal=False).sum() == 7
+
+
+# --- implementations: every variant and decode equivalence ------------------------------------------
+
+@pytest.mark.parametrize("name", VARIANT_IMPLS + CACHE_IMPLS)
+def test_variant_implementations_pass_variant_and_decode_cases(name):
+    if registry.get(name).unavailable_reason("cpu"):
+        pytest.skip(registry.get(name).unavailable_reason("cpu"))
+    df = run_matrix([name], kinds=["forward", "backward", "decode"])
+    bad = df[df.status.isin(["fail", "error"])]
+    assert bad.empty, bad.to_string()
+    variant_ids = {s.id for s in VARIANT_SHAPES}
+    ran = set(df[(df.status == "pass")]["shape"])
+    assert ran & variant_ids, f"{name} ran no variant shape"
+    if registry.get(name).kv_cache:
+        assert (df[df.kind == "decode"].status == "pass").any()
+    else:
+        assert (df[df.kind == "decode"].message.str.contains("a KV cache")).all()
+
+
+def test_mha_only_implementations_skip_variants_with_the_reason():
+    df = run_matrix(["weight_split"], kinds=["forward", "decode"])
+    skipped = df[df["shape"].isin([s.id for s in VARIANT_SHAPES + DECODE_SHAPES])]
+    assert len(skipped) and (skipped.status == "skip").all()
+    assert skipped.message.str.startswith("weight_split does not support").all()
+    assert (df[df.kind == "forward"].status != "skip").sum() > 0
+
+
+def test_matrix_has_gqa_mqa_window_noncausal_and_decode_cases():
+    specs = [c.shape.spec for c in cases(["forward", "decode"])]
+    assert any(1 < s.kv_heads < s.num_heads for s in specs) and any(s.kv_heads == 1 < s.num_heads for s in specs)
+    assert any(s.window is not None for s in specs) and any(not s.causal for s in specs)
+    decode = [c.shape for c in cases(["decode"])]
+    assert any(s.spec.window is not None and s.seq_len > 2 * s.spec.window for s in decode)  # wrap-around
+
+
+def test_decode_past_context_length_is_a_one_line_error():
+    spec = AttnSpec(8, 8, 4, 0.0, 2, num_kv_heads=1)
+    for name in CACHE_IMPLS:
+        module = registry.get(name).build(spec).eval()
+        with torch.no_grad():
+            module(torch.randn(1, 3, 8), use_cache=True)
+            module(torch.randn(1, 1, 8), use_cache=True)
+            with pytest.raises(InputShapeError, match=r"KV cache would hold 5 tokens, more than context_length=4") as info:
+                module(torch.randn(1, 1, 8), use_cache=True)
+            assert isinstance(info.value, AttnbenchError) and len(str(info.value).splitlines()) == 1
+            module.reset_cache()
+            assert module(torch.randn(1, 4, 8), use_cache=True).shape == (1, 4, 8)
+
+
+def test_rolling_cache_holds_the_window_only():
+    spec = AttnSpec(8, 8, 40, 0.0, 2, num_kv_heads=1, window=4)
+    module = registry.get("kv_rolling").build(spec).eval()
+    with torch.no_grad():
+        module(torch.randn(2, 30, 8), use_cache=True)
+    assert [tuple(t.shape) for t in module.cache_tensors()] == [(2, 1, 4, 4), (2, 1, 4, 4)]
+
+
+# --- buggy plug-ins are flagged --------------------------------------------------------------------
+
+def _bad(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df.status.isin(["fail", "error"])]
+
+
+def _ran(df: pd.DataFrame, shape: str) -> pd.DataFrame:
+    return df[df["shape"] == shape]
+
+
+def _expect_wrong_kv_mapping(df):
+    assert _ran(df, "gqa").status.isin(["fail"]).all()
+    assert (_ran(df, "oddT_din_ne_dout").status == "pass").all()  # MHA: one query head per kv head, nothing to map
+    assert (_ran(df, "mqa_din_ne_dout").status == "pass").all()  # MQA: every head reads the one kv head
+
+
+def _expect_window_off_by_one(df):
+    assert _ran(df, "window").status.isin(["fail"]).all() and _ran(df, "window1").status.isin(["fail"]).all()
+    assert (_ran(df, "gqa").status == "pass").all()  # no window, no bug
+
+
+def _expect_cache_position_off_by_one(df):
+    dec = df[df.kind == "decode"]
+    assert (dec[dec["shape"].isin(["decode_mha", "decode_gqa"])].status == "fail").all()
+    assert dec.message.str.contains("decoded token at position").any()
+    assert (df[df.kind == "forward"].status != "fail").all()  # the full forward is right
+
+
+def _expect_cache_not_cleared(df):
+    dec = df[(df.kind == "decode") & (df.status != "skip")]
+    assert (dec.status == "fail").all() and dec.message.str.contains("after reset_cache").all()
+    assert (df[df.kind == "forward"].status != "fail").all()
+
+
+BUGS = {"WrongKVMapping": _expect_wrong_kv_mapping, "WindowOffByOne": _expect_window_off_by_one,
+        "CachePositionOffByOne": _expect_cache_position_off_by_one, "CacheNotClearedOnReset": _expect_cache_not_cleared}
+
+
+@pytest.mark.parametrize("cls", list(BUGS))
+def test_buggy_variant_plugin_is_flagged(repo_cwd, cls):
+    df = run_matrix([f"{BUGGY}:{cls}"], kinds=["forward", "decode"])
+    assert not _bad(df).empty, f"{cls} passed every case"
+    BUGS[cls](df)
+
+
+@pytest.mark.parametrize("cls", ["GQABaseline", "CacheBaseline", "GrowingCacheBaseline"])
+def test_correct_variant_plugins_pass(repo_cwd, cls):
+    df = run_matrix([f"{BUGGY}:{cls}"], kinds=["forward", "backward", "decode"])
+    assert _bad(df).empty, _bad(df).to_string()
+    assert (df.status == "pass").sum() > 10
+
+
+def test_every_buggy_variant_is_tested(repo_cwd):
+    tree = ast.parse((repo_cwd / BUGGY).read_text())
+    buggy = {node.name for node in tree.body if isinstance(node, ast.ClassDef) and "Baseline" not in node.name}
+    assert buggy == set(BUGS)
+
+
+# --- capabilities and the one skip rule ----------------------------------------------------------------
+
+def test_variant_skip_reason():
+    rule = registry.variant_skip_reason
+    mha, gqa = AttnSpec(8, 8, 8, 0.0, 2), AttnSpec(8, 8, 8, 0.0, 2, num_kv_heads=1)
+    assert rule(registry.get("weight_split"), mha) is None
+    assert "grouped/multi-query" in rule(registry.get("weight_split"), gqa)
+    assert "a KV cache" in rule(registry.get("gqa"), mha, "decode")
+    assert rule(registry.get("kv_concat"), gqa, "decode") is None
+    assert "sliding windows" in rule(registry.get("kv_prealloc"), AttnSpec(8, 8, 8, 0.0, 2, window=2), "decode")
+    assert "needs causal" in rule(registry.get("kv_concat"), AttnSpec(8, 8, 8, 0.0, 2, causal=False), "decode")
+
+
+# --- FLOPs and the analytic cache ----------------------------------------------------------------
+
+def test_flops_for_variants():
+    b, T, d, h = 2, 16, 32, 4
+    assert attention_pairs(T) == T * (T + 1) / 2 and attention_pairs(T, causal=False) == T * T
+    brute = allowed_pairs(T, T, window=5).sum().item()
+    assert attention_pairs(T, 5) == brute and attention_pairs(T, 5, causal=False) == allowed_pairs(T, T, 5, False).sum()
+    mha = analytic_flops(b, T, d, d, num_heads=h)
+    mqa = analytic_flops(b, T, d, d, num_heads=h, num_kv_heads=1)
+    assert mha - mqa == 2 * 2 * b * T * d * (d - d // h)  # K and V projections shrink to one head
+    assert analytic_flops(b, T, d, d, "decode", num_heads=h, window=4) == analytic_flops(b, 99, d, d, "decode", num_heads=h, window=4)
+    assert analytic_flops(b, T, d, d, "decode", num_heads=h) == 2 * b * d * 4 * d + 4 * b * d * (T + 1)
+    assert dense_flops(b, T, d, d, num_heads=h, num_kv_heads=2) < dense_flops(b, T, d, d)
+    assert kv_cache_bytes_analytic(2, 4096, 2, 64, None, 2) == 2 * 2 * 4096 * 2 * 64 * 2
+    assert kv_cache_bytes_analytic(2, 4096, 2, 64, 64, 2) == 2 * 2 * 64 * 2 * 64 * 2
+
+
+# --- sweeps, rows, decode cells ------------------------------------------------------------------
+
+def test_sweep_axes_flags_and_toml():
+    s = make_sweep(impl="gqa", num_kv_heads="1,2,mha", window="none,8", causal=(False,), num_heads="4", seq_len="16")
+    assert s.num_kv_heads == (1, 2, None) and s.window == (None, 8) and s.causal == (False,)
+    cells = s.cells()
+    assert len(cells) == 6 and {c.kv_heads for c in cells} == {1, 2, 4}
+    assert cells[0].cell_id.endswith("|kv1|noncausal") and "|w8" in cells[1].cell_id
+    t = sweep_from_dict({"sweep": {"impl": "gqa", "kv_heads": [1, 2], "window": ["none", 16], "causal": [True, False]}})
+    assert (t.num_kv_heads, t.window, t.causal) == ((1, 2), (None, 16), (True, False))
+    assert Cell("sdpa").cell_id == Cell("sdpa", num_kv_heads=4).cell_id == "sdpa|cpu|float32|b1|T128|h4|d256|forward|warm"
+    assert parse_windows([None, 64]) == (None, 64)
+
+
+@pytest.mark.parametrize(("axes", "pattern"), [
+    ({"num_kv_heads": "3", "num_heads": "4"}, r"--kv-heads 3 does not divide --heads 4.*1,2,4"),
+    ({"window": "0"}, r"--window '0' is not a window"),
+    ({"window": "none,-1"}, r"is not a window"),
+])
+def test_sweep_rejects_bad_variants(axes, pattern):
+    with pytest.raises(SweepError, match=pattern):
+        make_sweep(impl="gqa", **axes)
+
+
+def test_decode_with_an_implementation_without_cache():
+    with pytest.raises(SweepError, match=r"weight_split has no KV cache.*kv_concat"):
+        make_sweep(impl="weight_split", mode="decode")
+    sweep = make_sweep(impl="weight_split,kv_concat", mode="decode,inference")  # mixed modes: skipped rows
+    row = run_cell(Cell("weight_split", mode="decode", seq_len=8, d_model=16), Settings(budget_s=0.01))
+    assert len(sweep.cells()) == 4 and row["status"] == "skipped" and "a KV cache" in row["error"]
+
+
+@pytest.mark.parametrize(("argv", "pattern"), [
+    (["--kv-heads", "3", "--heads", "4"], r"--kv-heads 3 does not divide --heads 4"),
+    (["--window", "0"], r"--window '0' is not a window"),
+    (["--impl", "weight_split", "--mode", "decode"], r"gqa has no KV cache, so it cannot run --mode decode; use one of kv_concat"),
+])
+def test_cli_bad_variant_input_is_one_line_exit_2(tmp_path, capsys, argv, pattern):
+    code, err = run_cli(["run", "--impl", "gqa", "--out", str(tmp_path), "--no-report", *argv], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize(("impl", "window", "kv"), [("kv_concat", None, 2), ("kv_concat", 16, 1), ("kv_prealloc", None, 1),
+                                                    ("sdpa_cache", None, 2), ("kv_rolling", 16, 2)])
+def test_decode_row_measures_the_cache(impl, window, kv):
+    cell = Cell(impl, batch=2, seq_len=48, num_heads=4, d_model=32, mode="decode", num_kv_heads=kv, window=window)
+    row = run_cell(cell, Settings(budget_s=0.02, min_samples=3, warmup_calls=1, warmup_s=0.0))
+    assert row["status"] == "ok", row["error"]
+    assert row["num_kv_heads"] == kv and (math.isnan(row["window"]) if window is None else row["window"] == window)
+    analytic = 2 * 2 * min(48, window or 48) * kv * 8 * 4
+    assert row["kv_cache_bytes_analytic"] == analytic
+    assert abs(row["kv_cache_bytes"] - analytic) <= 0.1 * analytic  # prealloc holds the new token's room too
+    assert row["flops"] == analytic_flops(2, 48, 32, 32, "decode", num_heads=4, num_kv_heads=kv, window=window)
+
+
+def test_variant_inference_row_and_skips():
+    ok = run_cell(Cell("sdpa_window", batch=1, seq_len=32, num_heads=4, d_model=32, mode="inference", num_kv_heads=2,
+                       window=8, causal=False), Settings(budget_s=0.02, min_samples=3))
+    assert ok["status"] == "ok" and ok["causal"] is False and ok["num_kv_heads"] == 2 and math.isnan(ok["kv_cache_bytes"])
+    skipped = run_cell(Cell("sdpa", num_kv_heads=1, seq_len=16, d_model=32), Settings(budget_s=0.02))
+    assert skipped["status"] == "skipped" and "grouped/multi-query" in skipped["error"]
+
+
+def test_kv_cache_bytes_from_the_allocator_without_cache_tensors(plugins_on_path, monkeypatch):
+    import buggy_variants
+
+    monkeypatch.delattr(buggy_variants.CacheBaseline, "cache_tensors")
+    from attnbench.runner.workload import _prefill
+
+    spec = AttnSpec(32, 32, 64, 0.0, 4, num_kv_heads=2)
+    module = buggy_variants.CacheBaseline(**spec.kwargs()).eval()
+    measured = _prefill(module, torch.randn(2, 40, 32), torch.device("cpu"))
+    assert measured == 2 * 2 * 64 * 2 * 8 * 4  # the preallocated buffers (context 64), seen by the allocator
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gqa", "sdpa_gqa", "flex_gqa", "kv_rolling", "sdpa_cache"])
+def test_variants_and_decode_on_cuda(cuda_device, name):
+    df = run_matrix([name], device=cuda_device, kinds=["forward", "decode"])
+    assert _bad(df).empty, _bad(df).to_string()
+    row = run_cell(Cell(name, device=cuda_device, mode="decode" if registry.get(name).kv_cache else "inference",
+                        seq_len=64, d_model=64, num_kv_heads=2, window=16 if name != "sdpa_cache" else None),
+                   Settings(budget_s=0.05))
+    assert row["status"] == "ok", row["error"]
+
+
+def test_sweep_dataclass_defaults_are_mha():
+    s = Sweep(impl=("sdpa",))
+    assert (s.num_kv_heads, s.window, s.causal) == ((None,), (None,), (True,))
