@@ -55,9 +55,30 @@ def _set_threads() -> None:
 
 
 def _builtins(device: str) -> list[str]:
-    """Built-in implementations that declare ``device`` (metadata only: probes run later, in setup)."""
+    """Built-in multi-head implementations that declare ``device`` (metadata only: probes run later, in setup).
+
+    The variant implementations (GQA, KV caches) are tracked by :class:`GQA` and :class:`Decode` only,
+    which keeps this grid small."""
     kind = device.split(":")[0]
-    return [n for n in registry.names() if registry.get(n).origin == "builtin" and kind in registry.get(n).devices]
+    return [n for n in registry.names() if registry.get(n).origin == "builtin" and kind in registry.get(n).devices
+            and not (getattr(registry.get(n), "gqa", False) or getattr(registry.get(n), "kv_cache", False))]
+
+
+def _prepare(**cell_axes):
+    """The cell's workload after its first call; NotImplementedError (asv's skip) when it cannot run here."""
+    try:
+        cell = Cell(device=DEVICE, batch=BATCH, num_heads=HEADS, **cell_axes)
+    except TypeError as exc:  # a commit older than the axis (e.g. num_kv_heads): nothing to measure there
+        raise NotImplementedError(f"this commit's Cell has no such axis: {exc}") from exc
+    reason = skip_reason(cell)
+    if reason:
+        raise NotImplementedError(reason)  # asv's way to skip a combination
+    try:
+        workload = build_workload(cell)
+        workload.step()  # first call outside the timings (lazy init, kernel selection)
+    except NotImplementedError as exc:  # from torch: a failure to report, not a combination to skip
+        raise RuntimeError(f"{cell.cell_id}: {type(exc).__name__}: {exc}") from exc
+    return workload
 
 
 class Attention:
@@ -76,16 +97,8 @@ class Attention:
 
     def setup(self, impl, mode, seq_len, d_model):
         _set_threads()
-        self.cell = Cell(impl=impl, device=DEVICE, batch=BATCH, seq_len=seq_len, num_heads=HEADS, d_model=d_model,
-                         mode=mode)
-        reason = skip_reason(self.cell)
-        if reason:
-            raise NotImplementedError(reason)  # asv's way to skip a combination
-        try:
-            self.workload = build_workload(self.cell)
-            self.workload.step()  # first call outside the timings (lazy init, kernel selection)
-        except NotImplementedError as exc:  # from torch: a failure to report, not a combination to skip
-            raise RuntimeError(f"{self.cell.cell_id}: {type(exc).__name__}: {exc}") from exc
+        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=d_model, mode=mode)
+        self.cell = self.workload.cell
 
     def time_step(self, impl, mode, seq_len, d_model):
         self.workload.step()
@@ -105,6 +118,45 @@ class Attention:
         return flops / timing.stats()["median_s"] / 1e9
 
     track_gflops.unit = "GFLOP/s"
+
+
+class GQA:
+    """Grouped-query attention through SDPA's enable_gqa (inference), MQA and GQA against MHA."""
+
+    params = (["sdpa_gqa"], [1, 2, 4], [256])
+    param_names = ("impl", "num_kv_heads", "seq_len")
+    number, sample_time, repeat, rounds, warmup_time, min_run_count, timeout = 0, 0.01, (5, 20, 2.0), 2, 0.05, 2, 120
+
+    def setup(self, impl, num_kv_heads, seq_len):
+        _set_threads()
+        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode="inference", num_kv_heads=num_kv_heads)
+
+    def time_step(self, impl, num_kv_heads, seq_len):
+        self.workload.step()
+        if self.workload.device.type == "cuda":
+            torch.cuda.synchronize(self.workload.device)
+
+
+class Decode:
+    """One decode step (a new token against seq_len cached ones) of a KV cache, and the cache's bytes."""
+
+    params = (["kv_prealloc"], [2], [512])
+    param_names = ("impl", "num_kv_heads", "seq_len")
+    number, sample_time, repeat, rounds, warmup_time, min_run_count, timeout = 0, 0.01, (5, 20, 2.0), 2, 0.05, 2, 120
+
+    def setup(self, impl, num_kv_heads, seq_len):
+        _set_threads()
+        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode="decode", num_kv_heads=num_kv_heads)
+
+    def time_step(self, impl, num_kv_heads, seq_len):
+        self.workload.step()
+        if self.workload.device.type == "cuda":
+            torch.cuda.synchronize(self.workload.device)
+
+    def track_kv_cache_bytes(self, impl, num_kv_heads, seq_len):
+        return self.workload.kv_cache_bytes
+
+    track_kv_cache_bytes.unit = "bytes"
 
 
 class Compile:
