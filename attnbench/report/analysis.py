@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from attnbench.results.schema import AXES, MODES
+from attnbench.results.schema import AXES, MODES, fill_added_columns
 
-GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model")
+GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model", "num_kv_heads", "window", "causal")
 """The axes that define one panel/configuration; within it, lines are implementations over ``seq_len``."""
 
 NOISY_CI_REL = 0.05
 """A cell whose CI half-width exceeds this fraction of its median is marked noisy."""
 
-_AXIS_LABEL = {"batch": "B={}", "num_heads": "h={}", "d_model": "d={}", "cache": "cache={}"}
+_AXIS_LABEL = {"batch": "B={}", "num_heads": "h={}", "d_model": "d={}", "cache": "cache={}", "num_kv_heads": "kv={}"}
 
 
 # ---------------------------------------------------------------- formatting
@@ -65,7 +65,11 @@ def fmt_num(x: float, digits: int = 3) -> str:
 
 
 def axis_label(axis: str, value) -> str:
-    """How one axis value reads in a panel title (``B=1``, ``h=8``, ``float32`` ...)."""
+    """How one axis value reads in a panel title (``B=1``, ``h=8``, ``float32``, ``w=64`` ...)."""
+    if axis == "window":
+        return "full attention" if not value else f"window {int(value)}"
+    if axis == "causal":
+        return "causal" if bool(value) else "non-causal"
     return _AXIS_LABEL.get(axis, "{}").format(value)
 
 
@@ -82,7 +86,11 @@ def t_range(ts) -> str:
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """A copy with clean types: axes as str/int, measurements as float, ``ok`` only with a finite median."""
-    df = df.copy()
+    df = fill_added_columns(df.copy())
+    df["window"] = pd.to_numeric(df["window"], errors="coerce").fillna(0).astype("int64")  # 0: full attention
+    df["causal"] = df["causal"].fillna(True).astype(bool)
+    if "num_kv_heads" in df.columns:  # absent only when num_heads is too
+        df["num_kv_heads"] = pd.to_numeric(df["num_kv_heads"], errors="coerce").fillna(0).astype("int64")
     for col in ("impl", "device", "dtype", "mode", "cache", "status", "error", "notes", "cell_id"):
         if col in df.columns:
             df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
@@ -140,12 +148,20 @@ def varying_axes(df: pd.DataFrame) -> list[str]:
     return [a for a in GROUP_AXES if a in df.columns and df[a].nunique() > 1]
 
 
+def _default_axis(df: pd.DataFrame, axis: str) -> bool:
+    """Whether ``axis`` holds its unremarkable default throughout ``df`` (warm cache, MHA, full causal attention)."""
+    value = df[axis].iloc[0]
+    if axis == "num_kv_heads":
+        return bool((df["num_kv_heads"] == df["num_heads"]).all()) or not value
+    return {"cache": value == "warm", "window": not value, "causal": bool(value) is True}.get(axis, False)
+
+
 def common_label(df: pd.DataFrame) -> str:
     """The group axes constant over ``df``'s successful cells (all cells if none), as one line (figure titles)."""
     if "status" in df.columns and (df["status"] == "ok").any():
         df = df[df["status"] == "ok"]
     parts = [axis_label(a, df[a].iloc[0]) for a in GROUP_AXES
-             if a in df.columns and len(df) and df[a].nunique() == 1 and not (a == "cache" and df[a].iloc[0] == "warm")]
+             if a in df.columns and len(df) and df[a].nunique() == 1 and not _default_axis(df, a)]
     return " · ".join(parts)
 
 
@@ -163,10 +179,14 @@ def groups(df: pd.DataFrame) -> list[Group]:
         extra = [axis_label(a, values[a]) for a in ("batch", "num_heads", "d_model")]
         if values["cache"] != "warm":
             extra.append(axis_label("cache", values["cache"]))
+        if values["num_kv_heads"] and values["num_kv_heads"] != values["num_heads"]:
+            extra.append(axis_label("num_kv_heads", values["num_kv_heads"]))
+        extra += [axis_label(a, values[a]) for a in ("window", "causal") if values[a] != (a == "causal")]
         out.append(Group(tuple(key), values, label, f"{full} ({', '.join(extra)})", rows))
     out.sort(key=lambda g: (g.values["device"], _dtype_rank(g.values["dtype"]), g.values["dtype"],
                             _mode_rank(g.values["mode"]), g.values["mode"],
-                            g.values["cache"], g.values["batch"], g.values["num_heads"], g.values["d_model"]))
+                            g.values["cache"], g.values["batch"], g.values["num_heads"], g.values["d_model"],
+                            -g.values["num_kv_heads"], g.values["window"], not g.values["causal"]))
     return out
 
 

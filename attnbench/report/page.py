@@ -13,6 +13,7 @@ import pandas as pd
 from attnbench.errors import ResultsError
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
+from attnbench.report import variants
 from attnbench.results.store import load_run
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -170,6 +171,9 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
         ("compile", "torch.compile: compile time vs steady state", figs.compile_times(df, styles, fig_dir)),
         ("bars", "Side by side at one configuration", [bar_fig]),
     ]
+    if (ok["mode"] == "decode").any():  # attention variants and KV-cache decoding
+        figure_sections += [("decode", "KV-cache decoding: latency vs cache length", variants.decode_latency(df, styles, fig_dir)),
+                            ("kv-cache", "KV-cache bytes vs context length", variants.kv_cache_bytes(df, styles, fig_dir))]
 
     # tables
     t = {}
@@ -252,7 +256,8 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
     page = jinja_env().get_template("report.html.j2").render(
         run_id=run_id, meta=meta, summary=summary, baseline=chosen, requested_baseline=baseline,
         baseline_note=baseline_note, headline=headline, figure_sections=figure_sections, tables=t,
-        sentences=sentences, cross_notes=cross_notes, other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
+        sentences=sentences, cross_notes=cross_notes, variant_sentences=variants.sentences(df),
+        other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
         profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
         styles=styles, files=figure_files + tables.files, source=str(path),
     )
