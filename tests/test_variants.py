@@ -10,13 +10,18 @@ import re
 import pandas as pd
 import pytest
 import torch
+from sample_runs import ok_row
 
 from attnbench import cli, registry
 from attnbench.correctness.matrix import DECODE_SHAPES, VARIANT_SHAPES, cases, rel_error, run_matrix
 from attnbench.correctness.reference import allowed_pairs, reference_forward
 from attnbench.errors import AttnbenchError, InputShapeError, InvalidSpecError, SweepError
 from attnbench.measure import analytic_flops, attention_pairs, dense_flops, kv_cache_bytes_analytic
+from attnbench.report import analysis as an
+from attnbench.report import build_report
+from attnbench.report.variants import sentences, variant_label
 from attnbench.results.schema import Cell
+from attnbench.results.store import RunStore, load_run
 from attnbench.runner.cell import run_cell
 from attnbench.runner.engine import make_sweep
 from attnbench.runner.sweep import Settings, Sweep, parse_windows, sweep_from_dict
@@ -349,3 +354,35 @@ def test_variants_and_decode_on_cuda(cuda_device, name):
 def test_sweep_dataclass_defaults_are_mha():
     s = Sweep(impl=("sdpa",))
     assert (s.num_kv_heads, s.window, s.causal) == ((None,), (None,), (True,))
+
+
+# --- report: figures and sentences computed from the rows --------------------------------------------
+
+def _decode_run(tmp_path):
+    store = RunStore(tmp_path, run_id="decode-run", meta={})
+    step = {(4, None): 4e-4, (1, None): 3e-4, (4, 64): 2e-4}  # seconds per decode step at T=4096
+    for (kv, window), at_4096 in step.items():
+        for T in (256, 1024, 4096):
+            cell = Cell("kv_concat", batch=2, seq_len=T, num_heads=4, d_model=256, mode="decode", num_kv_heads=kv,
+                        window=window)
+            cached = min(T, window or T)
+            analytic = kv_cache_bytes_analytic(2, T, kv, 64, window, 4)
+            median = at_4096 if window else at_4096 * T / 4096
+            store.append(ok_row(cell, [median] * 5, kv_cache_bytes=2.0 * 2 * cached * kv * 64 * 4,
+                                kv_cache_bytes_analytic=analytic))
+    store.finalize()
+    return store.path
+
+
+def test_report_has_decode_figures_and_computed_sentences(tmp_path):
+    run = _decode_run(tmp_path / "results")
+    df = an.prepare(load_run(run)[0])
+    said = sentences(df)
+    assert "At T=4096, MQA keeps 25% of MHA's cache and decodes 1.33× faster than MHA (kv_concat, cpu/float32, B=2, h=4, d=256)." in said
+    assert any(s.startswith("At T=4096, SWA(64) keeps 2% of MHA's cache and decodes 2× faster") for s in said)
+    assert any("kv_concat SWA(64): decode latency at T=4096 is 1× that at T=256" in s for s in said)
+    assert [variant_label(8, kv, w) for kv, w in ((8, 0), (2, 0), (1, 0), (8, 64), (2, 64))] == \
+        ["MHA", "GQA(2)", "MQA", "SWA(64)", "GQA(2)+SWA(64)"]
+    html = build_report(run, out_dir=tmp_path / "report").read_text()
+    assert "decode-latency" in html and "KV-cache bytes vs context length" in html and "keeps 25% of MHA" in html
+    assert (tmp_path / "report" / "figures" / "kv-cache.png").is_file()
