@@ -29,19 +29,20 @@ def list_cmd(device: str, as_json: bool) -> None:
                      "description": impl.description, "source": impl.source, "origin": impl.origin,
                      "devices": list(impl.devices), "dtypes": list(impl.dtypes), "backward": list(impl.backward),
                      "dropout": list(impl.dropout), "min_torch": impl.min_torch,
-                     "same_width_only": impl.same_width_only})
+                     "same_width_only": impl.same_width_only,
+                     "variants": [v for v in ("gqa", "sliding_window", "non_causal", "kv_cache") if getattr(impl, v)]})
     if as_json:
         import json
 
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table(title=f"attnbench implementations (availability on {device})")
-    for col in ("name", f"on {device}", "description", "backward", "dropout", "source"):
+    for col in ("name", f"on {device}", "description", "backward", "dropout", "variants", "source"):
         table.add_column(col, overflow="fold")
     for r in rows:
         status = "[green]yes[/]" if r["available"] else f"[red]no[/]: {r['reason']}"
         table.add_row(r["name"], status, r["description"], ",".join(r["backward"]) or "-",
-                      ",".join(r["dropout"]) or "-", r["source"])
+                      ",".join(r["dropout"]) or "-", ",".join(r["variants"]) or "-", r["source"])
     console.print(table)
     console.print("Also: compiled:NAME[@MODE] for any NAME; plug-ins as path/to/file.py:Class or package.module:Class.",
                   markup=False)

@@ -49,6 +49,24 @@ class MemoryResult:
     method: str
 
 
+def _cpu_memory_events(fn: Callable[[], object]) -> list:
+    """The CPU allocator's allocations (+bytes) and frees (-bytes) during ``fn()``, in order, from the profiler."""
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet_native_stderr():  # kineto prints "profiler_start/stop" lines straight to fd 2
+        prof.start()
+    try:
+        # also quiet during the call: freeing a block allocated before the profiler started prints a warning
+        with quiet_native_stderr():
+            fn()
+    finally:
+        with quiet_native_stderr():
+            prof.stop()
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    events.sort(key=lambda e: e.start_ns())
+    return events
+
+
 def kv_cache_bytes_analytic(batch: int, seq_len: int, num_kv_heads: int, head_dim: int, window: int | None,
                             element_bytes: int) -> float:
     """What a KV cache of ``seq_len`` tokens must hold: ``2·b·T_cached·num_kv_heads·head_dim·bytes``,
@@ -75,16 +93,7 @@ def retained_bytes(fn: Callable[[], object], device: torch.device | str = "cpu")
         fn()
         synchronize(device)
         return float(torch.cuda.memory_allocated(device) - before)
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with quiet_native_stderr():
-        prof.start()
-    try:
-        fn()
-    finally:
-        with quiet_native_stderr():
-            prof.stop()
-    return float(sum(e.nbytes() for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU))
+    return float(sum(e.nbytes() for e in _cpu_memory_events(fn)))
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> MemoryResult:
@@ -99,17 +108,7 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
         synchronize(device)
         return MemoryResult(float(torch.cuda.max_memory_allocated(device) - base_alloc),
                             float(torch.cuda.max_memory_reserved(device) - base_reserved), "cuda_allocator")
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with quiet_native_stderr():  # kineto prints "profiler_start/stop" lines straight to fd 2
-        prof.start()
-    try:
-        fn()
-    finally:
-        with quiet_native_stderr():
-            prof.stop()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    events.sort(key=lambda e: e.start_ns())
+    events = _cpu_memory_events(fn)
     live = peak = 0
     for e in events:
         live += e.nbytes()
