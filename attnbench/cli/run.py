@@ -23,15 +23,23 @@ def _fmt_time(s: float) -> str:
 def summary_table(df, title: str) -> Table:
     """Ok cells with median ± CI, memory and throughput; then one line per failed status."""
     table = Table(title=title)
-    for col in ("impl", "device", "dtype", "mode", "b", "T", "h", "d", "median", "±CI", "peak mem", "GFLOP/s", "% peak"):
+    # kv heads, window and causality only when the run has variants; the KV cache only for decode runs
+    variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)).any())
+    decode = bool((df["mode"] == "decode").any())
+    cols = ["impl", "device", "dtype", "mode", "b", "T", "h", "d"] + (["kv", "window"] if variants else [])
+    cols += ["median", "±CI", "peak mem"] + (["KV cache"] if decode else []) + ["GFLOP/s", "% peak"]
+    for col in cols:
         table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
     for r in ok.itertuples():
         half = (r.ci_high_s - r.ci_low_s) / 2
         mem = "-" if r.peak_bytes != r.peak_bytes else f"{r.peak_bytes / 2**20:.1f} MiB"
+        window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
+        kv = "-" if r.kv_cache_bytes != r.kv_cache_bytes else f"{r.kv_cache_bytes / 2**20:.2f} MiB"
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
-                      str(r.d_model), _fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%", mem,
-                      f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%")
+                      str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), _fmt_time(r.median_s),
+                      f"{100 * half / r.median_s:.1f}%", mem, *([kv] if decode else []), f"{r.gflops_per_s:.1f}",
+                      f"{100 * r.frac_peak:.0f}%")
     return table
 
 
