@@ -125,11 +125,18 @@ class GQA:
 
     params = (["sdpa_gqa"], [1, 2, 4], [256])
     param_names = ("impl", "num_kv_heads", "seq_len")
-    number, sample_time, repeat, rounds, warmup_time, min_run_count, timeout = 0, 0.01, (5, 20, 2.0), 2, 0.05, 2, 120
+    mode = "inference"
+    number = Attention.number
+    sample_time = Attention.sample_time
+    repeat = Attention.repeat
+    rounds = Attention.rounds
+    warmup_time = Attention.warmup_time
+    min_run_count = Attention.min_run_count
+    timeout = Attention.timeout
 
     def setup(self, impl, num_kv_heads, seq_len):
         _set_threads()
-        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode="inference", num_kv_heads=num_kv_heads)
+        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode=self.mode, num_kv_heads=num_kv_heads)
 
     def time_step(self, impl, num_kv_heads, seq_len):
         self.workload.step()
@@ -137,21 +144,11 @@ class GQA:
             torch.cuda.synchronize(self.workload.device)
 
 
-class Decode:
+class Decode(GQA):
     """One decode step (a new token against seq_len cached ones) of a KV cache, and the cache's bytes."""
 
     params = (["kv_prealloc"], [2], [512])
-    param_names = ("impl", "num_kv_heads", "seq_len")
-    number, sample_time, repeat, rounds, warmup_time, min_run_count, timeout = 0, 0.01, (5, 20, 2.0), 2, 0.05, 2, 120
-
-    def setup(self, impl, num_kv_heads, seq_len):
-        _set_threads()
-        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode="decode", num_kv_heads=num_kv_heads)
-
-    def time_step(self, impl, num_kv_heads, seq_len):
-        self.workload.step()
-        if self.workload.device.type == "cuda":
-            torch.cuda.synchronize(self.workload.device)
+    mode = "decode"
 
     def track_kv_cache_bytes(self, impl, num_kv_heads, seq_len):
         return self.workload.kv_cache_bytes

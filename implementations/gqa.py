@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from attnbench.implementations._common import AttentionModule, add_book_projections, merge_heads, split_heads, visible
+from attnbench.implementations.flex import _flex_available
 from attnbench.registry import register
 
 warnings.filterwarnings("ignore", message=r"flex_attention called without torch.compile")
@@ -133,14 +134,6 @@ class FlexGQA(VariantAttention):
 
         mask = self._block_mask(q.shape[-2], q.device)
         return flex_attention(q, k, v, block_mask=mask, enable_gqa=self.group > 1)  # (b, nh, T, hd)
-
-
-def _flex_available(device: torch.device) -> str | None:
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError as exc:
-        return f"FlexAttention not in this torch build ({exc})"
-    return None
 
 
 def _factory(cls):

@@ -146,8 +146,14 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     elif not quiet:
         console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
         bad = df[df.status != "ok"]
+        skipped = bad[bad.status == "skipped"]
+        if len(skipped) > 20:  # e.g. a variant sweep: most implementations support only some combinations
+            bad = bad[bad.status != "skipped"]
         for r in bad.itertuples():
             console.print(f"  {r.status:8} {r.cell_id}: {r.error}", markup=False)
+        if len(skipped) > 20:
+            console.print(f"  {len(skipped)} cells skipped (combinations not supported here); every reason is in the "
+                          "results' error column and the report", markup=False)
         console.print(f"{len(df)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         console.print(f"results: {run_dir / 'results.parquet'}", markup=False)
         if report_path:
