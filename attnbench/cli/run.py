@@ -45,7 +45,7 @@ def summary_table(df, title: str) -> Table:
 
 @cli.command("run")
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context.")
+@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode.")
 @click.option("--impl", "impls", multiple=True, help="Implementations, comma-separated (also compiled:NAME, file.py:Class).")
 @click.option("--device", help="cpu, cuda, cuda:N (comma-separated).")
 @click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")

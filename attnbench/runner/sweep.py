@@ -1,7 +1,8 @@
 """Sweep definitions: axes from flags, a TOML file or a named preset, expanded into cells.
 
 Axis values are lists; integer axes also accept ranges: ``128..2048x2`` (geometric: 128, 256, ...,
-2048), ``64..512+64`` (arithmetic) and ``1,8``. Combinations that cannot run (d_model not divisible
+2048), ``64..512+64`` (arithmetic) and ``1,8``. The variant axes: ``num_kv_heads`` (``1,2,mha``; ``mha``
+= as many as heads), ``window`` (``none,64``) and ``causal`` (``true``/``false``). Combinations that cannot run (d_model not divisible
 by heads, a dtype or backend unavailable on the device) stay in the sweep and become ``skipped``
 rows with the reason, so a results table always shows what was asked for.
 """
@@ -273,7 +274,7 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name: str) -> dict:
-    """The dict of a shipped preset (``default``, ``gpt2-small``, ``long-context``, ``smoke``)."""
+    """The dict of a shipped preset (``default``, ``gpt2-small``, ``long-context``, ``smoke``, ``gqa-llama``, ``decode``)."""
     if name not in preset_names():
         raise SweepError(f"unknown preset {name!r}; shipped presets: {', '.join(preset_names())}")
     return tomllib.loads(resources.files("attnbench.runner.presets").joinpath(f"{name}.toml").read_text())
