@@ -386,3 +386,9 @@ def test_report_has_decode_figures_and_computed_sentences(tmp_path):
     html = build_report(run, out_dir=tmp_path / "report").read_text()
     assert "decode-latency" in html and "KV-cache bytes vs context length" in html and "keeps 25% of MHA" in html
     assert (tmp_path / "report" / "figures" / "kv-cache.png").is_file()
+
+
+def test_profile_decode_without_cache_is_one_line_exit_2(tmp_path, capsys):
+    code, err = run_cli(["profile", "--impl", "weight_split", "--mode", "decode", "--logdir", str(tmp_path)], capsys)
+    assert code == 2 and err.strip() == "error: weight_split does not support a KV cache (decode mode)"
+    assert not any(tmp_path.iterdir())

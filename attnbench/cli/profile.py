@@ -57,6 +57,9 @@ def _validate(cells: list[Cell]) -> None:
             raise UnavailableError(f"{impl.name} cannot run on {device} ({dtype_name(cell.dtype)}): {reason}")
         if cell.mode == "forward+backward" and not impl.supports_backward(device):
             raise UnavailableError(f"{impl.name} declares no backward on {device.type}")
+        variant = registry.variant_skip_reason(impl, spec_for(cell), cell.mode)  # e.g. decode without a KV cache
+        if variant:
+            raise UnavailableError(variant)
 
 
 @cli.command("profile")

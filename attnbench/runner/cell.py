@@ -99,7 +99,11 @@ def skip_reason(cell: Cell) -> str | None:
         return f"num_kv_heads={cell.num_kv_heads} does not divide num_heads={cell.num_heads}"
     from attnbench.runner.workload import spec_for
 
-    reason = registry.variant_skip_reason(impl, spec_for(cell), cell.mode)
+    try:
+        spec = spec_for(cell)
+    except InvalidSpecError as exc:
+        return str(exc)
+    reason = registry.variant_skip_reason(impl, spec, cell.mode)
     if reason:
         return reason
     if cell.mode not in ("inference", "decode") and not impl.supports_backward(cell.device):
