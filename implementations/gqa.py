@@ -56,8 +56,9 @@ class GroupedQueryAttention(VariantAttention):
         self.dropout = nn.Dropout(self.dropout_p)
 
     def attend(self, q, k, v):
-        k = k.repeat_interleave(self.group, dim=1)  # (b, nh, T, hd): kv head h // group for query head h
-        v = v.repeat_interleave(self.group, dim=1)
+        if self.group > 1:
+            k = k.repeat_interleave(self.group, dim=1)  # (b, nh, T, hd): kv head h // group for query head h
+            v = v.repeat_interleave(self.group, dim=1)
         T = q.shape[-2]
         scores = q @ k.transpose(2, 3)  # (b, nh, T, T)
         allowed = visible(T, T, self.window, self.causal, q.device)

@@ -44,6 +44,7 @@ class CachedAttention(VariantAttention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.dropout = nn.Dropout(self.dropout_p)
+        self.cache_k = self.cache_v = None
         self.reset_cache()
 
     # -- the protocol -------------------------------------------------------------------------------
@@ -79,8 +80,9 @@ class CachedAttention(VariantAttention):
         if self.use_sdpa:
             p = self.dropout_p if self.training else 0.0
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=self.group > 1)
-        k = k.repeat_interleave(self.group, dim=1)  # (b, nh, L, hd)
-        v = v.repeat_interleave(self.group, dim=1)
+        if self.group > 1:
+            k = k.repeat_interleave(self.group, dim=1)  # (b, nh, L, hd): query head h reads kv head h // group
+            v = v.repeat_interleave(self.group, dim=1)
         scores = q @ k.transpose(2, 3)  # (b, nh, t, L)
         if mask is not None:
             scores = scores.masked_fill(~mask, -torch.inf)
@@ -150,8 +152,6 @@ class PreallocatedCache(CachedAttention):
 
     def reset_cache(self) -> None:  # the buffers stay allocated; entries past the pointer are never read
         self.pos = 0
-        if not hasattr(self, "cache_k"):
-            self.cache_k = self.cache_v = None
 
 
 class SDPACache(PreallocatedCache):
