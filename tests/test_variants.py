@@ -392,3 +392,13 @@ def test_profile_decode_without_cache_is_one_line_exit_2(tmp_path, capsys):
     code, err = run_cli(["profile", "--impl", "weight_split", "--mode", "decode", "--logdir", str(tmp_path)], capsys)
     assert code == 2 and err.strip() == "error: weight_split does not support a KV cache (decode mode)"
     assert not any(tmp_path.iterdir())
+
+
+def test_decode_only_toml_naming_an_implementation_without_cache(tmp_path):
+    sweep_file = tmp_path / "decode.toml"
+    sweep_file.write_text('[sweep]\nimpl = ["available", "sdpa"]\nmode = "decode"\n')
+    with pytest.raises(SweepError, match="sdpa has no KV cache"):
+        make_sweep(file=sweep_file)
+    sweep_file.write_text('[sweep]\nimpl = ["available"]\nmode = "decode"\nkv_heads = 2\n')
+    assert "kv_rolling" in make_sweep(file=sweep_file).impl  # "available": the ones without a cache are skipped rows
+    assert make_sweep(preset="decode").mode == ("decode",)

@@ -43,6 +43,7 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
         raise SweepError(f"unknown sweep axis {sorted(unknown)}; axes are {', '.join(AXES)}")
     if preset and file:
         raise SweepError("give either a sweep file or --preset, not both")
+    named: tuple[str, ...] = ()  # implementations the user named (not expanded from "available")
     if base is None:
         if file:
             data, name = load_toml(file), Path(file).stem
@@ -58,6 +59,8 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
         avail = sorted({n for d in devices for n in _available_on(d, local)}, key=registry.names().index)
         if "impl" in given:  # named implementations replace the file's, and need not be available here
             data = {**data, "sweep": {**data.get("sweep", {}), "impl": list(parse_strs(given["impl"]))}}
+        if "impl" in given or file:  # named by the user (a shipped preset's names are not the user's)
+            named = tuple(i for i in parse_strs(data.get("sweep", {}).get("impl", ())) if i != "available")
         base = sweep_from_dict(data, name, available_impls=avail)
     overrides = {axis: parse_axis(axis, value) for axis, value in given.items()}
     sweep = dataclasses.replace(base, **overrides)
@@ -65,8 +68,8 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
         sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
     for name in sweep.impl:
         registry.get(name)  # unknown names and broken plug-ins fail before anything runs
-    if set(sweep.mode) == {"decode"} and "impl" in given:
-        for name in sweep.impl:  # asked for decoding only, by name: an implementation without a cache is a mistake
+    if set(sweep.mode) == {"decode"}:
+        for name in named:  # asked for decoding only, by name: an implementation without a cache is a mistake
             if not registry.get(name).kv_cache:
                 with_cache = [n for n in registry.names() if registry.get(n).kv_cache]
                 raise SweepError(f"{name} has no KV cache, so it cannot run --mode decode; use one of "
