@@ -25,24 +25,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from packaging.version import Version
 from torch import nn
 
-from attnbench.devices import DTYPES, cuda_available, dtype_name, parse_device, parse_device_type
-from attnbench.errors import AttnbenchError, PluginLoadError, UnavailableError, UnknownImplementationError
+from attnbench.devices import DTYPES
+from attnbench.errors import AttnbenchError, PluginLoadError, UnknownImplementationError
+from attnbench.resolve import Ready, Skip, resolve
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, adapter_for, load_weights
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ALL_DTYPES = tuple(DTYPES)
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    out = []
-    for part in v.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits or 0))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -59,6 +53,7 @@ class Implementation:
     dropout: tuple[str, ...] = ("cpu", "cuda")  # device types where attention dropout is applied
     same_width_only: bool = False
     min_torch: str = "2.0"
+    sdpa_backend: str | None = None  # flash | efficient | cudnn: the SDPA backend it forces (asked of PyTorch on CUDA)
     probe: Callable[[torch.device], str | None] | None = field(default=None, compare=False)
     transform: Callable[[nn.Module], nn.Module] | None = field(default=None, compare=False)
     origin: str = "builtin"
@@ -78,35 +73,21 @@ class Implementation:
         return torch.device(device).type in self.dropout
 
     def unavailable_reason(self, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> str | None:
-        """Why this implementation cannot run on ``device``/``dtype`` here, or ``None`` when it can."""
-        if _version_tuple(torch.__version__) < _version_tuple(self.min_torch):
-            return f"needs torch >= {self.min_torch} (installed {torch.__version__})"
-        dev_type = device.type if isinstance(device, torch.device) else parse_device_type(device)
-        if dev_type not in self.devices:
-            if self.devices == ("cuda",) and not cuda_available():
-                return "needs CUDA"
-            return f"runs only on {', '.join(self.devices)}"
-        if dev_type == "cuda" and not cuda_available():
-            return "needs CUDA"
-        if dtype is not None and dtype_name(dtype) not in self.dtypes:
-            return f"does not support {dtype_name(dtype)} (supports {', '.join(self.dtypes)})"
-        if self.probe is not None:
-            return self.probe(parse_device(device))
-        return None
+        """Why this implementation cannot run on ``device``/``dtype`` here, or ``None`` when it can
+        (:func:`attnbench.resolve.resolve` without sizes or mode)."""
+        return resolve(self, device=device, dtype=dtype).reason
 
     def build(self, spec: AttnSpec, device: str | torch.device = "cpu", dtype: str | torch.dtype = torch.float32,
-              weights: CanonicalWeights | None = None) -> nn.Module:
+              weights: CanonicalWeights | None = None, ready: Ready | None = None) -> nn.Module:
         """Construct for ``spec`` on ``device`` in ``dtype``, load ``weights`` if given, apply the transform.
 
-        Raises :class:`UnavailableError` when it cannot run there and :class:`PluginLoadError` when
-        the constructor fails.
+        Raises :class:`UnavailableError` when it cannot run there (:func:`attnbench.resolve.resolve`; a
+        caller that resolved already passes its ``ready`` answer, whose device and dtype are used) and
+        :class:`PluginLoadError` when the constructor fails.
         """
-        dev = parse_device(device)
-        reason = self.unavailable_reason(dev, dtype)
-        if reason:
-            raise UnavailableError(f"{self.name} cannot run on {dev} ({dtype_name(dtype)}): {reason}")
-        if self.same_width_only and spec.d_in != spec.d_out:
-            raise UnavailableError(f"{self.name} needs d_in == d_out, got d_in={spec.d_in}, d_out={spec.d_out}")
+        outcome = ready or resolve(self, spec, device=device, dtype=dtype)
+        if isinstance(outcome, Skip):
+            raise outcome.exception()
         try:
             module = self.factory(spec)
         except AttnbenchError:
@@ -115,7 +96,7 @@ class Implementation:
             raise PluginLoadError(f"{self.name} failed to build for {spec}: {type(exc).__name__}: {exc}") from exc
         if not isinstance(module, nn.Module):
             raise PluginLoadError(f"{self.name}'s factory returned {type(module).__name__}, not an nn.Module")
-        module = module.to(device=dev, dtype=DTYPES[dtype_name(dtype)])
+        module = module.to(device=outcome.device, dtype=outcome.dtype)
         if weights is not None:
             load_weights(module, weights, spec)
         if self.transform is not None:
@@ -267,7 +248,7 @@ def _compiled(name: str) -> Implementation:
 
     return replace(base, name=name, transform=transform,
                    description=f"torch.compile(mode={mode!r}) of {base_name}: {base.description}",
-                   source=f"torch.compile over {base.source}", min_torch=max(base.min_torch, "2.1", key=_version_tuple))
+                   source=f"torch.compile over {base.source}", min_torch=max(base.min_torch, "2.1", key=Version))
 
 
 def get(name: str) -> Implementation:

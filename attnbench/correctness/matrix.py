@@ -27,6 +27,7 @@ from attnbench.correctness import golden
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES, parse_device
 from attnbench.errors import AttnbenchError, SweepError
+from attnbench.resolve import Skip, resolve
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, random_weights, state_from_canonical
 
@@ -167,9 +168,6 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     ref_out = reference_forward(x_ref, w_ref, spec.num_heads)
     ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for _, t in w_ref.items()])
 
-    if not impl.supports_backward(device):
-        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "skip", None, None,
-                          f"declares no backward on {device.type}")
     module = _build(impl, spec, device, dtype, w)
     low = DTYPES[dtype]
     x_t = x.to(device=device, dtype=low).requires_grad_(True)
@@ -242,9 +240,6 @@ def _run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResul
 
 def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     """In train mode with dropout > 0 the output must change between calls (or no dropout is declared)."""
-    if not impl.supports_dropout(device):
-        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "skip", None, None,
-                          f"declares no dropout on {device.type}")
     _, _, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=True)
     x = x.to(device=device, dtype=DTYPES[case.dtype])
     with torch.no_grad():
@@ -271,6 +266,11 @@ def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
                       "" if same else "does not print the book's values to 4 decimals")
 
 
+CASE_MODES = {"backward": "forward+backward", "dropout_train": "forward"}
+"""How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
+CASE_DROPOUT = {"dropout_train": DROPOUT, "eval_deterministic": DROPOUT}
+"""The dropout each case kind builds with (the others: none)."""
+
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
     "forward": _run_forward, "backward": _run_backward, "causality": _run_causality,
     "batch_independence": _run_batch_independence, "eval_deterministic": _run_eval_deterministic,
@@ -281,13 +281,12 @@ RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseR
 def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu") -> CaseResult:
     """Run one case; a skip when the implementation declares it cannot, an ``error`` row when it raises."""
     impl = registry.get(impl) if isinstance(impl, str) else impl
-    dev = parse_device(device)
-    spec = case.shape.spec
-    reason = impl.unavailable_reason(dev, case.dtype)
-    if reason is None and impl.same_width_only and spec.d_in != spec.d_out:
-        reason = "declares d_in == d_out only"
-    if reason is not None:
-        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, reason)
+    shape = case.shape
+    outcome = resolve(impl, shape.spec, device=device, dtype=case.dtype, mode=CASE_MODES.get(case.kind, "inference"),
+                      batch=shape.batch, seq_len=shape.seq_len, dropout=CASE_DROPOUT.get(case.kind, 0.0))
+    if isinstance(outcome, Skip):
+        return CaseResult(impl.name, case.kind, shape.id, case.dtype, device, "skip", None, None, outcome.reason)
+    dev = outcome.device
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
@@ -310,6 +309,7 @@ def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: I
 
     Unknown names raise :class:`~attnbench.errors.UnknownImplementationError` before anything runs.
     """
+    device = str(parse_device(device))  # once: "cuda" -> "cuda:0", and a missing device fails before anything runs
     resolved = [registry.get(n) for n in (list(impls) if impls else registry.available(device))]
     selected = cases(kinds)
     rows = []

@@ -438,8 +438,7 @@ def bars(df: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) ->
     g, t = choice
     cells = g.rows[g.rows["seq_len"] == t].sort_values("median_s", ascending=False)
     title = f"All implementations at T={t}, {g.full_label}"  # axis values only: no mathtext risk
-    scale, unit = next(((s, u) for s, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
-                        if cells["median_s"].max() >= s), (1e-9, "ns"))
+    scale, unit = an.time_unit(cells["median_s"].max())
     med = cells["median_s"].to_numpy() / scale
     lo = np.nan_to_num(med - cells["ci_low_s"].to_numpy() / scale, nan=0.0).clip(min=0)
     hi = np.nan_to_num(cells["ci_high_s"].to_numpy() / scale - med, nan=0.0).clip(min=0)
