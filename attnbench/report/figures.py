@@ -265,7 +265,7 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
             out.append(Line2D([], [], marker="x", color="#444", mew=2, linestyle="none",
                               label="failed cell (oom/error/timeout/invalid)"))
         if "skipped" in seen.marks:
-            out.append(Line2D([], [], linestyle="none", label="skipped cells (cannot run here): not drawn"))
+            out.append(Line2D([], [], linestyle="none", label="skipped cells (cannot run here): left out"))
         return out
 
     def notes(ci, n):
@@ -281,7 +281,7 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
     return _paneled("latency", "Latency vs sequence length", df, gs, draw, handles,
                     "Median time per call (lines); band: interquartile range of the per-call samples. Black rings "
                     "mark noisy cells; × on the x axis marks a cell that failed. Skipped cells (combinations that "
-                    "cannot run here) are not drawn; the failed and skipped cells list names them.", out_dir, notes=notes)
+                    "cannot run here) are left out; the failed and skipped cells list names them.", out_dir, notes=notes)
 
 
 @_styled
