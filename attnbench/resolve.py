@@ -60,6 +60,19 @@ class Request:
         """Whether the module runs in train mode (dropout applies, autograd records)."""
         return self.mode in ("forward", "forward+backward")
 
+    @functools.cached_property
+    def device_type(self) -> str:
+        """``cpu`` or ``cuda``: the device string parsed once (an unknown device is a :class:`SweepError`)."""
+        return parse_device_type(self.device)
+
+    @functools.cached_property
+    def located(self) -> tuple[torch.device | None, str | None]:
+        """``(device, None)`` when the device exists here (index resolved), else ``(None, why not)``; parsed once."""
+        try:
+            return parse_device(self.device), None
+        except UnavailableError as exc:
+            return None, str(exc)
+
     @property
     def head_dim(self) -> int | None:
         """``d_out // num_heads`` when both are known and divide."""
@@ -118,8 +131,7 @@ def torch_version_rule(impl, req: Request) -> str | None:
 
 def device_type_rule(impl, req: Request) -> str | None:
     """The device types the implementation declares."""
-    kind = parse_device_type(req.device)
-    if kind not in impl.devices:
+    if req.device_type not in impl.devices:
         if impl.devices == ("cuda",) and not cuda_available():
             return "needs CUDA"
         return f"runs only on {', '.join(impl.devices)}"
@@ -128,11 +140,7 @@ def device_type_rule(impl, req: Request) -> str | None:
 
 def device_present_rule(impl, req: Request) -> str | None:
     """The device exists on this machine (CUDA built and visible, the index in range)."""
-    try:
-        parse_device(req.device)
-    except UnavailableError as exc:
-        return str(exc)
-    return None
+    return req.located[1]
 
 
 def dtype_rule(impl, req: Request) -> str | None:
@@ -151,35 +159,35 @@ def same_width_rule(impl, req: Request) -> str | None:
 
 def backward_rule(impl, req: Request) -> str | None:
     """``forward`` records autograd and ``forward+backward`` runs it: kernels without backward refuse both."""
-    if req.train and not impl.supports_backward(req.device):
-        return f"declares no backward on {parse_device_type(req.device)} (needed for {req.mode})"
+    if req.train and not impl.supports_backward(req.device_type):
+        return f"declares no backward on {req.device_type} (needed for {req.mode})"
     return None
 
 
 def dropout_rule(impl, req: Request) -> str | None:
     """Dropout in train mode needs an implementation that applies it."""
-    if req.dropout > 0 and req.train and not impl.supports_dropout(req.device):
-        return f"declares no dropout on {parse_device_type(req.device)}"
+    if req.dropout > 0 and req.train and not impl.supports_dropout(req.device_type):
+        return f"declares no dropout on {req.device_type}"
     return None
 
 
 def cache_rule(impl, req: Request) -> str | None:
     """The cold cache is an L2 flush between calls, which exists on CUDA only."""
-    if req.cache == "cold" and parse_device_type(req.device) != "cuda":
+    if req.cache == "cold" and req.device_type != "cuda":
         return "cold cache (L2 flush) exists only for CUDA cells"
     return None
 
 
 def probe_rule(impl, req: Request) -> str | None:
     """The implementation's own probe (a backend compiled into this torch build, a plug-in that failed to load)."""
-    return impl.probe(parse_device(req.device)) if impl.probe is not None else None
+    return impl.probe(req.located[0]) if impl.probe is not None else None
 
 
 def sdpa_rule(impl, req: Request) -> str | None:
     """On CUDA, a forced SDPA backend must pass PyTorch's own capability check for this cell's tensors."""
-    if not impl.sdpa_backend or parse_device_type(req.device) != "cuda" or req.dtype is None or req.head_dim is None:
+    if not impl.sdpa_backend or req.device_type != "cuda" or req.dtype is None or req.head_dim is None:
         return None
-    return sdpa_capability(impl.sdpa_backend, parse_device(req.device), req.dtype, req.batch or 1, req.num_heads,
+    return sdpa_capability(impl.sdpa_backend, req.located[0], req.dtype, req.batch or 1, req.num_heads,
                            req.seq_len or 16, req.head_dim, requires_grad=req.train,
                            dropout_p=req.dropout if req.train else 0.0)
 
@@ -213,7 +221,6 @@ def request_for(target=None, **given) -> Request:
     fields.update({k: v for k, v in given.items() if v is not None})
     if "device" in fields:
         fields["device"] = str(fields["device"]).strip().lower()
-        parse_device_type(fields["device"])
     if fields.get("dtype") is not None:
         fields["dtype"] = dtype_name(fields["dtype"])
     if fields.get("mode") is not None:
@@ -221,7 +228,9 @@ def request_for(target=None, **given) -> Request:
 
         if fields["mode"] not in MODES:
             raise SweepError(f"unknown mode {fields['mode']!r}; use one of {', '.join(MODES)}")
-    return Request(**fields)
+    req = Request(**fields)
+    req.device_type  # noqa: B018  (an unknown device is a user error here, before any rule)
+    return req
 
 
 def resolve(impl, target=None, **given) -> Ready | Skip:
@@ -241,7 +250,7 @@ def resolve(impl, target=None, **given) -> Ready | Skip:
         reason = rule(impl, req)
         if reason:
             return Skip(reason, impl=impl.name, where=req.where(), error=_ERRORS.get(rule, UnavailableError))
-    return Ready(parse_device(req.device), to_dtype(req.dtype) if req.dtype else None)
+    return Ready(req.located[0], to_dtype(req.dtype) if req.dtype else None)
 
 
 # ---------------------------------------------------------------- PyTorch's SDPA capability checks

@@ -22,10 +22,11 @@ from datetime import UTC, datetime
 import torch
 
 from attnbench.devices import device_name, synchronize
-from attnbench.errors import InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
+from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
 from attnbench.measure import analytic_flops, counted_flops, peak_gflops, peak_memory, summarize, time_fn
 from attnbench.resolve import Skip, resolve
 from attnbench.results.schema import Cell, empty_row
+from attnbench.results.text import fmt_time
 from attnbench.runner.sweep import Settings
 
 
@@ -116,8 +117,8 @@ def _run_cell(cell: Cell, settings: Settings, run_id: str, peak_gflops_per_s: fl
     row["threads"] = torch.get_num_threads()
     try:
         outcome = resolve(cell.impl, cell)
-    except (UnknownImplementationError, PluginLoadError):
-        outcome = None  # build_workload raises it again, into an error row
+    except AttnbenchError:
+        outcome = None  # an unknown name or mode: build_workload raises it again, into a row with its status
     if isinstance(outcome, Skip):
         row.update(status="skipped", error=outcome.reason)
         row["duration_s"] = time.perf_counter() - t_start
@@ -224,8 +225,8 @@ def merge_rounds(rows: list[dict]) -> dict:
     merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
     merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)
     merged["duration_s"] = sum(r["duration_s"] for r in rows)
-    medians = ", ".join(f"{1e3 * r['median_s']:.4g}" for r in rows)
-    merged["notes"] = f"{len(rows)} rounds in shuffled order, round medians {medians} ms; " + (rows[0]["notes"] or "")
+    medians = ", ".join(fmt_time(r["median_s"]) for r in rows)
+    merged["notes"] = f"{len(rows)} rounds in shuffled order, round medians {medians}; " + (rows[0]["notes"] or "")
     return merged
 
 
