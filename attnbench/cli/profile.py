@@ -6,10 +6,11 @@ import shlex
 from pathlib import Path
 
 import click
+import torch
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console
-from attnbench.devices import dtype_name, parse_device
+from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
 from attnbench.resolve import Skip, resolve
 from attnbench.results.schema import MODES, Cell
@@ -18,12 +19,14 @@ from attnbench.results.text import fmt_bytes, fmt_time
 TB_PORT = 6006
 
 
-def _validate(cells: list[Cell]) -> None:
-    """Fail on bad input (one line, via AttnbenchError) before any profiling starts or any file is written."""
+def _validate(cells: list[Cell]) -> torch.device:
+    """Fail on bad input (one line, via AttnbenchError) before any profiling starts or any file is written;
+    return the device the cells run on."""
     for cell in cells:
         outcome = resolve(cell.impl, cell)
         if isinstance(outcome, Skip):
             raise outcome.exception()
+    return outcome.device
 
 
 @cli.command("profile")
@@ -55,8 +58,7 @@ def profile_cmd(impls: tuple[str, ...], batch: int, seq_len: int, num_heads: int
         raise SweepError("--impl is empty; name at least one implementation (`attnbench list` shows them)")
     cells = [Cell(impl=n, device=device, dtype=dtype_name(dtype), batch=batch, seq_len=seq_len,
                   num_heads=num_heads, d_model=d_model, mode=mode) for n in names]
-    _validate(cells)
-    on_device = parse_device(device).type == "cuda"
+    on_device = _validate(cells).type == "cuda"
     results = []
     for cell in cells:
         with console.status(f"profiling {cell.impl} ..."):
