@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from attnbench.errors import PluginLoadError, UnavailableError
+from attnbench.errors import AttnbenchError, PluginLoadError, UnavailableError
 from attnbench.spec import AttnSpec
 from attnbench.weights import NAMES, Adapter, CanonicalWeights, random_weights
 
@@ -78,15 +78,16 @@ def canonical_shapes(spec: AttnSpec) -> dict[str, tuple[int, ...]]:
 class Source:
     """One module parameter as a function of the canonical weights.
 
-    ``canonical`` are concatenated along the output axis (a fused projection); ``block = (i, n)`` takes
-    the i-th of n equal row blocks (head i of a per-head list); ``transposed`` when stored (in, out).
+    ``canonical`` are concatenated along the output axis (a fused projection); ``per_head``: ``param``
+    is a template (``heads.{i}.query.weight``) and head i holds the i-th of ``num_heads`` row blocks;
+    ``transposed`` when stored (in, out).
     ``constant`` (``"zero"``/``"eye"``, with a symbolic ``shape``) is a parameter with no canonical
     counterpart, held fixed (``note`` says why).
     """
 
     param: str
     canonical: tuple[str, ...] = ()
-    block: tuple[int, int] | None = None
+    per_head: bool = False
     transposed: bool = False
     constant: str | None = None
     shape: tuple[str | int, ...] = ()
@@ -101,6 +102,7 @@ class Layout:
     held_at_zero: frozenset[str] = frozenset()
     missing: tuple[str, ...] = ()  # biases the spec asks for that the module does not have (a bug the matrix shows)
     same_width_reason: str = ""  # why the module needs d_in == d_out (found only once built)
+    square_only_problem: str = ""  # why its parameters do not fit when d_in != d_out (a bug the matrix shows)
 
     def to_state(self, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
         """The module's parameters as a differentiable function of ``w``."""
@@ -111,12 +113,13 @@ class Layout:
                 dims = [spec.d_in if d == "d_in" else spec.d_out if d == "d_out" else int(d) for d in s.shape]
                 t = torch.eye(dims[0], dtype=like.dtype, device=like.device) if s.constant == "eye" else \
                     torch.zeros(dims, dtype=like.dtype, device=like.device)
+            elif s.per_head:
+                for i, block in enumerate(_part(w, s.canonical[0]).chunk(spec.num_heads)):
+                    state[s.param.format(i=i)] = block.t() if s.transposed else block
+                continue
             else:
                 t = torch.cat([_part(w, name) for name in s.canonical]) if len(s.canonical) > 1 else _part(w, s.canonical[0])
-                if s.block is not None:
-                    t = t.chunk(s.block[1])[s.block[0]]
-                if s.transposed:
-                    t = t.t()
+                t = t.t() if s.transposed else t
             state[s.param] = t
         return state
 
@@ -127,16 +130,17 @@ class Layout:
         for s in self.sources:
             if s.constant:
                 continue
-            t = state[s.param].t() if s.transposed else state[s.param]
+            stored = [state[s.param.format(i=i)] for i in range(spec.num_heads)] if s.per_head else [state[s.param]]
+            t = torch.cat([m.t() if s.transposed else m for m in stored])
             parts = t.split([shapes[n][0] for n in s.canonical]) if len(s.canonical) > 1 else (t,)
             for name, part in zip(s.canonical, parts, strict=True):
-                pieces[name].append((s.block[0] if s.block else 0, part))
+                pieces[name].append(part)
         values = {}
         for name in NAMES:
             if pieces.get(name):
-                values[name] = torch.cat([p for _, p in sorted(pieces[name], key=lambda ip: ip[0])])
+                values[name] = torch.cat(pieces[name])
             elif name == "b_o" or (name.startswith("b_") and spec.qkv_bias):
-                values[name] = torch.zeros(shapes[name], dtype=state[self.sources[0].param].dtype)
+                values[name] = torch.zeros(shapes[name], dtype=next(iter(state.values())).dtype)
         if not spec.qkv_bias:
             values.update(b_q=None, b_k=None, b_v=None)
         return CanonicalWeights(**{n: values.get(n) for n in NAMES})
@@ -148,20 +152,16 @@ class Layout:
     def describe(self, spec: AttnSpec = DISPLAY) -> list[str]:
         """One line per mapping, ``W_q <- c_attn.weight[0:768]``, with sizes from ``spec``."""
         shapes = canonical_shapes(spec)
-        lines, seen_heads = [], set()
+        lines = []
         for s in self.sources:
             if s.constant:
                 value = "I" if s.constant == "eye" else "0"
                 lines.append(f"{s.param} = {value} (fixed: {s.note})")
                 continue
-            if s.block is not None:
-                key = (s.canonical, re.sub(r"\.\d+(\.|$)", r".{i}\1", s.param))
-                if key in seen_heads:
-                    continue
-                seen_heads.add(key)
-                rows = shapes[s.canonical[0]][0] // s.block[1]
+            if s.per_head:
+                rows = shapes[s.canonical[0]][0] // spec.num_heads
                 suffix = ".T" if s.transposed else ""
-                lines.append(f"{s.canonical[0]}[{rows}*i:{rows}*(i+1)] <- {key[1]}{suffix} for i in 0..{s.block[1] - 1}")
+                lines.append(f"{s.canonical[0]}[{rows}*i:{rows}*(i+1)] <- {s.param}{suffix} for i in 0..{spec.num_heads - 1}")
                 continue
             start = 0
             for name in s.canonical:
@@ -192,6 +192,14 @@ def _part(w: CanonicalWeights, name: str) -> torch.Tensor:
     return t
 
 
+class MappingError(PluginLoadError):
+    """No unambiguous layout: ``problems`` says why (the message also lists the parameters)."""
+
+    def __init__(self, message: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 class _NeedsSameWidth(Exception):
     """An ``nn.MultiheadAttention`` inside takes inputs of width embed_dim: the class needs d_in == d_out."""
 
@@ -217,10 +225,11 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
     claims: dict[str, list[str]] = defaultdict(list)  # canonical name -> params claiming it
     problems: list[str] = []
 
-    def claim(src: Source) -> None:
+    def claim(src: Source, holder: str = "") -> None:
         sources[src.param] = src
         for name in src.canonical:
-            claims[name].append(src.param)
+            if (holder or src.param) not in claims[name]:
+                claims[name].append(holder or src.param)
 
     mha_outs = _claim_multihead(modules, params, spec, shapes, claim)
     groups = _groups({n: p for n, p in params.items() if n not in sources}, modules)
@@ -229,13 +238,12 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
         canonical = _CANONICAL[g.role] if g.kind == "weight" else tuple("b" + n[1:] for n in _CANONICAL[g.role])
         rows = sum(shapes[n][0] for n in canonical)
         n = len(g.names)
-        if rows % n or (n > 1 and len(canonical) > 1):
-            problems.append(f"{_template(g)} is a list of {n} but W_{g.role} cannot be split that way")
+        if n > 1 and (n != spec.num_heads or len(canonical) > 1):
+            problems.append(f"{_template(g)} is a list of {n}, not one {'+'.join(canonical)} per head ({spec.num_heads} heads)")
             continue
         if g.kind == "bias":
             if all(s == (rows // n,) for s in g.shapes):
-                for i, name in enumerate(g.names):
-                    claim(Source(name, canonical, (i, n) if n > 1 else None))
+                claim(Source(_template(g), canonical, per_head=n > 1), _template(g))
             else:
                 problems.append(f"{_template(g)} has shape {g.shapes[0]}, expected ({rows // n},) for {'+'.join(canonical)}")
             continue
@@ -248,9 +256,8 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
             transposed = g.shapes[0] == in_out
         else:
             transposed = {"linear": False, "conv1d": True}.get(g.owner)  # None: decided below
-        for i, name in enumerate(g.names):
-            orient[name] = transposed
-            claim(Source(name, canonical, (i, n) if n > 1 else None, bool(transposed)))
+        orient[_template(g)] = transposed
+        claim(Source(_template(g), canonical, per_head=n > 1, transposed=bool(transposed)), _template(g))
     # An nn.MultiheadAttention followed by its own output projection: its out_proj is held at the identity.
     if mha_outs and len(claims["W_o"]) > 1:
         outer = [p for p in claims["W_o"] if p not in mha_outs]
@@ -269,11 +276,13 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
     for name in ("W_q", "W_k", "W_v", "W_o"):
         if not claims.get(name) and not problems:
             problems.append("no recognisable projections" if not claims else f"no parameter found for {name}")
-    unclaimed = [n for n in params if n not in sources]
+    covered = {src.param.format(i=i) if src.per_head else src.param
+               for src in sources.values() for i in range(spec.num_heads if src.per_head else 1)}
+    unclaimed = [n for n in params if n not in covered]
     if unclaimed and not problems:
         problems.append(f"no canonical counterpart for {', '.join(unclaimed)}")
     if problems:
-        raise PluginLoadError(_mapping_error(module, params, spec, problems))
+        raise MappingError(_mapping_error(module, params, spec, problems), problems)
     biases = ("b_q", "b_k", "b_v")
     absent = [b for b in biases if not claims.get(b)]
     held = {"b_o"} if not claims.get("b_o") else set()
@@ -405,16 +414,28 @@ class PluginFactory:
         layout = self._layouts[spec.qkv_bias]
         if layout.same_width_reason and spec.d_in != spec.d_out:
             raise UnavailableError(f"{self.binding.describe()} needs d_in == d_out: {layout.same_width_reason}")
+        if layout.square_only_problem and spec.d_in != spec.d_out:
+            raise PluginLoadError(f"{type(module).__name__}'s parameters do not fit d_in={spec.d_in} != d_out={spec.d_out} "
+                                  f"(they do when d_in == d_out): {layout.square_only_problem}")
         return layout
 
     def _discover(self, module: nn.Module, spec: AttnSpec) -> Layout:
+        if spec.d_in == spec.d_out:
+            try:
+                return discover(module, spec, self.has_qkv_bias)
+            except _NeedsSameWidth as exc:
+                raise PluginLoadError(f"cannot map {type(module).__name__}: {exc}, not d_in={spec.d_in}") from exc
+        square = replace(SQUARE_PROBE, qkv_bias=spec.qkv_bias)
         try:
             return discover(module, spec, self.has_qkv_bias)
         except _NeedsSameWidth as exc:
-            if spec.d_in == spec.d_out:
-                raise PluginLoadError(f"cannot map {type(module).__name__}: {exc}, not d_in={spec.d_in}") from exc
-            square = replace(SQUARE_PROBE, qkv_bias=spec.qkv_bias)
             return replace(discover(self.binding(square), square, self.has_qkv_bias), same_width_reason=str(exc))
+        except MappingError as exc:  # right only when d_in == d_out? Then the d_in != d_out cases show it.
+            try:
+                layout = discover(self.binding(square), square, self.has_qkv_bias)
+            except Exception:
+                raise exc from None
+            return replace(layout, square_only_problem="; ".join(exc.problems))
 
 
 def with_layout(binding, has_qkv_bias: bool) -> PluginFactory:
@@ -435,9 +456,14 @@ def preflight(impl, device: str = "cpu") -> list[str]:
         spec = replace(SQUARE_PROBE if impl.same_width_only else PROBE, qkv_bias=qkv_bias)
         try:
             module = impl.build(spec, device, dtype, weights=random_weights(spec))
-        except UnavailableError:
+        except (UnavailableError, PluginLoadError) as exc:  # maybe right only when d_in == d_out: the cases show it
+            if spec.d_in == spec.d_out:
+                raise
             spec = replace(SQUARE_PROBE, qkv_bias=qkv_bias)
-            module = impl.build(spec, device, dtype, weights=random_weights(spec))
+            try:
+                module = impl.build(spec, device, dtype, weights=random_weights(spec))
+            except AttnbenchError:
+                raise exc from None
         adapter = getattr(getattr(module, "_orig_mod", module), "weight_adapter", None)
         if isinstance(adapter, DiscoveredAdapter) and adapter.layout is not None:
             lines.append(f"weights (qkv_bias={qkv_bias}, shown for d_in=d_out={DISPLAY.d_out}, {DISPLAY.num_heads} heads):")
