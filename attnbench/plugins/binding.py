@@ -156,8 +156,8 @@ def bind(target: Callable) -> Binding:
         return Binding(target, "spec")
     if len(required) == 1 and not known and (required[0].name in CONFIG_NAMES or required[0].name.endswith(("config", "cfg"))):
         return Binding(target, "config", config_param=required[0].name)
-    if not known:
-        return Binding(target, "positional")
+    if not known or (required and not any(p.name in dict(known) for p in required)):
+        return Binding(target, "positional")  # no required parameter's name says what it is
     unknown = [p.name for p in required if p.name not in dict(known)]
     if unknown:
         shown = ", ".join(p.name for p in named)

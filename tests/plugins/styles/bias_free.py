@@ -53,11 +53,11 @@ class BiasFreeRect(nn.Module):
 
 
 class BiasFreeRectUntransposed(BiasFreeRect):
-    """Bug: values as ``x @ W_v.weight.T.T`` (untransposed)."""
+    """Bug: values as ``x @ W_v.weight`` (untransposed: runs only when d_in == d_out, and is wrong there)."""
 
     def forward(self, x):
         b, T, _ = x.shape
         q, k = (w(x).unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for w in (self.W_q, self.W_k))
         v = (x @ self.W_v.weight).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
-        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        context = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         return self.W_o(context.transpose(1, 2).flatten(2))
