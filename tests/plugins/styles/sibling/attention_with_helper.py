@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attention_helpers import causal_attention, split_heads, merge_heads  # a sibling file, not a package
+from attention_helpers import causal_attention, merge_heads, split_heads  # a sibling file, not a package
 from torch import nn
 
 
