@@ -22,7 +22,8 @@ S = "tests/plugins/styles/"
 KINDS = ["forward", "backward", "causality", "batch_independence", "eval_deterministic", "dropout_train"]
 CORRECT = [  # one class per style; each must pass with no adapter
     "argument_order.py:NotebookOrder", "argument_order.py:KeywordsAnyOrder", "argument_order.py:HuggingFaceNames",
-    "argument_order.py:make_attention", "fused.py:FusedQKV", "fused.py:FusedParams", "einsum.py:EinsumParams",
+    "argument_order.py:make_attention", "argument_order.py:ReturnsOutputAndWeights", "fused.py:FusedQKV",
+    "fused.py:FusedParams", "einsum.py:EinsumParams",
     "config_style.py:NanoStyleAttention", "config_style.py:MinStyleAttention", "mha_inside.py:WrapsTorchMHA",
     "mha_inside.py:TorchMHAOnly", "sibling/attention_with_helper.py:SiblingImport", "per_head.py:PerHeadModuleList",
     "bias_free.py:BiasFree", "bias_free.py:BiasFreeRect",
@@ -255,3 +256,21 @@ def test_bias_free_layers_hold_missing_biases_at_zero(repo_cwd):
     assert adapter_for(module).held_at_zero == {"b_q", "b_k", "b_v", "b_o"}
     module = registry.get(S + "fused.py:FusedQKV").build(AttnSpec(12, 16, 8, 0.0, 4, True))
     assert adapter_for(module).held_at_zero == frozenset()
+
+
+def test_display_name_is_the_impl_column_of_run_rows():
+    from attnbench.results.schema import Cell, empty_row
+
+    row = empty_row(Cell(f"nb={S}argument_order.py:NotebookOrder", "cpu", "float32", 1, 8, 2, 16, "forward", "warm"))
+    assert row["impl"] == "nb"
+
+
+@pytest.mark.cuda
+def test_styles_pass_on_cuda(cuda_device, repo_cwd, capsys):
+    names = [S + "fused.py:FusedQKV", S + "config_style.py:NanoStyleAttention", S + "mha_inside.py:WrapsTorchMHA"]
+    df = run_matrix(names, device=cuda_device, kinds=KINDS)
+    bad = df[df.status.isin(["fail", "error"])]
+    assert bad.empty, "\n".join(f"{r.impl} {r.kind} {r.shape} {r.dtype}: {r.message}" for r in bad.itertuples())
+    code, out, err = run_cli(["check", "--device", cuda_device, "-v", S + "einsum.py:EinsumParamsUntransposed",
+                              "--kind", "forward"], capsys)
+    assert code == 1 and "W_query <-" not in out and "W_q <- W_query" in out, out + err

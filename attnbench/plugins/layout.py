@@ -45,7 +45,7 @@ _CORES = {
     "o": ("o", "out", "output", "proj", "cproj", "dense", "projection"),
 }
 _ROLE_OF_CORE = {core: role for role, cores in _CORES.items() for core in cores}
-_PREFIXES = ("", "w", "to", "b", "bias", "linear", "lin", "proj", "layer", "fc", "weight")
+_PREFIXES = ("", "w", "to", "b", "bias", "linear", "lin", "proj", "layer", "fc", "weight", "attn", "attention", "self")
 _SUFFIXES = ("", "proj", "projection", "linear", "lin", "layer", "weight", "weights", "w", "bias", "b", "mat",
              "matrix", "fc", "dense", "net", "param")
 _CANONICAL = {"q": ("W_q",), "k": ("W_k",), "v": ("W_v",), "qkv": ("W_q", "W_k", "W_v"), "kv": ("W_k", "W_v"),
@@ -114,7 +114,7 @@ class Layout:
                 t = torch.eye(dims[0], dtype=like.dtype, device=like.device) if s.constant == "eye" else \
                     torch.zeros(dims, dtype=like.dtype, device=like.device)
             elif s.per_head:
-                for i, block in enumerate(_part(w, s.canonical[0]).chunk(spec.num_heads)):
+                for i, block in enumerate(_part(w, s.canonical[0]).chunk(heads_of(s.canonical[0], spec))):
                     state[s.param.format(i=i)] = block.t() if s.transposed else block
                 continue
             else:
@@ -130,7 +130,8 @@ class Layout:
         for s in self.sources:
             if s.constant:
                 continue
-            stored = [state[s.param.format(i=i)] for i in range(spec.num_heads)] if s.per_head else [state[s.param]]
+            n = heads_of(s.canonical[0], spec) if s.per_head else 1
+            stored = [state[s.param.format(i=i)] for i in range(n)] if s.per_head else [state[s.param]]
             t = torch.cat([m.t() if s.transposed else m for m in stored])
             parts = t.split([shapes[n][0] for n in s.canonical]) if len(s.canonical) > 1 else (t,)
             for name, part in zip(s.canonical, parts, strict=True):
@@ -159,9 +160,10 @@ class Layout:
                 lines.append(f"{s.param} = {value} (fixed: {s.note})")
                 continue
             if s.per_head:
-                rows = shapes[s.canonical[0]][0] // spec.num_heads
+                n = heads_of(s.canonical[0], spec)
+                rows = shapes[s.canonical[0]][0] // n
                 suffix = ".T" if s.transposed else ""
-                lines.append(f"{s.canonical[0]}[{rows}*i:{rows}*(i+1)] <- {s.param}{suffix} for i in 0..{spec.num_heads - 1}")
+                lines.append(f"{s.canonical[0]}[{rows}*i:{rows}*(i+1)] <- {s.param}{suffix} for i in 0..{n - 1}")
                 continue
             start = 0
             for name in s.canonical:
@@ -182,6 +184,11 @@ class DiscoveredAdapter(Adapter):
     """An :class:`~attnbench.weights.Adapter` found by :func:`discover` (``layout`` says how)."""
 
     layout: Layout | None = field(default=None, compare=False)
+
+
+def heads_of(name: str, spec: AttnSpec) -> int:
+    """How many heads canonical ``name`` is split into: keys and values have ``num_kv_heads`` where a spec has them."""
+    return (getattr(spec, "num_kv_heads", None) or spec.num_heads) if name[-1] in "kv" else spec.num_heads
 
 
 def _part(w: CanonicalWeights, name: str) -> torch.Tensor:
@@ -238,7 +245,7 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
         canonical = _CANONICAL[g.role] if g.kind == "weight" else tuple("b" + n[1:] for n in _CANONICAL[g.role])
         rows = sum(shapes[n][0] for n in canonical)
         n = len(g.names)
-        if n > 1 and (n != spec.num_heads or len(canonical) > 1):
+        if n > 1 and (len(canonical) > 1 or n != heads_of(canonical[0], spec)):
             problems.append(f"{_template(g)} is a list of {n}, not one {'+'.join(canonical)} per head ({spec.num_heads} heads)")
             continue
         if g.kind == "bias":
@@ -277,7 +284,7 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
         if not claims.get(name) and not problems:
             problems.append("no recognisable projections" if not claims else f"no parameter found for {name}")
     covered = {src.param.format(i=i) if src.per_head else src.param
-               for src in sources.values() for i in range(spec.num_heads if src.per_head else 1)}
+               for src in sources.values() for i in range(heads_of(src.canonical[0], spec) if src.per_head else 1)}
     unclaimed = [n for n in params if n not in covered]
     if unclaimed and not problems:
         problems.append(f"no canonical counterpart for {', '.join(unclaimed)}")
@@ -397,9 +404,11 @@ class PluginFactory:
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
         module = self.binding(spec)
-        if not isinstance(module, nn.Module) or isinstance(getattr(module, "weight_adapter", None), Adapter):
+        if not isinstance(module, nn.Module):
             return module
-        object.__setattr__(module, "weight_adapter", self.layout(spec, module).adapter())
+        module.register_forward_hook(_first_of_tuple)
+        if not isinstance(getattr(module, "weight_adapter", None), Adapter):
+            object.__setattr__(module, "weight_adapter", self.layout(spec, module).adapter())
         return module
 
     def layout(self, spec: AttnSpec, module: nn.Module) -> Layout:
@@ -436,6 +445,13 @@ class PluginFactory:
             except Exception:
                 raise exc from None
             return replace(layout, square_only_problem="; ".join(exc.problems))
+
+
+def _first_of_tuple(module: nn.Module, args, output):
+    """A forward that returns ``(output, attention_weights)`` (Hugging Face style) is read as its output."""
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return output
 
 
 def with_layout(binding, has_qkv_bias: bool) -> PluginFactory:

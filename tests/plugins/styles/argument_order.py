@@ -111,3 +111,10 @@ class HuggingFaceNames(nn.Module):
 def make_attention(spec):
     """A factory: ``--impl argument_order.py:make_attention`` builds whatever it likes from the spec."""
     return NotebookOrder(spec.d_in, spec.d_out, spec.num_heads, spec.context_length, spec.dropout, spec.qkv_bias)
+
+
+class ReturnsOutputAndWeights(NotebookOrder):
+    """Returns ``(output, None)`` as Hugging Face attention modules do; attnbench reads the first element."""
+
+    def forward(self, x):
+        return super().forward(x), None
