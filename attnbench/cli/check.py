@@ -27,7 +27,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
     that does not import, construct or map its weights is reported once, before any case runs).
     """
-    from attnbench.correctness.matrix import run_matrix, summarize
+    from attnbench.correctness.matrix import SHAPES, run_matrix, summarize
     from attnbench.devices import parse_device
     from attnbench.plugins import preflight
 
@@ -39,7 +39,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
             raise UnavailableError(f"{name} cannot run on {device} here: {reason}; choose another --device or implementation")
     for name in names or []:  # construct and map weights once: a setup error is one line, not one per case
         impl = registry.get(name)
-        lines = preflight(impl, device)
+        lines = preflight(impl, device, other_specs=[shape.spec for shape in SHAPES])
         if verbose and lines:
             console.print(f"{impl.name}:", markup=False)
             for line in lines:

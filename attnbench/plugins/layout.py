@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from attnbench.errors import AttnbenchError, PluginLoadError, UnavailableError
+from attnbench.errors import PluginLoadError, UnavailableError
 from attnbench.spec import AttnSpec
 from attnbench.weights import NAMES, Adapter, CanonicalWeights, random_weights
 
@@ -459,27 +459,30 @@ def with_layout(binding, has_qkv_bias: bool) -> PluginFactory:
     return PluginFactory(binding, has_qkv_bias)
 
 
-def preflight(impl, device: str = "cpu") -> list[str]:
+def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     """Build ``impl`` and load canonical weights once per bias setting, before any case runs.
 
-    Returns the lines ``attnbench check -v`` prints (constructor call and weight mapping); raises the
+    Tries the probe specs, then ``other_specs`` (the sizes the cases will use): a class that builds and
+    maps for any of them goes on to the cases, which show where it fails. Returns the lines
+    ``attnbench check -v`` prints (constructor call and weight mapping); raises the
     :class:`~attnbench.errors.AttnbenchError` of a failed import, construction or mapping.
     """
     factory = impl.factory
     lines = [f"constructor: {factory.binding.describe()}"] if isinstance(factory, PluginFactory) else []
     dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]
     for qkv_bias in (False, True):
-        spec = replace(SQUARE_PROBE if impl.same_width_only else PROBE, qkv_bias=qkv_bias)
-        try:
-            module = impl.build(spec, device, dtype, weights=random_weights(spec))
-        except (UnavailableError, PluginLoadError) as exc:  # maybe right only when d_in == d_out: the cases show it
-            if spec.d_in == spec.d_out:
-                raise
-            spec = replace(SQUARE_PROBE, qkv_bias=qkv_bias)
+        module, first_error = None, None
+        for spec in (PROBE, SQUARE_PROBE, *other_specs):
+            if impl.same_width_only and spec.d_in != spec.d_out:
+                continue
+            spec = replace(spec, qkv_bias=qkv_bias)
             try:
                 module = impl.build(spec, device, dtype, weights=random_weights(spec))
-            except AttnbenchError:
-                raise exc from None
+                break
+            except (UnavailableError, PluginLoadError) as exc:  # right only for some sizes? The cases show it.
+                first_error = first_error or exc
+        if module is None:
+            raise first_error
         adapter = getattr(getattr(module, "_orig_mod", module), "weight_adapter", None)
         if isinstance(adapter, DiscoveredAdapter) and adapter.layout is not None:
             lines.append(f"weights (qkv_bias={qkv_bias}, shown for d_in=d_out={DISPLAY.d_out}, {DISPLAY.num_heads} heads):")
