@@ -384,12 +384,16 @@ def _settle_square(sources: dict[str, Source], orient: dict[str, bool | None], p
 
 def _mapping_error(module: nn.Module, params, spec: AttnSpec, problems: list[str]) -> str:
     listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items()) or "none"
-    first = next((n for n, p in params.items() if p.dim() == 2), "qkv.weight")
+    first, first_shape = next(((n, tuple(p.shape)) for n, p in params.items() if p.dim() == 2), ("qkv.weight", ()))
+    shapes = canonical_shapes(spec)
+    fused = (sum(shapes[n][0] for n in ("W_q", "W_k", "W_v")), spec.d_in)
+    value = {shapes["W_q"]: "w.W_q", shapes["W_q"][::-1]: "w.W_q.T", fused: "torch.cat([w.W_q, w.W_k, w.W_v])",
+             fused[::-1]: "torch.cat([w.W_q, w.W_k, w.W_v]).T"}.get(first_shape, "w.W_q")
     return (f"cannot map {type(module).__name__}'s parameters onto the canonical W_q, W_k, W_v, W_o: {'; '.join(problems)}. "
             f"Its parameters at d_in={spec.d_in}, d_out={spec.d_out}, num_heads={spec.num_heads}: {listed}. "
             "Name them like q_proj/W_query, qkv/c_attn/in_proj, out_proj/c_proj, or give the class "
             "`weight_adapter = attnbench.Adapter(to_state, from_state)` with e.g. "
-            f"to_state = lambda w, spec: {{'{first}': torch.cat([w.W_q, w.W_k, w.W_v]), ...}} ({GUIDE})")
+            f"to_state = lambda w, spec: {{'{first}': {value}, ..., 'out.weight': w.W_o}} ({GUIDE})")
 
 
 class PluginFactory:
