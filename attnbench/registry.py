@@ -5,8 +5,9 @@ through one path, :func:`register`. A name given anywhere an implementation is a
 
 * a registered name (``weight_split``, ``sdpa_flash``, ...);
 * ``compiled:NAME`` or ``compiled:NAME@MODE``: ``torch.compile`` applied to ``NAME`` as a transform;
-* ``path/to/file.py:ClassName`` or ``package.module:ClassName``: a user's class with the book's
-  constructor ``(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)``;
+* ``path/to/file.py:ClassName`` or ``package.module:ClassName``: a user's class (its constructor bound
+  by parameter name, its weight layout discovered: :mod:`attnbench.plugins`) or factory ``f(spec)``;
+* ``NAME=target``: ``target`` shown as ``NAME`` in tables, figures and reports;
 * plug-ins registered through the ``attnbench.implementations`` entry-point group (the entry point's
   name is the implementation's name; it points at such a class or at an :class:`Implementation`).
 """
@@ -14,12 +15,9 @@ through one path, :func:`register`. A name given anywhere an implementation is a
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib
 import importlib.metadata
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +26,7 @@ import torch
 from packaging.version import Version
 from torch import nn
 
+from attnbench import plugins
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError, PluginLoadError, UnknownImplementationError
 from attnbench.resolve import Ready, Skip, resolve
@@ -160,13 +159,11 @@ def _load_entry_points() -> None:
         if ep.name in _REGISTRY:
             continue
         try:
-            obj = ep.load()
+            _REGISTRY[ep.name] = _from_object(ep.name, ep.load(), source=ep.value, origin="entry-point")
         except Exception as exc:  # a broken plug-in must not hide the others: list it as unavailable
             reason = f"entry point {ep.value} failed to load: {type(exc).__name__}: {exc}"
             _REGISTRY[ep.name] = Implementation(name=ep.name, factory=_raiser(reason), description=reason,
                                                 source=ep.value, probe=lambda _d, r=reason: r, origin="entry-point")
-            continue
-        _REGISTRY[ep.name] = _from_object(ep.name, obj, source=ep.value, origin="entry-point")
 
 
 def _raiser(message: str) -> Callable[[AttnSpec], nn.Module]:
@@ -179,36 +176,16 @@ def _raiser(message: str) -> Callable[[AttnSpec], nn.Module]:
 def _from_object(name: str, obj, source: str, origin: str) -> Implementation:
     if isinstance(obj, Implementation):
         return replace(obj, name=name, origin=origin)
-    if inspect.isclass(obj) and issubclass(obj, nn.Module):
-        caps = dict(getattr(obj, "attnbench_capabilities", {}) or {})
-        return Implementation(name=name, factory=_class_factory(obj), description=caps.pop("description", _first_line(obj)),
-                              source=caps.pop("source", source), origin=origin, **caps)
-    if callable(obj):
-        return Implementation(name=name, factory=obj, description=_first_line(obj), source=source, origin=origin)
-    raise PluginLoadError(f"{source} is a {type(obj).__name__}; a plug-in must be an nn.Module subclass with the "
-                          "book's constructor, a factory callable(spec) -> nn.Module, or an attnbench Implementation")
+    if callable(obj):  # a user's class or factory: bound by parameter name, weight layout discovered
+        fields = plugins.implementation_fields(obj, source)
+        return Implementation(name=name, description=fields.pop("description", _first_line(obj)), origin=origin, **fields)
+    raise PluginLoadError(f"{source} is a {type(obj).__name__}; a plug-in must be an nn.Module subclass, a factory "
+                          "callable(spec) -> nn.Module, or an attnbench Implementation (README: Bring your own attention)")
 
 
 def _load_file(path_text: str, attr: str, name: str) -> Implementation:
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise PluginLoadError(f"plug-in file {path_text!r} does not exist (resolved to {path.resolve()}); "
-                              "check the path, which is relative to the current directory")
-    resolved = path.resolve()
-    mod_name = f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
-    module = sys.modules.get(mod_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(mod_name, resolved)
-        if spec is None or spec.loader is None:
-            raise PluginLoadError(f"cannot import {path_text!r} as Python; it must be a .py file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[mod_name]
-            raise PluginLoadError(f"importing plug-in {path_text!r} failed: {type(exc).__name__}: {exc}") from exc
-    return _attr(module, attr, name, source=str(resolved), origin="file")
+    module = plugins.import_file(path_text)
+    return _attr(module, attr, name, source=str(Path(path_text).expanduser().resolve()), origin="file")
 
 
 def _load_module(mod_path: str, attr: str, name: str) -> Implementation:
@@ -253,7 +230,9 @@ def _compiled(name: str) -> Implementation:
 
 def get(name: str) -> Implementation:
     """The :class:`Implementation` called ``name`` (see the module docstring for the accepted forms)."""
-    name = name.strip()
+    display, name = plugins.split_display_name(name)
+    if display is not None:  # NAME=target: the target under a short name for tables, figures and reports
+        return replace(get(name), name=display)
     key = _cache_key(name)
     if key in _RESOLVED:
         return _RESOLVED[key]

@@ -26,10 +26,10 @@ from attnbench import registry
 from attnbench.correctness import golden
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES, parse_device
-from attnbench.errors import AttnbenchError, SweepError
+from attnbench.errors import AttnbenchError, SweepError, UnavailableError
 from attnbench.resolve import Skip, resolve
 from attnbench.spec import AttnSpec
-from attnbench.weights import CanonicalWeights, random_weights, state_from_canonical
+from attnbench.weights import CanonicalWeights, adapter_for, random_weights, state_from_canonical, zero_held
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 """Relative max-norm error allowed per dtype (TF32 is switched off while checking on CUDA)."""
@@ -143,8 +143,9 @@ def _run_forward(impl, case: Case, device: torch.device) -> CaseResult:
     w = random_weights(spec, seed=_seed_for(case.shape))
     x = _inputs(case.shape)
     w_low, x_low = w.to(dtype=DTYPES[dtype]), x.to(DTYPES[dtype])  # the rounding the implementation sees
-    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
     module = _build(impl, spec, device, dtype, w_low)
+    w_low = zero_held(module, w_low)  # a layer without some bias computes with it held at zero
+    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
     with torch.no_grad():
         out = module(x_low.to(device)).cpu()
     if out.dtype != DTYPES[dtype]:
@@ -162,13 +163,15 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     x = _inputs(case.shape)
     g = torch.randn(case.shape.batch, case.shape.seq_len, spec.d_out, generator=torch.Generator().manual_seed(7),
                     dtype=torch.float64)
-    names = ["x"] + [n for n, _ in w.items()]
+    module = _build(impl, spec, device, dtype, w)
+    w = zero_held(module, w)
+    held = adapter_for(module).held_at_zero  # not parameters of this layer: no gradient to compare
+    names = ["x"] + [n for n, _ in w.items() if n not in held]
 
     x_ref, w_ref = x.clone().requires_grad_(True), w.leaves()
     ref_out = reference_forward(x_ref, w_ref, spec.num_heads)
-    ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for _, t in w_ref.items()])
+    ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for n, t in w_ref.items() if n not in held])
 
-    module = _build(impl, spec, device, dtype, w)
     low = DTYPES[dtype]
     x_t = x.to(device=device, dtype=low).requires_grad_(True)
     w_t = w.to(device=device, dtype=low).leaves()
@@ -177,8 +180,8 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     if out.shape != ref_out.shape:  # a wrong shape may still broadcast against the output gradient
         return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", math.inf, None,
                           f"output shape {tuple(out.shape)} != expected {tuple(ref_out.shape)}")
-    grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(), [x_t] + [t for _, t in w_t.items()],
-                                allow_unused=True)
+    grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(),
+                                [x_t] + [t for n, t in w_t.items() if n not in held], allow_unused=True)
     # Some true gradients are structurally ~0 (the key bias: softmax cancels a per-row constant), so
     # each gradient's error is relative to at least 1% of the largest gradient, not to its own ~0.
     floor = 1e-2 * max(float(r.abs().max()) for r in ref_grads)
@@ -234,7 +237,7 @@ def _run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResul
     spec, w, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=False)
     with torch.no_grad():
         a, b = module(x.to(device)).cpu(), module(x.to(device)).cpu()
-    err = max(rel_error(a, reference_forward(x, w, spec.num_heads)), rel_error(a, b))
+    err = max(rel_error(a, reference_forward(x, zero_held(module, w), spec.num_heads)), rel_error(a, b))
     return _verdict(impl.name, case, str(device), err, TOLERANCE[case.dtype], what="eval output with dropout>0")
 
 
@@ -250,7 +253,7 @@ def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     ok = changed > 1e-3
     return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "pass" if ok else "fail",
                       changed, 1e-3, "" if ok else "train-mode output does not change with dropout=0.5: dropout is "
-                      "not applied (declare dropout=False if the implementation has none)")
+                      "not applied (if it has none, declare attnbench_capabilities = {'dropout': False}: README, Capabilities)")
 
 
 def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
@@ -293,12 +296,15 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return RUNNERS[case.kind](impl, case, dev)
+    except UnavailableError as exc:  # found only once built (a plug-in's nn.MultiheadAttention needs d_in == d_out)
+        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, str(exc))
     except AttnbenchError as exc:
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
                           f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # the implementation under test raised: a failed case, with its message
+        hint = " (no backward here? declare it in attnbench_capabilities: README, Capabilities)" if case.kind == "backward" else ""
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300] + hint)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 

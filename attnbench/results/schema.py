@@ -86,6 +86,9 @@ def empty_row(cell: Cell, run_id: str = "") -> dict:
     for name, kind in COLUMNS.items():
         row[name] = float("nan") if kind == "float64" else (None if kind in ("string", "object") else 0)
     row.update(cell.as_dict())
+    from attnbench.plugins.loading import split_display_name
+
+    row["impl"] = split_display_name(cell.impl)[0] or cell.impl  # NAME=target: tables and figures show NAME
     row.update(run_id=run_id, cell_id=cell.cell_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
                warmup_calls=0, threads=0, status="error", error="", notes="")
     return row
