@@ -36,6 +36,16 @@ except ImportError:  # older commits, which the asv gate benchmarks with today's
     from attnbench.schema import Cell
     from attnbench.sweep import Settings
     from attnbench.workload import build_workload
+try:  # one resolver decides what can run (since attnbench.resolve)
+    from attnbench.resolve import resolve
+except ImportError:  # older commits: the cell module's own check
+    resolve = None
+
+
+def _skip_reason(cell) -> str | None:
+    """Why ``cell`` cannot run here, or None (metadata and, on CUDA, PyTorch's SDPA checks: call it in setup)."""
+    return resolve(cell.impl, cell).reason if resolve is not None else skip_reason(cell)
+
 
 DEVICE = os.environ.get("ATTNBENCH_ASV_DEVICE", "cpu")
 # One intra-op thread by default: on a shared or busy machine (CI) OpenMP threads contending for cores
@@ -70,7 +80,7 @@ def _prepare(**cell_axes):
         cell = Cell(device=DEVICE, batch=BATCH, num_heads=HEADS, **cell_axes)
     except TypeError as exc:  # a commit older than the axis (e.g. num_kv_heads): nothing to measure there
         raise NotImplementedError(f"this commit's Cell has no such axis: {exc}") from exc
-    reason = skip_reason(cell)
+    reason = _skip_reason(cell)
     if reason:
         raise NotImplementedError(reason)  # asv's way to skip a combination
     try:

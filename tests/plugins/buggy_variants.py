@@ -83,8 +83,9 @@ class CacheBaseline(GQABaseline):
 
     attnbench_capabilities = {"gqa": True, "kv_cache": True}
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None,
+                 window=None, causal=True):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, num_kv_heads, window, causal)
         self.reset_cache()
 
     def reset_cache(self):
@@ -132,8 +133,9 @@ class GrowingCacheBaseline(GQABaseline):
 
     attnbench_capabilities = {"gqa": True, "kv_cache": True}
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None,
+                 window=None, causal=True):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, num_kv_heads, window, causal)
         self.reset_cache()
 
     def reset_cache(self):
