@@ -103,6 +103,7 @@ EXPECTED = {  # class -> (kind that must flag it, text its message must contain)
     "DropoutOnScores": ("dropout_mean", "does not converge to the eval output"),
     "ViewOnInput": ("strided_input", "refuses a non-contiguous input"),
     "AssumesContiguous": ("strided_input", "differs from the contiguous copy"),
+    "ViewOnGradient": ("strided_input", "with a transposed grad_output"),
     "WritesIntoInput": ("no_side_effects", "the input x was modified in place"),
     "FoldsScaleIntoWeights": ("no_side_effects", "parameter W_query.weight changed"),
     "FirstShapeMaskCache": ("shape_sequence", "call 3 (batch 1, T=33)"),
@@ -166,3 +167,22 @@ def test_properties_on_cuda(cuda_device):
     assert _flagged(df).empty, _describe(df)
     assert (df.status == "pass").any()
 
+
+
+def test_cli_check_seed_and_property_failure(repo_cwd, capsys):
+    from attnbench import cli
+
+    def run(argv):
+        try:
+            cli.main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        return code, capsys.readouterr().out
+
+    code, out = run(["check", "--impl", "weight_split", "--kind", "long_seq,dropout_mean", "--seed", "5"])
+    assert code == 0 and "3 passed, 0 failed" in out, out
+    code, out = run(["check", "--impl", f"{PLUGIN}:TiledMask64", "--kind", "long_seq"])
+    assert code == 1
+    fails = [line for line in out.splitlines() if line.strip().startswith("FAIL")]
+    assert fails and all("long_seq: T=" in line for line in fails), out

@@ -17,7 +17,8 @@ from attnbench.errors import UnavailableError
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--kind", "kinds", multiple=True, help="Only these case kinds (forward, backward, causality, ...).")
 @click.option("--all-cases", is_flag=True, help="Print every case, not just the summary and the failures.")
-def check_cmd(impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool) -> None:
+@click.option("--seed", type=int, default=0, show_default=True, help="Draw other weights and inputs for every case.")
+def check_cmd(impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool, seed: int) -> None:
     """Run the correctness matrix; exit 1 if any case fails."""
     from attnbench.correctness.matrix import run_matrix, summarize
     from attnbench.devices import parse_device
@@ -29,7 +30,7 @@ def check_cmd(impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_c
         if reason:
             raise UnavailableError(f"{name} cannot run on {device} here: {reason}; choose another --device or implementation")
     with console.status("running the correctness matrix ..."):
-        results = run_matrix(names, device=device, kinds=_split(kinds) or None)
+        results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed)
     summary = summarize(results)
     table = Table(title=f"correctness matrix on {device} (relative max-norm error vs float64 reference)")
     for col in ("impl", "kind", "dtype", "pass", "fail", "error", "skip", "worst error", "tolerance"):

@@ -12,8 +12,9 @@ call, the first input layout):
   buffers, dropped partial tiles).
 * ``dropout_mean``: in train mode the mean over many fixed seeds converges to the eval output
   (inverted dropout scales kept weights by ``1/(1-p)``), judged by a t-test with a stated false-alarm rate.
-* ``strided_input``: transposed, sliced, strided, expanded and sequence-first views of ``x`` give the
-  output and gradients of their contiguous copy; refusing them is a failure that says why.
+* ``strided_input``: transposed, sliced, strided, expanded and sequence-first views of ``x`` (and a
+  transposed ``grad_output``) give the output and gradients of their contiguous copy; refusing them is a
+  failure that says why.
 * ``no_side_effects``: the input and every parameter are bit-identical after an eval forward, a
   train forward and a backward.
 * ``shape_sequence``: one module called with different batch sizes and lengths, in a mixed order and
@@ -304,19 +305,22 @@ def _strided_views(b: int, T: int, d: int) -> list[tuple[str, tuple[int, ...], C
     ]
 
 
-def _forward_and_grads(module, base: torch.Tensor, view, g: torch.Tensor, backward: bool, contiguous: bool):
+def _forward_and_grads(module, base: torch.Tensor, view, g: torch.Tensor | None, contiguous: bool):
+    """Output for ``view(base)`` (or its contiguous copy) and, when ``g`` is given, the gradients of
+    ``<out, g>`` by name: ``x`` (with respect to ``base``) and every trainable parameter."""
     x = view(base)
-    if not backward:
+    if g is None:
         with torch.no_grad():
-            return module(x.contiguous() if contiguous else x), []
+            return module(x.contiguous() if contiguous else x), {}
     out = module(x.contiguous() if contiguous else x)
-    params = [p for p in module.parameters() if p.requires_grad]
-    grads = torch.autograd.grad((out * g).sum(), [base] + params, allow_unused=True)
-    return out.detach(), list(grads)
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out, [base] + [p for _, p in params], grad_outputs=g, allow_unused=True)
+    return out.detach(), dict(zip(["x"] + [n for n, _ in params], grads, strict=True))
 
 
 def _run_strided_input(impl, case: Case, device: torch.device) -> CaseResult:
-    """Every non-contiguous view of x gives its contiguous copy's output and gradients (input and weights)."""
+    """Every non-contiguous view of x (backpropagated with a non-contiguous grad_output) gives its contiguous
+    copy's output and gradients (input and weights)."""
     spec, low = case.shape.spec, DTYPES[case.dtype]
     b, T = case.shape.batch, case.shape.seq_len
     w, _ = _weights_and_input(case)
@@ -324,31 +328,32 @@ def _run_strided_input(impl, case: Case, device: torch.device) -> CaseResult:
     backward = impl.supports_backward(device)
     gen = torch.Generator().manual_seed(matrix._seed_for(case.shape))
     g = torch.randn(b, T, spec.d_out, generator=gen, dtype=torch.float64).to(device=device, dtype=low)
+    g_strided = g.transpose(1, 2).contiguous().transpose(1, 2)  # the same values: strided x gets a strided grad_output
     worst = 0.0
     for name, base_shape, view in _strided_views(b, T, spec.d_in):
         base = torch.randn(base_shape, generator=gen, dtype=torch.float64).to(device=device, dtype=low)
-        want_out, want_grads = _forward_and_grads(module, base.clone().requires_grad_(backward), view, g, backward, True)
+        want_out, want_grads = _forward_and_grads(module, base.clone().requires_grad_(backward), view,
+                                                  g if backward else None, True)
         try:
-            out, grads = _forward_and_grads(module, base.clone().requires_grad_(backward), view, g, backward, False)
+            out, grads = _forward_and_grads(module, base.clone().requires_grad_(backward), view,
+                                            g_strided if backward else None, False)
         except Exception as exc:  # the implementation refuses a layout every torch op accepts
             return _row(impl, case, device, "fail", None, None,
-                        f"strided_input: refuses a non-contiguous input ({name}, strides {view(base).stride()}): "
-                        f"{_exc_line(exc)}; a layer must accept any strided x "
-                        "(use reshape() or x.contiguous(), not view() or raw storage)")
-        err = rel_error(out, want_out)
-        what = "output"
-        if grads:
-            floor = 1e-2 * max(float(t.abs().max()) for t in want_grads if t is not None)
-            for i, (got, want) in enumerate(zip(grads, want_grads, strict=True)):
-                e = 0.0 if got is None and want is None else (
-                    math.inf if got is None or want is None else rel_error(got.cpu(), want.cpu(), floor))
-                if e > err:
-                    err, what = e, "grad x" if i == 0 else f"grad parameter {i - 1}"
-        tol = GRAD_TOLERANCE[case.dtype] if what != "output" else TOLERANCE[case.dtype]
-        worst = max(worst, err)
-        if err > tol:
-            return _row(impl, case, device, "fail", err, tol,
-                        f"strided_input: {name}: {what} differs from the contiguous copy's (error {err:.3g} > {tol:.0e})")
+                        f"strided_input: refuses a non-contiguous input ({name}, strides {view(base).stride()}"
+                        f"{', with a transposed grad_output' if backward else ''}): {_exc_line(exc)}; a layer must "
+                        "accept any strided x and gradient (use reshape() or .contiguous(), not view() or raw storage)")
+        errors = {"output": (rel_error(out, want_out), TOLERANCE[case.dtype])}
+        floor = 1e-2 * max((float(t.abs().max()) for t in want_grads.values() if t is not None), default=0.0)
+        for n, want in want_grads.items():
+            got = grads[n]
+            e = 0.0 if got is None and want is None else (
+                math.inf if got is None or want is None else rel_error(got.cpu(), want.cpu(), floor))
+            errors[f"grad {n}"] = (e, GRAD_TOLERANCE[case.dtype])
+        worst = max([worst] + [e for e, _ in errors.values()])
+        for what, (err, tol) in errors.items():  # the output first: a wrong output explains wrong gradients
+            if err > tol:
+                return _row(impl, case, device, "fail", err, tol,
+                            f"strided_input: {name}: {what} differs from the contiguous copy's (error {err:.3g} > {tol:.0e})")
     return _row(impl, case, device, "pass", worst, TOLERANCE[case.dtype],
                 "5 layouts, output" + (" and gradients" if backward else f" only (no backward on {device.type})"))
 

@@ -179,6 +179,28 @@ class AssumesContiguous(Baseline):
         return tuple(layer(flat).reshape(b, T, self.d_out) for layer in (self.W_query, self.W_key, self.W_value))
 
 
+class _OutProjection(torch.autograd.Function):
+    """y = x @ W.T + b with a hand-written backward that flattens grad_output with view()."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        return x @ weight.t() + bias
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g2 = grad.view(-1, grad.shape[-1])  # (b*T, d_out): fails for a non-contiguous grad_output
+        return grad @ weight, g2.t() @ x.reshape(-1, x.shape[-1]), g2.sum(0)
+
+
+class ViewOnGradient(Baseline):
+    """Bug: a custom autograd output projection whose backward calls view() on the incoming gradient."""
+
+    def output(self, context, x):
+        return _OutProjection.apply(context, self.out_proj.weight, self.out_proj.bias)
+
+
 # --- side effects ---------------------------------------------------------------------------------
 
 class WritesIntoInput(Baseline):
