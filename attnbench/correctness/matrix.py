@@ -4,7 +4,9 @@ Cases (one :class:`Case` each) cover outputs in every dtype, gradients with resp
 every canonical parameter, shapes that expose real bugs (batch 1, T = 1, odd T, T < context_length,
 one head and several, head_dim 1 and 64, d_in != d_out, biases on and off) and properties (causality,
 batch independence, eval-mode determinism with dropout > 0, dropout active in train mode), plus the
-book's golden values for the book's own classes.
+book's golden values for the book's own classes. The round-2 properties (extreme logits, long T,
+dropout statistics, strided inputs, side effects, shape sequences, low precision) are in
+:mod:`attnbench.correctness.properties`, which adds its kinds to :data:`RUNNERS`.
 
 Errors are *relative max-norm* errors: ``max|out - ref| / max|ref|``, compared with a tolerance per
 dtype. Low-precision cases compare against a reference computed from the same rounded inputs and

@@ -79,8 +79,9 @@ buffer with new values (same shape, same data pointer)."""
 LOW_PRECISION_SHAPE = Shape("lowp_T1000", 1, 1000, AttnSpec(32, 32, 1000, 0.0, 2))
 """Long enough that summing over keys in the input dtype costs several times the rounding of a float32 sum."""
 RMS_FACTOR, MAX_FACTOR = 2.0, 8.0
-"""Extreme-logit and low-precision outputs may have up to RMS_FACTOR times the RMS error and MAX_FACTOR
-times the max error (both relative to the reference's norm) of the harness's own math path
+"""Extreme-logit and low-precision outputs may have up to RMS_FACTOR times the RMS error (relative to the
+reference's Frobenius norm) and MAX_FACTOR times the max error (relative to its largest entry) of the
+harness's own math path
 (``reference_forward`` run in the case's dtype on the same device); the RMS error is the stable
 measure (correct built-ins stay within about 1.1x of the math path), the max error catches bugs
 confined to a few outputs."""
@@ -107,10 +108,9 @@ def _exc_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first[:160]}"
 
 
-def _weights_and_input(case: Case, batch: int | None = None, seq_len: int | None = None):
-    """Seeded canonical weights and a float64 input for ``case`` (optionally another batch or length)."""
-    shape = case.shape if seq_len is None else replace(case.shape, seq_len=seq_len)
-    return random_weights(case.shape.spec, seed=matrix._seed_for(case.shape)), matrix._inputs(shape, batch)
+def _weights_and_input(case: Case) -> tuple[CanonicalWeights, torch.Tensor]:
+    """The case's seeded canonical weights and float64 input (both follow the run's seed)."""
+    return random_weights(case.shape.spec, seed=matrix._seed_for(case.shape)), matrix._inputs(case.shape)
 
 
 # --- judged relative to the harness's own math path -----------------------------------------------
