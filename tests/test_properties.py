@@ -153,20 +153,12 @@ def test_strided_refusal_says_why(repo_cwd):
 
 @pytest.mark.slow
 def test_no_false_alarm_over_20_seeds(repo_cwd):
-    """Every correct implementation (built-ins and test plug-ins), every case, 20 consecutive seeds."""
+    """Every correct implementation (built-ins and test plug-ins), every case, 20 consecutive seeds.
+    (On CUDA, tests/test_check.py::test_builtin_passes_matrix_on_cuda runs these property kinds too.)"""
     impls = correct_implementations("cpu")
     assert len(impls) > len(registry.available("cpu"))  # the plug-ins were found
     bad = false_alarms(impls, range(20))
     assert bad.empty, "\n".join(f"seed {r.seed}: {r.impl} {r.kind} {r.dtype}: {r.message}" for r in bad.itertuples())
-
-
-@pytest.mark.cuda
-def test_properties_on_cuda(cuda_device):
-    names = [n for n in registry.available(cuda_device)]
-    df = run_matrix(names, device=cuda_device, kinds=list(properties.RUNNERS))
-    assert _flagged(df).empty, _describe(df)
-    assert (df.status == "pass").any()
-
 
 
 def test_cli_check_seed_and_property_failure(repo_cwd, capsys):

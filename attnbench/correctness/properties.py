@@ -238,7 +238,11 @@ def _run_long_seq(impl, case: Case, device: torch.device) -> CaseResult:
             return _row(impl, case, device, "fail", err, TOLERANCE[case.dtype],
                         f"long_seq: T={T} (context_length {spec.context_length}): {why} > tolerance "
                         f"{TOLERANCE[case.dtype]:.0e}; shorter lengths pass")
-    back = matrix._run_backward(impl, Case("backward", case.shape, case.dtype), device)
+    try:
+        back = matrix._run_backward(impl, Case("backward", case.shape, case.dtype), device)
+    except Exception as exc:
+        return _row(impl, case, device, "error", None, None,
+                    f"long_seq: backward at T={case.shape.seq_len} (every forward passes) raised {_exc_line(exc)}")
     if back.status == "fail":
         return _row(impl, case, device, "fail", back.error, back.tolerance,
                     f"long_seq: backward at T={case.shape.seq_len} (every forward passes): {back.message}")
@@ -270,7 +274,7 @@ def _run_dropout_mean(impl, case: Case, device: torch.device) -> CaseResult:
         for i in range(DROPOUT_CALLS):
             torch.manual_seed(seed0 + i)
             out = module(many).double().cpu()
-            samples.append(out.view(DROPOUT_REPLICAS, *x.shape[:2], -1).mean(0))
+            samples.append(out.reshape(DROPOUT_REPLICAS, *x.shape[:2], -1).mean(0))
     samples = torch.stack(samples)  # (calls, b, T, d_out)
     mean, sd = samples.mean(0), samples.std(0)
     if mean.shape != ev.shape:
