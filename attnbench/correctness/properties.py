@@ -72,9 +72,9 @@ implementation that shares one dropout mask across the batch.
 STRIDED_SHAPE = Shape("strided", 3, 10, AttnSpec(16, 16, 12, 0.0, 2, True))
 SIDE_EFFECT_SHAPE = Shape("side_effects", 2, 9, AttnSpec(16, 16, 12, 0.0, 2, True))
 SEQUENCE_SHAPE = Shape("sequence", 3, 40, AttnSpec(16, 16, 40, 0.0, 2, True))
-SEQUENCE = ((2, 9), (2, 9), (1, 33), (3, 4), (2, 9), (1, 1), (3, 40), (2, 17), (1, 33))
-"""(batch, T) of successive eval calls on one module; the second call reuses the first call's input
-buffer with new values (same shape, same data pointer)."""
+SEQUENCE = ((2, 9), (2, 9), (1, 33), (3, 4), (3, 9), (1, 1), (3, 40), (2, 17), (1, 9), (2, 33))
+"""(batch, T) of successive eval calls on one module: T up and down, each T again with another batch;
+the second call reuses the first call's input tensor with new values (same shape, same data pointer)."""
 
 LOW_PRECISION_SHAPE = Shape("lowp_T1000", 1, 1000, AttnSpec(32, 32, 1000, 0.0, 2))
 """Long enough that summing over keys in the input dtype costs several times the rounding of a float32 sum."""
