@@ -78,7 +78,7 @@ class NaiveSoftmax(Baseline):
 
 
 class OnlineSoftmaxZeroMax(Baseline):
-    """Bug: a key-tiled online softmax whose running max starts at 0 instead of -inf (overflows for large scores)."""
+    """Bug: a key-tiled online softmax whose running max starts at 0, not -inf (rows of very negative scores underflow)."""
 
     block = 16
 
