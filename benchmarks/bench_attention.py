@@ -36,6 +36,16 @@ except ImportError:  # older commits, which the asv gate benchmarks with today's
     from attnbench.schema import Cell
     from attnbench.sweep import Settings
     from attnbench.workload import build_workload
+try:  # one resolver decides what can run (since attnbench.resolve)
+    from attnbench.resolve import resolve
+except ImportError:  # older commits: the cell module's own check
+    resolve = None
+
+
+def _skip_reason(cell) -> str | None:
+    """Why ``cell`` cannot run here, or None (metadata and, on CUDA, PyTorch's SDPA checks: call it in setup)."""
+    return resolve(cell.impl, cell).reason if resolve is not None else skip_reason(cell)
+
 
 DEVICE = os.environ.get("ATTNBENCH_ASV_DEVICE", "cpu")
 # One intra-op thread by default: on a shared or busy machine (CI) OpenMP threads contending for cores
@@ -78,7 +88,7 @@ class Attention:
         _set_threads()
         self.cell = Cell(impl=impl, device=DEVICE, batch=BATCH, seq_len=seq_len, num_heads=HEADS, d_model=d_model,
                          mode=mode)
-        reason = skip_reason(self.cell)
+        reason = _skip_reason(self.cell)
         if reason:
             raise NotImplementedError(reason)  # asv's way to skip a combination
         try:

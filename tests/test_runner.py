@@ -225,3 +225,88 @@ def test_results_table_is_tidy_pandas(tmp_path):
     pivot = df.pivot_table(index="seq_len", columns="impl", values="median_s")
     assert pivot.shape == (2, 2) and isinstance(pivot, pd.DataFrame)
     assert os.path.basename(df.attrs["run_dir"]) == df.run_id.iloc[0]
+
+
+# ---------------------------------------------------------------- hygiene (issue 10)
+
+
+def test_threads_are_restored_after_an_in_process_run_and_check(tmp_path):
+    import torch
+
+    torch.set_num_threads(3)  # the autouse fixture puts back the original afterwards
+    df = run_tiny(tmp_path, ["sdpa"], settings={"threads": 1})
+    assert (df.threads == 1).all()
+    assert torch.get_num_threads() == 3
+    attnbench.check(["weight_split"], kinds=["golden"])
+    assert torch.get_num_threads() == 3
+
+
+def test_worker_json_rows_merge_after_normalising():
+    """NaN goes through a worker's JSON as None; rows read back are normalised, so rounds merge (no TypeError)."""
+    from attnbench.results.schema import Cell, normalise_row
+    from attnbench.runner.cell import merge_rounds, run_cell
+    from attnbench.runner.executors.worker import _jsonable
+    from attnbench.runner.sweep import Settings
+
+    cell = Cell("weight_split", batch=1, seq_len=16, num_heads=2, d_model=16)
+    rows = [run_cell(cell, Settings(**FAST)) for _ in range(2)]
+    wire = [json.loads(json.dumps({k: _jsonable(v) for k, v in r.items()})) for r in rows]
+    assert wire[0]["recompiles"] is None and wire[0]["compile_s"] is None  # what the worker writes
+    with pytest.raises(TypeError):
+        merge_rounds(wire)  # the bug, had the rows not been normalised
+    merged = merge_rounds([normalise_row(r) for r in wire])
+    assert math.isnan(merged["recompiles"]) and math.isnan(merged["compile_s"])
+    assert merged["n"] == len(merged["samples_s"]) == rows[0]["n"] + rows[1]["n"]
+    assert normalise_row({"error": None, "median_s": None})["error"] is None  # strings stay None
+
+
+@pytest.mark.slow
+def test_isolate_with_rounds(tmp_path):
+    df = run_tiny(tmp_path, ["weight_split", plugin("Raises")], settings={"isolate": True, "rounds": 2})
+    ok = df[df.impl == "weight_split"].iloc[0]
+    assert ok.status == "ok" and ok.notes.startswith("2 rounds in shuffled order"), ok.error
+    assert ok.n == len(ok.samples_s) and math.isnan(ok.recompiles)
+    assert str(ok.worker).startswith("subprocess")
+    assert df[df.impl == plugin("Raises")].status.item() == "error"
+
+
+def test_isolate_measures_the_peak_once_per_device_and_dtype(monkeypatch):
+    from attnbench.results.schema import Cell, empty_row
+    from attnbench.runner.executors import local
+    from attnbench.runner.sweep import Settings
+
+    asked = []
+
+    def fake_subprocess(cell, settings, run_id="", peak_gflops_per_s=None):
+        asked.append((cell.impl, cell.dtype, peak_gflops_per_s))
+        row = empty_row(cell, run_id)
+        row.update(status="ok" if cell.impl != "bad" else "error")
+        if cell.impl != "bad":
+            row["peak_gflops_per_s"] = peak_gflops_per_s or {"float32": 100.0, "float64": 50.0}[cell.dtype]
+        return row
+
+    monkeypatch.setattr(local, "run_in_subprocess", fake_subprocess)
+    executor = local.SubprocessExecutor(Settings(isolate=True), "run")
+    cells = [Cell("bad"), Cell("a"), Cell("b"), Cell("a", dtype="float64"), Cell("b", dtype="float64")]
+    executor.execute(cells, lambda cell, row: None)
+    assert asked == [("bad", "float32", None), ("a", "float32", None), ("b", "float32", 100.0),
+                     ("a", "float64", None), ("b", "float64", 50.0)]
+
+
+def test_a_worker_uses_the_peak_it_is_given():
+    from attnbench.results.schema import Cell
+    from attnbench.runner.executors.local import run_in_subprocess
+    from attnbench.runner.sweep import Settings
+
+    row = run_in_subprocess(Cell("weight_split", batch=1, seq_len=16, num_heads=2, d_model=16), Settings(**FAST),
+                            peak_gflops_per_s=1234.5)
+    assert row["status"] == "ok", row["error"]
+    assert row["peak_gflops_per_s"] == 1234.5 and row["frac_peak"] == pytest.approx(row["gflops_per_s"] / 1234.5)
+
+
+def test_dynamo_graph_counts_are_optional(monkeypatch):
+    from attnbench.runner import cell as cell_module
+
+    assert isinstance(cell_module._compiled_graphs(), int)
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", None)  # this torch has moved them: import fails
+    assert cell_module._compiled_graphs() is None

@@ -29,9 +29,10 @@ from attnbench import registry
 from attnbench.correctness import golden
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES, parse_device
-from attnbench.errors import AttnbenchError, SweepError
+from attnbench.errors import AttnbenchError, SweepError, UnavailableError
+from attnbench.resolve import Skip, resolve
 from attnbench.spec import AttnSpec
-from attnbench.weights import CanonicalWeights, random_weights, state_from_canonical
+from attnbench.weights import CanonicalWeights, adapter_for, random_weights, state_from_canonical, zero_held
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 """Relative max-norm error allowed per dtype (TF32 is switched off while checking on CUDA)."""
@@ -150,8 +151,9 @@ def _run_forward(impl, case: Case, device: torch.device) -> CaseResult:
     w = random_weights(spec, seed=_seed_for(case.shape))
     x = _inputs(case.shape)
     w_low, x_low = w.to(dtype=DTYPES[dtype]), x.to(DTYPES[dtype])  # the rounding the implementation sees
-    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
     module = _build(impl, spec, device, dtype, w_low)
+    w_low = zero_held(module, w_low)  # a layer without some bias computes with it held at zero
+    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
     with torch.no_grad():
         out = module(x_low.to(device)).cpu()
     if out.dtype != DTYPES[dtype]:
@@ -169,16 +171,15 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     x = _inputs(case.shape)
     g = torch.randn(case.shape.batch, case.shape.seq_len, spec.d_out, generator=torch.Generator().manual_seed(7),
                     dtype=torch.float64)
-    names = ["x"] + [n for n, _ in w.items()]
+    module = _build(impl, spec, device, dtype, w)
+    w = zero_held(module, w)
+    held = adapter_for(module).held_at_zero  # not parameters of this layer: no gradient to compare
+    names = ["x"] + [n for n, _ in w.items() if n not in held]
 
     x_ref, w_ref = x.clone().requires_grad_(True), w.leaves()
     ref_out = reference_forward(x_ref, w_ref, spec.num_heads)
-    ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for _, t in w_ref.items()])
+    ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for n, t in w_ref.items() if n not in held])
 
-    if not impl.supports_backward(device):
-        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "skip", None, None,
-                          f"declares no backward on {device.type}")
-    module = _build(impl, spec, device, dtype, w)
     low = DTYPES[dtype]
     x_t = x.to(device=device, dtype=low).requires_grad_(True)
     w_t = w.to(device=device, dtype=low).leaves()
@@ -187,8 +188,8 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     if out.shape != ref_out.shape:  # a wrong shape may still broadcast against the output gradient
         return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", math.inf, None,
                           f"output shape {tuple(out.shape)} != expected {tuple(ref_out.shape)}")
-    grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(), [x_t] + [t for _, t in w_t.items()],
-                                allow_unused=True)
+    grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(),
+                                [x_t] + [t for n, t in w_t.items() if n not in held], allow_unused=True)
     # Some true gradients are structurally ~0 (the key bias: softmax cancels a per-row constant), so
     # each gradient's error is relative to at least 1% of the largest gradient, not to its own ~0.
     floor = 1e-2 * max(float(r.abs().max()) for r in ref_grads)
@@ -244,15 +245,12 @@ def _run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResul
     spec, w, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=False)
     with torch.no_grad():
         a, b = module(x.to(device)).cpu(), module(x.to(device)).cpu()
-    err = max(rel_error(a, reference_forward(x, w, spec.num_heads)), rel_error(a, b))
+    err = max(rel_error(a, reference_forward(x, zero_held(module, w), spec.num_heads)), rel_error(a, b))
     return _verdict(impl.name, case, str(device), err, TOLERANCE[case.dtype], what="eval output with dropout>0")
 
 
 def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     """In train mode with dropout > 0 the output must change between calls (or no dropout is declared)."""
-    if not impl.supports_dropout(device):
-        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "skip", None, None,
-                          f"declares no dropout on {device.type}")
     _, _, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=True)
     x = x.to(device=device, dtype=DTYPES[case.dtype])
     with torch.no_grad():
@@ -263,7 +261,7 @@ def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     ok = changed > 1e-3
     return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "pass" if ok else "fail",
                       changed, 1e-3, "" if ok else "train-mode output does not change with dropout=0.5: dropout is "
-                      "not applied (declare dropout=False if the implementation has none)")
+                      "not applied (if it has none, declare attnbench_capabilities = {'dropout': False}: README, Capabilities)")
 
 
 def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
@@ -279,6 +277,11 @@ def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
                       "" if same else "does not print the book's values to 4 decimals")
 
 
+CASE_MODES = {"backward": "forward+backward", "dropout_train": "forward"}
+"""How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
+CASE_DROPOUT = {"dropout_train": DROPOUT, "eval_deterministic": DROPOUT}
+"""The dropout each case kind builds with (the others: none)."""
+
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
     "forward": _run_forward, "backward": _run_backward, "causality": _run_causality,
     "batch_independence": _run_batch_independence, "eval_deterministic": _run_eval_deterministic,
@@ -290,13 +293,12 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     """Run one case (weights and inputs drawn from ``seed``); a skip when the implementation declares it
     cannot, an ``error`` row when it raises."""
     impl = registry.get(impl) if isinstance(impl, str) else impl
-    dev = parse_device(device)
-    spec = case.shape.spec
-    reason = impl.unavailable_reason(dev, case.dtype)
-    if reason is None and impl.same_width_only and spec.d_in != spec.d_out:
-        reason = "declares d_in == d_out only"
-    if reason is not None:
-        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, reason)
+    shape = case.shape
+    outcome = resolve(impl, shape.spec, device=device, dtype=case.dtype, mode=CASE_MODES.get(case.kind, "inference"),
+                      batch=shape.batch, seq_len=shape.seq_len, dropout=CASE_DROPOUT.get(case.kind, 0.0))
+    if isinstance(outcome, Skip):
+        return CaseResult(impl.name, case.kind, shape.id, case.dtype, device, "skip", None, None, outcome.reason)
+    dev = outcome.device
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     seed_token = _SEED.set(seed)
@@ -304,12 +306,15 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return RUNNERS[case.kind](impl, case, dev)
+    except UnavailableError as exc:  # found only once built (a plug-in's nn.MultiheadAttention needs d_in == d_out)
+        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, str(exc))
     except AttnbenchError as exc:
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
                           f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # the implementation under test raised: a failed case, with its message
+        hint = " (no backward here? declare it in attnbench_capabilities: README, Capabilities)" if case.kind == "backward" else ""
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300] + hint)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         _SEED.reset(seed_token)
@@ -323,6 +328,7 @@ def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: I
 
     Unknown names raise :class:`~attnbench.errors.UnknownImplementationError` before anything runs.
     """
+    device = str(parse_device(device))  # once: "cuda" -> "cuda:0", and a missing device fails before anything runs
     resolved = [registry.get(n) for n in (list(impls) if impls else registry.available(device))]
     selected = cases(kinds)
     rows = []

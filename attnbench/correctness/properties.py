@@ -238,6 +238,9 @@ def _run_long_seq(impl, case: Case, device: torch.device) -> CaseResult:
             return _row(impl, case, device, "fail", err, TOLERANCE[case.dtype],
                         f"long_seq: T={T} (context_length {spec.context_length}): {why} > tolerance "
                         f"{TOLERANCE[case.dtype]:.0e}; shorter lengths pass")
+    if not impl.supports_backward(device):
+        return _row(impl, case, device, "pass", worst, TOLERANCE[case.dtype],
+                    f"T in {lengths}; no backward (declares none on {device.type})")
     try:
         back = matrix._run_backward(impl, Case("backward", case.shape, case.dtype), device)
     except Exception as exc:
@@ -455,3 +458,5 @@ RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseR
     "shape_sequence": _run_shape_sequence, "low_precision": _run_low_precision,
 }
 matrix.RUNNERS.update(RUNNERS)  # the matrix imports this module and runs these kinds after its own
+matrix.CASE_MODES["dropout_mean"] = "forward"  # train mode: the resolver skips implementations without dropout
+matrix.CASE_DROPOUT["dropout_mean"] = DROPOUT_P

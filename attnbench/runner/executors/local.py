@@ -7,6 +7,7 @@ calls ``on_row(row)`` as each cell finishes and returns when all are done or the
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 
-from attnbench.results.schema import Cell, empty_row
+from attnbench.results.schema import Cell, empty_row, normalise_row
 from attnbench.runner.cell import run_cell
 from attnbench.runner.sweep import Settings
 
@@ -24,11 +25,16 @@ OnRow = Callable[[Cell, dict], None]
 STARTUP_GRACE_S = 20.0
 
 
-def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "") -> dict:
-    """Run one cell in a child interpreter and return its row (a status row if the child dies)."""
+def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "", peak_gflops_per_s: float | None = None) -> dict:
+    """Run one cell in a child interpreter and return its row (a status row if the child dies).
+
+    ``peak_gflops_per_s`` (the device's measured peak, when known) is handed to the child so that it
+    does not measure it again inside the cell's time window.
+    """
     with tempfile.TemporaryDirectory(prefix="attnbench-cell-") as tmp:
         out = Path(tmp) / "row.json"
-        payload = json.dumps({"cell": asdict(cell), "settings": asdict(settings), "run_id": run_id, "out": str(out)})
+        payload = json.dumps({"cell": asdict(cell), "settings": asdict(settings), "run_id": run_id, "out": str(out),
+                              "peak_gflops_per_s": peak_gflops_per_s})
         # The child times out Python-level hangs itself (a clean `timeout` row); the parent kills it
         # when a hang in native code keeps it past the deadline plus start-up (interpreter, torch import).
         timeout = settings.cell_timeout_s + STARTUP_GRACE_S if settings.cell_timeout_s else None
@@ -41,7 +47,7 @@ def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "") -> dict:
                                                "the worker process was killed", worker="subprocess")
             return row
         if proc.returncode == 0 and out.is_file():
-            return json.loads(out.read_text())
+            return normalise_row(json.loads(out.read_text()))
         row = empty_row(cell, run_id)
         if proc.returncode < 0:
             try:
@@ -69,7 +75,7 @@ class _SerialExecutor:
         for cell in cells:
             if on_start:
                 on_start(cell)
-            on_row(cell, type(self).run_one(cell, self.settings, self.run_id))
+            on_row(cell, self.run_one(cell, self.settings, self.run_id))
 
 
 class LocalExecutor(_SerialExecutor):
@@ -88,4 +94,16 @@ class SubprocessExecutor(_SerialExecutor):
     """
 
     name = "subprocess"
-    run_one = staticmethod(run_in_subprocess)
+
+    def __init__(self, settings: Settings, run_id: str):
+        super().__init__(settings, run_id)
+        self.peaks: dict[tuple[str, str], float] = {}  # (device, dtype) -> GFLOP/s, measured by the first ok cell
+
+    def run_one(self, cell: Cell, settings: Settings, run_id: str) -> dict:
+        """One cell in a fresh process; the peak GFLOP/s is measured once per run and device/dtype, then passed on."""
+        key = (cell.device, cell.dtype)
+        row = run_in_subprocess(cell, settings, run_id, peak_gflops_per_s=self.peaks.get(key))
+        peak = row.get("peak_gflops_per_s")
+        if key not in self.peaks and isinstance(peak, float) and math.isfinite(peak) and peak > 0:
+            self.peaks[key] = peak
+        return row

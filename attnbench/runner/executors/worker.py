@@ -22,7 +22,8 @@ def _jsonable(value):
 
 def main() -> None:
     payload = json.loads(sys.stdin.read())
-    row = run_cell(Cell(**payload["cell"]), Settings(**payload["settings"]), payload["run_id"])
+    row = run_cell(Cell(**payload["cell"]), Settings(**payload["settings"]), payload["run_id"],
+                   peak_gflops_per_s=payload.get("peak_gflops_per_s"))
     row["worker"] = f"subprocess {row.get('worker', '')}".strip()
     with open(payload["out"], "w") as f:
         json.dump({k: _jsonable(v) for k, v in row.items()}, f)
