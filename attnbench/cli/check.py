@@ -20,8 +20,9 @@ from attnbench.errors import UnavailableError
 @click.option("--kind", "kinds", multiple=True, help="Only these case kinds (forward, backward, causality, ...).")
 @click.option("--all-cases", is_flag=True, help="Print every case, not just the summary and the failures.")
 @click.option("-v", "--verbose", is_flag=True, help="Print how each plug-in is constructed and where its weights map.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Draw other weights and inputs for every case.")
 def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool,
-              verbose: bool) -> None:
+              verbose: bool, seed: int) -> None:
     """Run the correctness matrix on IMPL (or --impl) and print one summary line per implementation.
 
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
@@ -45,7 +46,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
             for line in lines:
                 console.print(f"  {line}", markup=False)
     with console.status("running the correctness matrix ..."):
-        results = run_matrix(names, device=device, kinds=_split(kinds) or None)
+        results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed)
     summary = summarize(results)
     table = Table(title=f"correctness matrix on {device} (relative max-norm error vs float64 reference)")
     for col in ("impl", "kind", "dtype", "pass", "fail", "error", "skip", "worst error", "tolerance"):

@@ -6,7 +6,9 @@ one head and several, head_dim 1 and 64, d_in != d_out, biases on and off) and p
 batch independence, eval-mode determinism with dropout > 0, dropout active in train mode), plus the
 book's golden values for the book's own classes. Variant shapes (GQA, MQA, sliding windows, non-causal)
 run where an implementation declares the variant and are skipped with the reason elsewhere; ``decode``
-cases check prefill + token-by-token decoding with a KV cache against the full forward.
+cases check prefill + token-by-token decoding with a KV cache against the full forward. The round-2
+properties (extreme logits, long T, dropout statistics, strided inputs, side effects, shape sequences,
+low precision) are in :mod:`attnbench.correctness.properties`, which adds its kinds to :data:`RUNNERS`.
 
 Errors are *relative max-norm* errors: ``max|out - ref| / max|ref|``, compared with a tolerance per
 dtype. Low-precision cases compare against a reference computed from the same rounded inputs and
@@ -15,6 +17,7 @@ weights, so only the implementation's arithmetic is judged.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import warnings
 from collections.abc import Callable, Iterable
@@ -124,15 +127,20 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     out += [Case("causality", PROPERTY_SHAPE, "float64"), Case("batch_independence", PROPERTY_SHAPE, "float64"),
             Case("eval_deterministic", PROPERTY_SHAPE, "float64"), Case("dropout_train", PROPERTY_SHAPE, "float32"),
             Case("golden", SHAPES[0], "float32")]
+    out += properties.cases()
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 
+_SEED = contextvars.ContextVar("attnbench_check_seed", default=0)
+"""The run's seed (``run_case(..., seed=)``): every case's weights and inputs are drawn from it; 0 is the default."""
+
+
 def _seed_for(shape: Shape) -> int:
-    return sum(map(ord, shape.id))
+    return sum(map(ord, shape.id)) + 1_000_003 * _SEED.get()
 
 
 def _inputs(shape: Shape, batch: int | None = None, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1_000_003 * _SEED.get())
     return torch.randn(batch or shape.batch, shape.seq_len, shape.spec.d_in, generator=g, dtype=torch.float64)
 
 
@@ -329,8 +337,9 @@ RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseR
 }
 
 
-def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu") -> CaseResult:
-    """Run one case; a skip when the implementation declares it cannot, an ``error`` row when it raises."""
+def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu", seed: int = 0) -> CaseResult:
+    """Run one case (weights and inputs drawn from ``seed``); a skip when the implementation declares it
+    cannot, an ``error`` row when it raises."""
     impl = registry.get(impl) if isinstance(impl, str) else impl
     shape = case.shape
     outcome = resolve(impl, shape.spec, device=device, dtype=case.dtype, mode=CASE_MODES.get(case.kind, "inference"),
@@ -340,6 +349,7 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     dev = outcome.device
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    seed_token = _SEED.set(seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -355,11 +365,14 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
                           f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300] + hint)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        _SEED.reset(seed_token)
 
 
 def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: Iterable[str] | None = None,
-               progress: Callable[[CaseResult], None] | None = None) -> pd.DataFrame:
+               progress: Callable[[CaseResult], None] | None = None, seed: int = 0) -> pd.DataFrame:
     """Run every case for ``impls`` (default: all registered and available on ``device``) as a DataFrame.
+
+    ``seed`` draws other weights and inputs for every case (0, the default, is the fixed matrix).
 
     Unknown names raise :class:`~attnbench.errors.UnknownImplementationError` before anything runs.
     """
@@ -374,7 +387,7 @@ def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: I
     try:
         for impl in resolved:
             for case in selected:
-                result = run_case(impl, case, device)
+                result = run_case(impl, case, device, seed)
                 rows.append(asdict(result))
                 if progress:
                     progress(result)
@@ -399,3 +412,8 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 
     out = results.groupby(["impl", "kind", "dtype"], sort=False)[list(results.columns)].apply(agg).reset_index()
     return out.astype({c: int for c in counts})
+
+
+# The round-2 properties (extreme logits, long T, dropout statistics, strided inputs, side effects,
+# shape sequences, low precision) live in their own module, which adds its runners to RUNNERS.
+from attnbench.correctness import properties  # noqa: E402
