@@ -91,7 +91,8 @@ def test_rounds_pool_samples_in_shuffled_order_and_stop_failing_cells(tmp_path):
     ok = df[df.status == "ok"]
     assert len(ok) == 2
     for r in ok.itertuples():
-        assert r.notes.startswith("3 rounds in shuffled order") and r.n == len(r.samples_s) >= 3 * 3
+        assert "3 rounds in shuffled order" in r.notes and r.n == len(r.samples_s) >= 3 * 3
+        assert len(r.sample_groups) == 3 and sum(r.sample_groups) == r.n
     assert df[df.impl == plugin("Raises")].status.item() == "error"  # failed in round 1, not run again
     starts = [impl for i, n, impl, starting in seen if starting]
     assert starts.count("weight_split") == 3 and starts.count(plugin("Raises")) == 1

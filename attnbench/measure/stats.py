@@ -48,8 +48,9 @@ def summarize(samples: Sequence[float], confidence: float = 0.95) -> dict[str, f
 
 UNSTABLE_RATIO = 1.10
 """Two modes (or two disagreeing rounds) closer than this ratio are not called unstable: ordinary drift."""
-MIN_MODE_FRACTION = 0.10
-"""A mode needs at least this share of the samples (and 3 of them): a few outliers are a tail, not a mode."""
+MIN_MODE_FRACTION = 0.20
+"""A mode needs at least this share of the samples (and 3 of them): a cluster of outliers (preemption on a busy
+machine) is a tail, not a mode."""
 
 
 def _as_groups(groups: Sequence[Sequence[float]]) -> list[np.ndarray]:
