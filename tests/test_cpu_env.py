@@ -194,17 +194,30 @@ def test_rounds_in_two_modes_are_flagged():
     assert modes.low_s < 2.6e-3 < 4e-3 < modes.high_s
 
 
-def test_compare_uses_the_groups_and_says_when_a_cell_is_unstable():
+def _compare_rounds(medians_a: list[float], medians_b: list[float], grouped: bool) -> pd.Series:
     cell = Cell("sdpa", seq_len=256)
-    a_groups = [lognormal(1e-3, 50, seed=1), lognormal(1.0e-3, 50, seed=2)]
-    b_groups = [lognormal(1.3e-3, 50, seed=3), lognormal(1.0e-3, 50, seed=4)]  # one round slow, one not
-    pooled = compare_runs(pd.DataFrame([ok_row(cell, np.concatenate(a_groups))]),
-                          pd.DataFrame([ok_row(cell, np.concatenate(b_groups))])).cells.iloc[0]
-    grouped = compare_runs(pd.DataFrame([merge_rounds([ok_row(cell, g) for g in a_groups])]),
-                           pd.DataFrame([merge_rounds([ok_row(cell, g) for g in b_groups])])).cells.iloc[0]
+    ga = [lognormal(m, 100, seed=i) for i, m in enumerate(medians_a)]
+    gb = [lognormal(m, 100, seed=10 + i) for i, m in enumerate(medians_b)]
+    if grouped:
+        a, b = merge_rounds([ok_row(cell, g) for g in ga]), merge_rounds([ok_row(cell, g) for g in gb])
+    else:
+        a, b = ok_row(cell, np.concatenate(ga)), ok_row(cell, np.concatenate(gb))
+    return compare_runs(pd.DataFrame([a]), pd.DataFrame([b])).cells.iloc[0]
+
+
+def test_compare_counts_drift_between_rounds_as_uncertainty():
+    a, b = [1e-3] * 4, [1.06e-3, 0.98e-3, 1.08e-3, 1.0e-3]  # B's rounds drift; its code did not change
+    pooled, grouped = _compare_rounds(a, b, grouped=False), _compare_rounds(a, b, grouped=True)
+    assert pooled["p_value"] < 0.01  # samples treated as independent: a "significant" slowdown
+    assert grouped["p_value"] > 0.05 and grouped["change"] == "no significant change"
     assert grouped["ci_high"] - grouped["ci_low"] > 2 * (pooled["ci_high"] - pooled["ci_low"])
-    assert grouped["unstable"] and "B: unstable" in grouped["note"]
-    assert not grouped["regression"] or "unstable cell" in grouped["change"]
+    assert grouped["unstable"] and "B: unstable: round medians disagree" in grouped["note"]
+
+
+def test_compare_says_when_a_significant_difference_is_on_an_unstable_cell():
+    row = _compare_rounds([1e-3] * 4, [1.08e-3, 1.0e-3, 1.1e-3, 1.02e-3], grouped=True)
+    assert row["p_value"] < 0.05 and row["unstable"]
+    assert row["change"].endswith("(unstable cell: the difference may be a change of mode)")
 
 
 def test_reproducibility_agreement_figures():
