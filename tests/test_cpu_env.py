@@ -239,3 +239,28 @@ def test_reproducibility_agreement_figures():
     assert summary["ranking_agreement_pct"] == 100.0 and summary["pairs"] == 1
     _, flipped = agreement([run({"a": 1.0, "b": 1.1}), run({"a": 1.2, "b": 1.1})])
     assert flipped["ranking_agreement_pct"] == 0.0
+
+
+def test_unstable_cells_are_listed_with_their_modes_in_the_report_and_console(tmp_path):
+    from attnbench.cli.run import summary_table
+    from attnbench.report import build_report
+    from attnbench.results.store import RunStore
+
+    bimodal = np.concatenate([lognormal(2.43e-3, 60, seed=1), lognormal(4.22e-3, 60, seed=2)])
+    rows = [merge_rounds([ok_row(Cell("fused_qkv", seq_len=256), bimodal)]),
+            merge_rounds([ok_row(Cell("weight_split", seq_len=256), lognormal(2.4e-3, 60, seed=3))])]
+    store = RunStore(tmp_path / "results", run_id="unstable", meta={"command": "test"})
+    for r in rows:
+        store.append(r)
+    store.finalize()
+    build_report(store.path, out_dir=tmp_path / "report")
+    listed = pd.read_csv(tmp_path / "report" / "tables" / "noisy.csv")
+    assert listed["cell"].str.startswith("fused_qkv").tolist() == [True]
+    assert listed["unstable"].str.startswith("unstable: bimodal samples: modes 2.4").all()
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(summary_table(pd.DataFrame(rows), "t"))
+    lines = console.export_text().splitlines()
+    assert any("fused_qkv" in line and "unstable" in line for line in lines)
+    assert not any("weight_split" in line and "unstable" in line for line in lines)

@@ -33,7 +33,7 @@ def summary_table(df, title: str) -> Table:
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), _fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%", mem,
                       f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%",
-                      "unstable" if getattr(r, "stability", None) == "unstable" else "")
+                      "unstable" if str(getattr(r, "stability", "")) == "unstable" else "")
     return table
 
 
@@ -162,7 +162,7 @@ def _print_unstable(df) -> None:
     """One line per cell flagged unstable (two modes), with the modes from its notes."""
     if "stability" not in df:
         return
-    unstable = df[(df.status == "ok") & (df.stability == "unstable")]
+    unstable = df[(df.status == "ok") & (df.stability.astype(str) == "unstable")]
     for r in unstable.itertuples():
         modes = next((n for n in str(r.notes).split("; ") if n.startswith("unstable:")), "unstable")
         console.print(f"  {r.cell_id}: {modes}", markup=False)

@@ -136,7 +136,7 @@ def _row_groups(row: dict, samples: np.ndarray) -> list[np.ndarray]:
 
 def _unstable_note(row: dict) -> str:
     """The row's ``unstable: ... modes ...`` note, or "" for a stable cell."""
-    if row.get("stability") != "unstable":
+    if str(row.get("stability")) != "unstable":
         return ""
     return next((n for n in str(row.get("notes") or "").split("; ") if n.startswith("unstable")), "unstable")
 

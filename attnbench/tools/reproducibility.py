@@ -67,7 +67,7 @@ def agreement(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, dict]:
         rows.append({**{a: first[a] for a in AXES}, "cell_id": cell_id, "runs": len(g),
                      "median_ms": 1e3 * float(np.median(med)), "max_min": float(med.max() / med.min()),
                      "ci_rel_pct": 100 * float(g.ci_rel.median()), "coverage": float(np.mean(covered)),
-                     "unstable_runs": int((g.get("stability", pd.Series(dtype=str)) == "unstable").sum())})
+                     "unstable_runs": int((g.get("stability", pd.Series(dtype=str)).astype(str) == "unstable").sum())})
     cells = pd.DataFrame(rows)
     pairs, agreeing = 0, 0
     for _, conf in ok.groupby(CONFIG, sort=False):
