@@ -22,6 +22,21 @@ import os
 import sys
 
 
+def _prepare(cell) -> None:
+    """Once-per-process costs, paid before the cell's clock (``cell_timeout_s``) starts, as on Ray: the
+    implementation's import and the machine's peak GFLOP/s for the cell's device and dtype (cached)."""
+    import contextlib
+
+    from attnbench import registry
+    from attnbench.measure import peak_gflops
+
+    with contextlib.suppress(Exception):  # run_cell reports any failure as the cell's row
+        registry.get(cell.impl)
+        if cell.impl.startswith("compiled:"):
+            import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
+        peak_gflops(cell.device, cell.dtype)
+
+
 def _serve(label: str) -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # prints of implementations go to stderr
@@ -32,7 +47,9 @@ def _serve(label: str) -> None:
     import torch
 
     from attnbench import registry
+    from attnbench.measure import peak_memory
     from attnbench.results.schema import Cell
+    from attnbench.runner import workload  # noqa: F401  (what run_cell imports on its first call)
     from attnbench.runner.cell import run_cell
     from attnbench.runner.sweep import Settings
 
@@ -41,6 +58,8 @@ def _serve(label: str) -> None:
         torch.set_num_threads(threads)
     a = torch.randn(256, 256)
     (a @ a).sum().item()  # one parallel region: the OpenMP threads exist and are placed before describe()
+    # The profiler (peak memory) imports seconds of modules on first use: here, not inside the first cell's clock.
+    peak_memory(lambda: a @ a, torch.device("cpu"))
     described = cpu_env.describe()
     worker = f"{label} pid{os.getpid()}"
 
@@ -58,7 +77,9 @@ def _serve(label: str) -> None:
                                                                    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                                                                    "LD_PRELOAD")}}})
             continue
-        row = run_cell(Cell(**request["cell"]), Settings(**request["settings"]), request["run_id"])
+        cell = Cell(**request["cell"])
+        _prepare(cell)
+        row = run_cell(cell, Settings(**request["settings"]), request["run_id"])
         row.update(described, worker=worker)
         send({"row": row})
 
