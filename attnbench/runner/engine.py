@@ -138,7 +138,10 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
 
     ``sweep`` may be omitted: axes are then keyword arguments (``impl=["sdpa"], seq_len=[128, 256]``,
     or strings like ``seq_len="128..1024x2"``), optionally on top of a ``preset`` or a TOML ``file``;
-    ``settings`` overrides measurement settings (``budget_s``, ``threads``, ``isolate``, ...).
+    ``settings`` overrides measurement settings (``budget_s``, ``threads``, ``rounds``, ``processes``,
+    ``cpu_allocator``, ``isolate``, ...). Cells are measured in worker processes started with the controlled
+    CPU environment (:mod:`attnbench.measure.cpu_env`), never in the calling process (except implementations
+    registered only there), so calling this from a notebook measures like ``attnbench run``.
     ``resume`` continues the run folder it names, skipping cells already recorded.
     ``progress(i, n, cell, row)`` is called before (row None) and after each cell.
 
