@@ -67,10 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         env = cpu_env.process_env(cpu_env.CpuEnv(cpu_env.check_allocator(args.cpu_allocator), not args.no_cpu_bind))
         raise SystemExit(subprocess.run([sys.executable, "-m", "attnbench.tools.fidelity",
                                          *(argv if argv is not None else sys.argv[1:])], env=env).returncode)
-    from attnbench.measure import cpu_env
-
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, budget {args.budget}s, {args.repeats} rounds, "
-          f"environment {cpu_env.describe()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, budget {args.budget}s, {args.repeats} rounds")
     print(f"{'workload':58} {'attnbench':>11} {'blocked_autorange':>18} {'ratio':>7}  range")
     worst = 0.0
     for cell in WORKLOADS:
@@ -79,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['cell']:58} {r['attnbench_ms']:9.3f}ms {r['torch_benchmark_ms']:16.3f}ms {r['ratio']:7.3f}"
               f"  {r['ratio_min']:.3f}-{r['ratio_max']:.3f}")
     print(f"largest deviation of the median ratio from 1: {100 * worst:.1f}%")
+    from attnbench.measure import cpu_env
+
+    print(f"measured under {cpu_env.describe()}")
 
 
 if __name__ == "__main__":
