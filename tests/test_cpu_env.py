@@ -264,3 +264,14 @@ def test_unstable_cells_are_listed_with_their_modes_in_the_report_and_console(tm
     lines = console.export_text().splitlines()
     assert any("fused_qkv" in line and "unstable" in line for line in lines)
     assert not any("weight_split" in line and "unstable" in line for line in lines)
+
+
+def test_the_compare_page_names_unstable_cells(tmp_path):
+    from attnbench.results.compare import write_compare_html
+
+    cell = Cell("sdpa", seq_len=256)
+    a = merge_rounds([ok_row(cell, lognormal(1e-3, 100, seed=i)) for i in range(2)])
+    b = merge_rounds([ok_row(cell, lognormal(m, 100, seed=9 + i)) for i, m in enumerate([1e-3, 1.3e-3])])
+    result = compare_runs(pd.DataFrame([a]), pd.DataFrame([b]))
+    page = write_compare_html(result, tmp_path).read_text()
+    assert "B: unstable: round medians disagree" in page

@@ -319,6 +319,7 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
         "p": [f"{p:.2g}" if np.isfinite(p) else "–" for p in c["p_value"]],
         "n (A/B)": [f"{x}/{y}" for x, y in zip(c["n_a"], c["n_b"], strict=True)],
         "change": c["change"],
+        "unstable": [n if u else "" for n, u in zip(c["note"], c["unstable"], strict=True)],
     })
     classes = ["regression" if r else "improvement" if i else ""
                for r, i in zip(c["regression"], c["improvement"], strict=True)]
