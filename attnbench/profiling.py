@@ -34,6 +34,7 @@ import pandas as pd
 
 from attnbench.devices import synchronize
 from attnbench.errors import ResultsError, SweepError
+from attnbench.measure.memory import native_stderr
 from attnbench.results.schema import Cell
 from attnbench.runner.workload import build_workload
 
@@ -150,15 +151,24 @@ def profile_cell(cell: Cell, logdir: str | Path = "runs", wait: int = 1, warmup:
 
     meta = json.dumps({**cell.as_dict(), "cell_id": cell.cell_id, "torch": torch.__version__,
                        "wait": wait, "warmup": warmup, "active": active})
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                 on_trace_ready=on_trace_ready, record_shapes=record_shapes, profile_memory=profile_memory,
-                 with_stack=with_stack) as prof:
+    prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                   on_trace_ready=on_trace_ready, record_shapes=record_shapes, profile_memory=profile_memory,
+                   with_stack=with_stack)
+    # kineto prints "USDT: ... profiler_start/stop" lines straight to file descriptor 2 as the schedule
+    # starts and stops recording: silenced around the profiler's own calls (never around the workload).
+    with native_stderr():
+        prof.start()
+    try:
         for i in range(wait + warmup + active):
             if i == wait + warmup:  # recording has started: the metadata lands in this window's trace
                 prof.add_metadata_json("attnbench", meta)
             workload.step()
             synchronize(workload.device)
-            prof.step()
+            with native_stderr():
+                prof.step()
+    finally:
+        with native_stderr():
+            prof.stop()
     if not written:  # tensorboard_trace_handler always writes; this would be a torch change
         raise RuntimeError(f"torch.profiler wrote no trace into {run_dir}")
     ops = ops_table(prof, cell)

@@ -102,11 +102,13 @@ class Adapter:
 
     ``to_state(w, spec)`` must be differentiable in ``w`` (use slicing, ``cat``, ``reshape``, ``t()``)
     and return every trainable parameter of the module by its ``named_parameters()`` name.
-    ``from_state(state, spec)`` is its inverse.
+    ``from_state(state, spec)`` is its inverse. ``held_at_zero`` names canonical parameters the layout
+    does not have (a layer without an output bias): the correctness reference holds them at zero.
     """
 
     to_state: Callable[[CanonicalWeights, AttnSpec], dict[str, torch.Tensor]]
     from_state: Callable[[Mapping[str, torch.Tensor], AttnSpec], CanonicalWeights]
+    held_at_zero: frozenset[str] = frozenset()
 
 
 def _book_to_state(w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
@@ -150,6 +152,12 @@ def adapter_for(module: nn.Module) -> Adapter:
         "W_value (nn.Linear(d_in, d_out)) and out_proj (nn.Linear(d_out, d_out)) as the book does, or give "
         "the class a `weight_adapter = attnbench.weights.Adapter(to_state, from_state)` attribute"
     )
+
+
+def zero_held(module: nn.Module, w: CanonicalWeights) -> CanonicalWeights:
+    """``w`` as ``module`` computes with it: the canonical parameters its layout lacks set to zero."""
+    held = adapter_for(module).held_at_zero
+    return replace(w, **{n: torch.zeros_like(t) for n, t in w.items() if n in held})
 
 
 def state_from_canonical(module: nn.Module, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:

@@ -53,6 +53,18 @@ except ImportError:  # commits before the controlled environment: the gate pins 
     def pin_glibc_malloc() -> bool:
         return False
 
+
+try:  # one resolver decides what can run (since attnbench.resolve)
+    from attnbench.resolve import resolve
+except ImportError:  # older commits: the cell module's own check
+    resolve = None
+
+
+def _skip_reason(cell) -> str | None:
+    """Why ``cell`` cannot run here, or None (metadata and, on CUDA, PyTorch's SDPA checks: call it in setup)."""
+    return resolve(cell.impl, cell).reason if resolve is not None else skip_reason(cell)
+
+
 DEVICE = os.environ.get("ATTNBENCH_ASV_DEVICE", "cpu")
 # One intra-op thread by default: on a shared or busy machine (CI) OpenMP threads contending for cores
 # make CPU timings 10-50x slower and wildly noisy. ATTNBENCH_ASV_THREADS=N sets N; 0 keeps torch's default.
@@ -99,7 +111,7 @@ class Attention:
         _set_threads()
         self.cell = Cell(impl=impl, device=DEVICE, batch=BATCH, seq_len=seq_len, num_heads=HEADS, d_model=d_model,
                          mode=mode)
-        reason = skip_reason(self.cell)
+        reason = _skip_reason(self.cell)
         if reason:
             raise NotImplementedError(reason)  # asv's way to skip a combination
         try:

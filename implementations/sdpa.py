@@ -92,7 +92,8 @@ for _name, _backend in BACKENDS.items():
     register(f"sdpa_{_name}", _cls, source=f"{API} under torch.nn.attention.sdpa_kernel({_backend.name})",
              description=f"F.scaled_dot_product_attention forced to the {_name} backend",
              probe=_probe_for(_backend), devices=("cpu", "cuda") if _name in ("math", "flash") else ("cuda",),
-             dropout=("cuda",) if _name == "flash" else True)  # the CPU flash kernel has no dropout
+             dropout=("cuda",) if _name == "flash" else True,  # the CPU flash kernel has no dropout
+             sdpa_backend=None if _name == "math" else _name)  # on CUDA, PyTorch's own check decides per cell
 
 
 class SDPAttentionMask(SDPAttention):

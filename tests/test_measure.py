@@ -115,3 +115,27 @@ def test_flop_counter_backward_factor_is_two():
     cell = Cell("weight_split", batch=2, seq_len=32, num_heads=4, d_model=64, mode="forward+backward")
     w = build_workload(cell)
     assert counted_flops(w.step) == pytest.approx(3 * dense_flops(2, 32, 64, 64), rel=0.02)
+
+
+def test_cpu_peak_memory_without_the_profilers_private_events(monkeypatch):
+    """``kineto_results`` is private: without it the peak is NaN with the reason, never a zero."""
+    from attnbench.measure import memory
+
+    assert memory._memory_events(object()) is None
+    monkeypatch.setattr(memory, "_memory_events", lambda prof: None)
+    result = memory.peak_memory(lambda: torch.ones(1000) * 2, "cpu")
+    assert math.isnan(result.peak_bytes) and result.method.startswith("unavailable")
+
+
+def test_native_stderr_silences_or_captures_fd2(capfd):
+    import os
+
+    from attnbench.measure.memory import native_stderr
+
+    with native_stderr():
+        os.write(2, b"USDT: silenced\n")
+    with native_stderr(capture=True) as native:
+        os.write(2, b"[W sdp_utils.cpp:1] Warning: captured\n")
+    os.write(2, b"after\n")
+    assert native.text() == "[W sdp_utils.cpp:1] Warning: captured\n"
+    assert capfd.readouterr().err == "after\n"

@@ -322,3 +322,13 @@ def test_tensorboard_profiler_plugin_reads_both_runs(tmp_path, tensorboard):
 
         trace = _get(base, "trace", **which)  # what the Trace view (and Perfetto) shows
         assert trace["traceEvents"]
+
+
+def test_profiler_lines_never_reach_stderr(tmp_path, capfd):
+    """kineto's "USDT: ... profiler_start/stop" lines go to file descriptor 2; `run --profile -q` stays quiet."""
+    profile_cell(small("weight_split"), logdir=tmp_path / "logs")
+    assert "USDT" not in capfd.readouterr().err
+    main(["run", "--impl", "weight_split", "--seq", "16", "--heads", "2", "--d-model", "32", "--batch", "1",
+          "--budget", "0.05", "--out", str(tmp_path / "results"), "--profile", "--no-report", "-q"])
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == ""

@@ -328,3 +328,17 @@ def test_two_nodes_share_the_sweep(ray_local, tmp_path):
         _assert_no_overlap(_intervals(on_node))
     meta = read_meta(df.attrs["run_dir"])
     assert {n["ray_node_id"][:8] for n in meta["nodes"]} == nodes
+
+
+def test_loopback_only_without_rays_private_constants(monkeypatch):
+    """``ray._private.ray_constants`` is private: without it the environment variable alone is set, then restored."""
+    import os
+
+    executors_ray = pytest.importorskip("attnbench.runner.executors.ray")
+    assert executors_ray._ray_constants() is not None
+    monkeypatch.setitem(sys.modules, "ray._private", None)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    assert executors_ray._ray_constants() is None
+    with executors_ray._loopback_only():
+        assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ

@@ -230,5 +230,6 @@ def test_unsupported_dtype_is_a_user_error():
 
 def test_check_adapter(repo_cwd):
     registry.check_adapter(registry.get("fused_qkv"), SPEC)
-    with pytest.raises(PluginLoadError, match="W_query"):
-        registry.check_adapter(registry.get("tests/plugins/bad.py:NoBookNames"), SPEC)
+    registry.check_adapter(registry.get("tests/plugins/bad.py:NoBookNames"), SPEC)  # q, k, v, o: found by name
+    with pytest.raises(PluginLoadError, match="no recognisable projections"):
+        registry.check_adapter(registry.get("tests/plugins/styles/errors.py:NoRecognisableProjections"), SPEC)

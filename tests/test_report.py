@@ -220,8 +220,36 @@ def test_colours_are_stable_per_implementation():
 
 def test_markdown_table_escapes_pipes():
     md = markdown_table(pd.DataFrame({"a|b": ["x|y", "line\nbreak"], "n": [1, float("nan")]}))
-    assert md.splitlines()[0] == "| a\\|b | n |"
-    assert "x\\|y" in md and "line<br>break" in md
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in md.splitlines()]
+    assert cells[0] == ["a\\|b", "n"] and set(cells[1][0]) <= {"-", ":"}
+    assert cells[2:] == [["x\\|y", "1.0"], ["line<br>break", ""]]
+    assert len(md.splitlines()) == 4  # a newline in a cell does not break the row
+
+
+def test_skipped_cells_are_left_out_of_the_latency_figure_and_its_legend_says_so(tmp_path, monkeypatch):
+    from attnbench.report import figures
+
+    legends = []
+    monkeypatch.setattr(figures, "_legend", lambda fig, handles, max_cols=4: legends.append(
+        [h.get_label() for h in handles]))
+    ok = [ok_row(Cell(impl="sdpa", seq_len=t), [1e-4 * t / 64] * 5) for t in (64, 128)]
+    skipped = failed_row(Cell(impl="sdpa_efficient", seq_len=64), "skipped", "needs CUDA")
+    df = an.prepare(pd.DataFrame([*ok, skipped]))
+    figures.latency(df, figures.impl_styles(df["impl"]), tmp_path)
+    labels = legends[-1]
+    assert "skipped cells (cannot run here): left out" in labels
+    assert not any(label.startswith("failed") for label in labels) and "sdpa_efficient" not in labels
+    failed = failed_row(Cell(impl="weight_split", seq_len=128), "oom", "out of memory")
+    df = an.prepare(pd.DataFrame([*ok, skipped, failed]))
+    figures.latency(df, figures.impl_styles(df["impl"]), tmp_path)
+    assert {"failed cell (oom/error/timeout/invalid)", "weight_split"} <= set(legends[-1])
+
+
+def test_without_an_operator_profile_the_page_names_run_profile(tmp_path):
+    html, page = _report(tmp_path, impls=("weight_split", "sdpa"), seq_lens=(32, 64), failures=False)
+    v = page.visible
+    assert "`attnbench run --profile` adds profile/ops.parquet" in v
+    assert "run `attnbench profile`" not in v
 
 
 # ---------------------------------------------------------------- robustness

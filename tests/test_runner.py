@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -226,3 +227,107 @@ def test_results_table_is_tidy_pandas(tmp_path):
     pivot = df.pivot_table(index="seq_len", columns="impl", values="median_s")
     assert pivot.shape == (2, 2) and isinstance(pivot, pd.DataFrame)
     assert os.path.basename(df.attrs["run_dir"]) == df.run_id.iloc[0]
+
+
+# ---------------------------------------------------------------- hygiene (issue 10)
+
+
+def test_threads_are_restored_after_an_in_process_run_and_check(tmp_path):
+    import torch
+
+    torch.set_num_threads(3)  # the autouse fixture puts back the original afterwards
+    df = run_tiny(tmp_path, ["sdpa"], settings={"threads": 1})
+    assert (df.threads == 1).all()
+    assert torch.get_num_threads() == 3
+    attnbench.check(["weight_split"], kinds=["golden"])
+    assert torch.get_num_threads() == 3
+
+
+def test_worker_json_rows_merge_after_normalising():
+    """A row read back from JSON may carry None for a missing float (JSON null); normalised, rounds merge."""
+    from attnbench.results.schema import Cell, normalise_row
+    from attnbench.runner.cell import merge_rounds, run_cell
+    from attnbench.runner.sweep import Settings
+
+    cell = Cell("weight_split", batch=1, seq_len=16, num_heads=2, d_model=16)
+    rows = [run_cell(cell, Settings(**FAST)) for _ in range(2)]
+    wire = [json.loads(json.dumps(r)) for r in rows]  # the worker's protocol: NaN travels as JSON's NaN
+    assert math.isnan(wire[0]["recompiles"]) and math.isnan(wire[0]["compile_s"])
+    nulls = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in wire]
+    with pytest.raises(TypeError):
+        merge_rounds(nulls)  # the bug, had such rows not been normalised
+    merged = merge_rounds([normalise_row(r) for r in nulls])
+    assert math.isnan(merged["recompiles"]) and math.isnan(merged["compile_s"])
+    assert merged["n"] == len(merged["samples_s"]) == rows[0]["n"] + rows[1]["n"]
+    assert normalise_row({"error": None, "median_s": None})["error"] is None  # strings stay None
+
+
+@pytest.mark.slow
+def test_isolate_with_rounds(tmp_path):
+    df = run_tiny(tmp_path, ["weight_split", plugin("Raises")], settings={"isolate": True, "rounds": 2})
+    ok = df[df.impl == "weight_split"].iloc[0]
+    assert ok.status == "ok" and "2 rounds in shuffled order" in ok.notes, ok.error
+    assert ok.n == len(ok.samples_s) and math.isnan(ok.recompiles)
+    assert str(ok.worker).startswith("subprocess")
+    assert df[df.impl == plugin("Raises")].status.item() == "error"
+
+
+def test_isolate_measures_the_peak_once_per_device_and_dtype(monkeypatch):
+    from attnbench.results.schema import Cell, empty_row
+    from attnbench.runner.executors import local
+    from attnbench.runner.sweep import Settings
+
+    asked = []
+
+    class FakeWorker:  # a fresh one per cell under isolate, like the real WorkerProcess
+        def __init__(self, env, label):
+            self.label, self.pid, self.info = label, 1, {"cpu_allocator": "pinned", "cpu_binding": "b",
+                                                         "cpu_affinity": "0", "threads": 1, "names": []}
+            self.proc = type("Proc", (), {"poll": staticmethod(lambda: None)})()
+
+        def request(self, message, timeout_s=None):
+            cell, peak = Cell(**message["cell"]), message["peak_gflops_per_s"]
+            asked.append((cell.impl, cell.dtype, peak))
+            row = empty_row(cell, "run")
+            row.update(status="ok" if cell.impl != "bad" else "error")
+            if cell.impl != "bad":
+                row["peak_gflops_per_s"] = peak or {"float32": 100.0, "float64": 50.0}[cell.dtype]
+            return {"row": row}
+
+        def suspend(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(local, "WorkerProcess", FakeWorker)
+    executor = local.WorkerExecutor(Settings(isolate=True), "run")
+    cells = [Cell("bad:x"), Cell("a:x"), Cell("b:x"), Cell("a:x", dtype="float64"), Cell("b:x", dtype="float64")]
+    executor.execute(cells, lambda cell, row: None)
+    assert asked == [("bad:x", "float32", None), ("a:x", "float32", None), ("b:x", "float32", 100.0),
+                     ("a:x", "float64", None), ("b:x", "float64", 50.0)]
+
+
+def test_a_worker_uses_the_peak_it_is_given():
+    from attnbench.measure import cpu_env
+    from attnbench.results.schema import Cell
+    from attnbench.runner.executors.local import WorkerProcess
+    from attnbench.runner.sweep import Settings
+
+    worker = WorkerProcess(cpu_env.process_env(cpu_env.CpuEnv()), "test")
+    try:
+        cell = Cell("weight_split", batch=1, seq_len=16, num_heads=2, d_model=16)
+        row = worker.request({"cell": asdict(cell), "settings": asdict(Settings(**FAST)), "run_id": "",
+                              "peak_gflops_per_s": 1234.5}, 300)["row"]
+    finally:
+        worker.close()
+    assert row["status"] == "ok", row["error"]
+    assert row["peak_gflops_per_s"] == 1234.5 and row["frac_peak"] == pytest.approx(row["gflops_per_s"] / 1234.5)
+
+
+def test_dynamo_graph_counts_are_optional(monkeypatch):
+    from attnbench.runner import cell as cell_module
+
+    assert isinstance(cell_module._compiled_graphs(), int)
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", None)  # this torch has moved them: import fails
+    assert cell_module._compiled_graphs() is None

@@ -83,14 +83,17 @@ def test_adapter_is_differentiable(name):
         torch.testing.assert_close(g_impl, g_book, rtol=1e-10, atol=1e-12)
 
 
-def test_book_layout_needs_no_adapter(repo_cwd):
-    module = registry.get("tests/plugins/good.py:PlainAttention").build(SPECS["bias_rect"])
-    assert adapter_for(module) is BOOK_ADAPTER
+def test_book_layout_needs_no_adapter(plugins_on_path):
+    import good
+
+    assert adapter_for(good.PlainAttention(12, 16, 8, 0.0, 4)) is BOOK_ADAPTER
 
 
-def test_class_without_book_names_or_adapter(repo_cwd):
+def test_class_without_book_names_or_adapter(plugins_on_path):
+    import bad
+
+    module = bad.NoBookNames(12, 16, 8, 0.0, 4)  # built directly: no layout discovery (a plug-in gets one)
     spec = SPECS["nobias_rect"]
-    module = registry.get("tests/plugins/bad.py:NoBookNames").build(spec)
     with pytest.raises(PluginLoadError) as info:
         load_weights(module, random_weights(spec), spec)
     message = str(info.value)
@@ -101,11 +104,24 @@ def test_class_without_book_names_or_adapter(repo_cwd):
         export_weights(module, spec)
 
 
-def test_adapter_that_misses_a_trainable_parameter(repo_cwd):
+def test_unmappable_plugin_lists_its_parameters(repo_cwd):
+    impl = registry.get("tests/plugins/styles/errors.py:NoRecognisableProjections")
+    with pytest.raises(PluginLoadError) as info:
+        impl.build(SPECS["nobias_rect"])
+    message = str(info.value)
+    assert message.startswith("cannot map NoRecognisableProjections's parameters") and "\n" not in message
+    for part in ("alpha.weight (24, 20)", "delta.weight (24, 24)", "weight_adapter", "Adapter(to_state, from_state)"):
+        assert part in message
+
+
+def test_adapter_that_misses_a_trainable_parameter(plugins_on_path, repo_cwd):
+    import bad
+
     spec = SPECS["nobias_rect"]
-    module = registry.get("tests/plugins/bad.py:ExtraParameter").build(spec)
     with pytest.raises(PluginLoadError, match=r"not set by the adapter \['temperature'\]"):
-        load_weights(module, random_weights(spec), spec)
+        load_weights(bad.ExtraParameter(12, 16, 8, 0.0, 4), random_weights(spec), spec)
+    with pytest.raises(PluginLoadError, match="no canonical counterpart for temperature"):  # as a plug-in
+        registry.get("tests/plugins/bad.py:ExtraParameter").build(spec)
 
 
 def test_weights_must_match_the_spec():

@@ -6,57 +6,27 @@ import shlex
 from pathlib import Path
 
 import click
+import torch
 from rich.table import Table
 
-from attnbench import registry
 from attnbench.cli.app import _split, cli, console
-from attnbench.devices import dtype_name, parse_device
-from attnbench.errors import InvalidSpecError, SweepError, UnavailableError
+from attnbench.devices import dtype_name
+from attnbench.errors import SweepError
+from attnbench.resolve import Skip, resolve
 from attnbench.results.schema import MODES, Cell
+from attnbench.results.text import fmt_bytes, fmt_time
 
 TB_PORT = 6006
 
 
-def _seconds(s: float) -> str:
-    if s == 0:
-        return "0"
-    if abs(s) >= 1:
-        return f"{s:.3f} s"
-    if abs(s) >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} us"
-
-
-def _bytes(b: int) -> str:
-    if b == 0:
-        return "0"
-    sign, b = ("-" if b < 0 else ""), abs(b)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= size:
-            return f"{sign}{b / size:.1f} {unit}"
-    return f"{sign}{b} B"
-
-
-def _validate(cells: list[Cell]) -> None:
-    """Fail on bad input (one line, via AttnbenchError) before any profiling starts or any file is written."""
-    from attnbench.runner.workload import spec_for
-
-    first = cells[0]
-    if first.mode not in MODES:
-        raise SweepError(f"unknown mode {first.mode!r}; use one of {', '.join(MODES)}")
-    device = parse_device(first.device)
-    dtype_name(first.dtype)
-    try:
-        spec_for(first)
-    except InvalidSpecError as exc:
-        raise InvalidSpecError(f"d_model={first.d_model}, heads={first.num_heads}: {exc}") from exc
+def _validate(cells: list[Cell]) -> torch.device:
+    """Fail on bad input (one line, via AttnbenchError) before any profiling starts or any file is written;
+    return the device the cells run on."""
     for cell in cells:
-        impl = registry.get(cell.impl)
-        reason = impl.unavailable_reason(device, cell.dtype)
-        if reason:
-            raise UnavailableError(f"{impl.name} cannot run on {device} ({dtype_name(cell.dtype)}): {reason}")
-        if cell.mode == "forward+backward" and not impl.supports_backward(device):
-            raise UnavailableError(f"{impl.name} declares no backward on {device.type}")
+        outcome = resolve(cell.impl, cell)
+        if isinstance(outcome, Skip):
+            raise outcome.exception()
+    return outcome.device
 
 
 @cli.command("profile")
@@ -88,8 +58,7 @@ def profile_cmd(impls: tuple[str, ...], batch: int, seq_len: int, num_heads: int
         raise SweepError("--impl is empty; name at least one implementation (`attnbench list` shows them)")
     cells = [Cell(impl=n, device=device, dtype=dtype_name(dtype), batch=batch, seq_len=seq_len,
                   num_heads=num_heads, d_model=d_model, mode=mode) for n in names]
-    _validate(cells)
-    on_device = parse_device(device).type == "cuda"
+    on_device = _validate(cells).type == "cuda"
     results = []
     for cell in cells:
         with console.status(f"profiling {cell.impl} ..."):
@@ -108,10 +77,10 @@ def profile_cmd(impls: tuple[str, ...], batch: int, seq_len: int, num_heads: int
         table.add_column("self CPU mem", justify="right")
         table.add_column("CPU mem", justify="right")
         for r in res.top(top).itertuples():
-            cells_ = [r.op, str(r.calls), _seconds(r.self_cpu_s), _seconds(r.cpu_total_s)]
+            cells_ = [r.op, str(r.calls), fmt_time(r.self_cpu_s), fmt_time(r.cpu_total_s)]
             if on_device:
-                cells_ += [_seconds(r.self_device_s), _seconds(r.device_total_s)]
-            cells_ += [_bytes(r.self_cpu_memory_bytes), _bytes(r.cpu_memory_bytes)]
+                cells_ += [fmt_time(r.self_device_s), fmt_time(r.device_total_s)]
+            cells_ += [fmt_bytes(r.self_cpu_memory_bytes), fmt_bytes(r.cpu_memory_bytes)]
             table.add_row(*cells_)
         console.print(table)
         for f in res.trace_files:

@@ -53,8 +53,8 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
     hierarchical bootstrap confidence interval and p-value (rounds and processes resampled, then samples).
     """
-    from attnbench.report.analysis import fmt_num, fmt_time
     from attnbench.results.compare import compare_runs, write_compare_html
+    from attnbench.results.text import configuration_label, fmt_num, fmt_time
 
     with console.status("comparing ..."):
         result = compare_runs(a, b, threshold=threshold, alpha=alpha)
@@ -68,8 +68,7 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
                          overflow="fold")
     for r in shown.itertuples():
         style = "bold red" if r.regression else "green" if r.improvement else None
-        table.add_row(r.impl, f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} d={r.d_model}"
-                      + (f" {r.cache}" if r.cache != "warm" else ""), str(r.seq_len), fmt_time(r.median_a),
+        table.add_row(r.impl, configuration_label(r), str(r.seq_len), fmt_time(r.median_a),
                       fmt_time(r.median_b), fmt_num(r.ratio) + "×" if np.isfinite(r.ratio) else "–",
                       f"{fmt_num(r.ci_low)}–{fmt_num(r.ci_high)}" if np.isfinite(r.ci_low) else "–",
                       f"{r.p_value:.2g}" if np.isfinite(r.p_value) else "–", r.change, style=style)

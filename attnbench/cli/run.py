@@ -12,12 +12,7 @@ from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
 from attnbench.results.schema import STATUSES
-
-
-def _fmt_time(s: float) -> str:
-    if s != s:
-        return "-"
-    return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
+from attnbench.results.text import fmt_bytes, fmt_time
 
 
 def summary_table(df, title: str) -> Table:
@@ -29,9 +24,9 @@ def summary_table(df, title: str) -> Table:
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
     for r in ok.itertuples():
         half = (r.ci_high_s - r.ci_low_s) / 2
-        mem = "-" if r.peak_bytes != r.peak_bytes else f"{r.peak_bytes / 2**20:.1f} MiB"
+        mem = fmt_bytes(r.peak_bytes)
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
-                      str(r.d_model), _fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%", mem,
+                      str(r.d_model), fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%", mem,
                       f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%",
                       "unstable" if str(getattr(r, "stability", "")) == "unstable" else "")
     return table

@@ -4,7 +4,9 @@ Cases (one :class:`Case` each) cover outputs in every dtype, gradients with resp
 every canonical parameter, shapes that expose real bugs (batch 1, T = 1, odd T, T < context_length,
 one head and several, head_dim 1 and 64, d_in != d_out, biases on and off) and properties (causality,
 batch independence, eval-mode determinism with dropout > 0, dropout active in train mode), plus the
-book's golden values for the book's own classes.
+book's golden values for the book's own classes. The round-2 properties (extreme logits, long T,
+dropout statistics, strided inputs, side effects, shape sequences, low precision) are in
+:mod:`attnbench.correctness.properties`, which adds its kinds to :data:`RUNNERS`.
 
 Errors are *relative max-norm* errors: ``max|out - ref| / max|ref|``, compared with a tolerance per
 dtype. Low-precision cases compare against a reference computed from the same rounded inputs and
@@ -13,6 +15,7 @@ weights, so only the implementation's arithmetic is judged.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import warnings
 from collections.abc import Callable, Iterable
@@ -26,9 +29,10 @@ from attnbench import registry
 from attnbench.correctness import golden
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES, parse_device
-from attnbench.errors import AttnbenchError, SweepError
+from attnbench.errors import AttnbenchError, SweepError, UnavailableError
+from attnbench.resolve import Skip, resolve
 from attnbench.spec import AttnSpec
-from attnbench.weights import CanonicalWeights, random_weights, state_from_canonical
+from attnbench.weights import CanonicalWeights, adapter_for, random_weights, state_from_canonical, zero_held
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 """Relative max-norm error allowed per dtype (TF32 is switched off while checking on CUDA)."""
@@ -102,15 +106,20 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     out += [Case("causality", PROPERTY_SHAPE, "float64"), Case("batch_independence", PROPERTY_SHAPE, "float64"),
             Case("eval_deterministic", PROPERTY_SHAPE, "float64"), Case("dropout_train", PROPERTY_SHAPE, "float32"),
             Case("golden", SHAPES[0], "float32")]
+    out += properties.cases()
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 
+_SEED = contextvars.ContextVar("attnbench_check_seed", default=0)
+"""The run's seed (``run_case(..., seed=)``): every case's weights and inputs are drawn from it; 0 is the default."""
+
+
 def _seed_for(shape: Shape) -> int:
-    return sum(map(ord, shape.id))
+    return sum(map(ord, shape.id)) + 1_000_003 * _SEED.get()
 
 
 def _inputs(shape: Shape, batch: int | None = None, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1_000_003 * _SEED.get())
     return torch.randn(batch or shape.batch, shape.seq_len, shape.spec.d_in, generator=g, dtype=torch.float64)
 
 
@@ -142,8 +151,9 @@ def _run_forward(impl, case: Case, device: torch.device) -> CaseResult:
     w = random_weights(spec, seed=_seed_for(case.shape))
     x = _inputs(case.shape)
     w_low, x_low = w.to(dtype=DTYPES[dtype]), x.to(DTYPES[dtype])  # the rounding the implementation sees
-    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
     module = _build(impl, spec, device, dtype, w_low)
+    w_low = zero_held(module, w_low)  # a layer without some bias computes with it held at zero
+    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
     with torch.no_grad():
         out = module(x_low.to(device)).cpu()
     if out.dtype != DTYPES[dtype]:
@@ -161,16 +171,15 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     x = _inputs(case.shape)
     g = torch.randn(case.shape.batch, case.shape.seq_len, spec.d_out, generator=torch.Generator().manual_seed(7),
                     dtype=torch.float64)
-    names = ["x"] + [n for n, _ in w.items()]
+    module = _build(impl, spec, device, dtype, w)
+    w = zero_held(module, w)
+    held = adapter_for(module).held_at_zero  # not parameters of this layer: no gradient to compare
+    names = ["x"] + [n for n, _ in w.items() if n not in held]
 
     x_ref, w_ref = x.clone().requires_grad_(True), w.leaves()
     ref_out = reference_forward(x_ref, w_ref, spec.num_heads)
-    ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for _, t in w_ref.items()])
+    ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for n, t in w_ref.items() if n not in held])
 
-    if not impl.supports_backward(device):
-        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "skip", None, None,
-                          f"declares no backward on {device.type}")
-    module = _build(impl, spec, device, dtype, w)
     low = DTYPES[dtype]
     x_t = x.to(device=device, dtype=low).requires_grad_(True)
     w_t = w.to(device=device, dtype=low).leaves()
@@ -179,8 +188,8 @@ def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     if out.shape != ref_out.shape:  # a wrong shape may still broadcast against the output gradient
         return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", math.inf, None,
                           f"output shape {tuple(out.shape)} != expected {tuple(ref_out.shape)}")
-    grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(), [x_t] + [t for _, t in w_t.items()],
-                                allow_unused=True)
+    grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(),
+                                [x_t] + [t for n, t in w_t.items() if n not in held], allow_unused=True)
     # Some true gradients are structurally ~0 (the key bias: softmax cancels a per-row constant), so
     # each gradient's error is relative to at least 1% of the largest gradient, not to its own ~0.
     floor = 1e-2 * max(float(r.abs().max()) for r in ref_grads)
@@ -236,15 +245,12 @@ def _run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResul
     spec, w, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=False)
     with torch.no_grad():
         a, b = module(x.to(device)).cpu(), module(x.to(device)).cpu()
-    err = max(rel_error(a, reference_forward(x, w, spec.num_heads)), rel_error(a, b))
+    err = max(rel_error(a, reference_forward(x, zero_held(module, w), spec.num_heads)), rel_error(a, b))
     return _verdict(impl.name, case, str(device), err, TOLERANCE[case.dtype], what="eval output with dropout>0")
 
 
 def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     """In train mode with dropout > 0 the output must change between calls (or no dropout is declared)."""
-    if not impl.supports_dropout(device):
-        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "skip", None, None,
-                          f"declares no dropout on {device.type}")
     _, _, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=True)
     x = x.to(device=device, dtype=DTYPES[case.dtype])
     with torch.no_grad():
@@ -255,7 +261,7 @@ def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     ok = changed > 1e-3
     return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "pass" if ok else "fail",
                       changed, 1e-3, "" if ok else "train-mode output does not change with dropout=0.5: dropout is "
-                      "not applied (declare dropout=False if the implementation has none)")
+                      "not applied (if it has none, declare attnbench_capabilities = {'dropout': False}: README, Capabilities)")
 
 
 def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
@@ -271,6 +277,11 @@ def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
                       "" if same else "does not print the book's values to 4 decimals")
 
 
+CASE_MODES = {"backward": "forward+backward", "dropout_train": "forward"}
+"""How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
+CASE_DROPOUT = {"dropout_train": DROPOUT, "eval_deterministic": DROPOUT}
+"""The dropout each case kind builds with (the others: none)."""
+
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
     "forward": _run_forward, "backward": _run_backward, "causality": _run_causality,
     "batch_independence": _run_batch_independence, "eval_deterministic": _run_eval_deterministic,
@@ -278,38 +289,46 @@ RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseR
 }
 
 
-def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu") -> CaseResult:
-    """Run one case; a skip when the implementation declares it cannot, an ``error`` row when it raises."""
+def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu", seed: int = 0) -> CaseResult:
+    """Run one case (weights and inputs drawn from ``seed``); a skip when the implementation declares it
+    cannot, an ``error`` row when it raises."""
     impl = registry.get(impl) if isinstance(impl, str) else impl
-    dev = parse_device(device)
-    spec = case.shape.spec
-    reason = impl.unavailable_reason(dev, case.dtype)
-    if reason is None and impl.same_width_only and spec.d_in != spec.d_out:
-        reason = "declares d_in == d_out only"
-    if reason is not None:
-        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, reason)
+    shape = case.shape
+    outcome = resolve(impl, shape.spec, device=device, dtype=case.dtype, mode=CASE_MODES.get(case.kind, "inference"),
+                      batch=shape.batch, seq_len=shape.seq_len, dropout=CASE_DROPOUT.get(case.kind, 0.0))
+    if isinstance(outcome, Skip):
+        return CaseResult(impl.name, case.kind, shape.id, case.dtype, device, "skip", None, None, outcome.reason)
+    dev = outcome.device
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    seed_token = _SEED.set(seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return RUNNERS[case.kind](impl, case, dev)
+    except UnavailableError as exc:  # found only once built (a plug-in's nn.MultiheadAttention needs d_in == d_out)
+        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, str(exc))
     except AttnbenchError as exc:
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
                           f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # the implementation under test raised: a failed case, with its message
+        hint = " (no backward here? declare it in attnbench_capabilities: README, Capabilities)" if case.kind == "backward" else ""
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300] + hint)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        _SEED.reset(seed_token)
 
 
 def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: Iterable[str] | None = None,
-               progress: Callable[[CaseResult], None] | None = None) -> pd.DataFrame:
+               progress: Callable[[CaseResult], None] | None = None, seed: int = 0) -> pd.DataFrame:
     """Run every case for ``impls`` (default: all registered and available on ``device``) as a DataFrame.
+
+    ``seed`` draws other weights and inputs for every case (0, the default, is the fixed matrix).
 
     Unknown names raise :class:`~attnbench.errors.UnknownImplementationError` before anything runs.
     """
+    device = str(parse_device(device))  # once: "cuda" -> "cuda:0", and a missing device fails before anything runs
     resolved = [registry.get(n) for n in (list(impls) if impls else registry.available(device))]
     selected = cases(kinds)
     rows = []
@@ -320,7 +339,7 @@ def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: I
     try:
         for impl in resolved:
             for case in selected:
-                result = run_case(impl, case, device)
+                result = run_case(impl, case, device, seed)
                 rows.append(asdict(result))
                 if progress:
                     progress(result)
@@ -345,3 +364,8 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 
     out = results.groupby(["impl", "kind", "dtype"], sort=False)[list(results.columns)].apply(agg).reset_index()
     return out.astype({c: int for c in counts})
+
+
+# The round-2 properties (extreme logits, long T, dropout statistics, strided inputs, side effects,
+# shape sequences, low precision) live in their own module, which adds its runners to RUNNERS.
+from attnbench.correctness import properties  # noqa: E402

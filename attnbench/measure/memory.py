@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,23 +22,51 @@ from torch.profiler import ProfilerActivity, profile
 from attnbench.devices import synchronize
 
 
+class _NativeStderr:
+    """What native code wrote to file descriptor 2 inside :func:`native_stderr` (empty unless capturing)."""
+
+    def __init__(self) -> None:
+        self._text = ""
+
+    def text(self) -> str:
+        """The captured text (available after the ``with`` block)."""
+        return self._text
+
+
 @contextlib.contextmanager
-def quiet_native_stderr():
-    """Silence file descriptor 2 (C++ logging) for the duration; Python exceptions still propagate."""
+def native_stderr(capture: bool = False):
+    """Silence file descriptor 2 (C++ logging such as kineto's ``profiler_start`` lines) for the duration;
+    with ``capture=True`` keep what was written (``.text()`` after the block). Python exceptions still propagate."""
+    out = _NativeStderr()
     try:
         sys.stderr.flush()
         saved = os.dup(2)
-    except (OSError, ValueError):  # no real fd 2 (some notebooks, pytest capture): nothing to silence
-        yield
+    except (OSError, ValueError):  # no real fd 2 (some notebooks, pytest capture): nothing to redirect
+        yield out
         return
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    sink = tempfile.TemporaryFile() if capture else open(os.devnull, "wb")  # noqa: SIM115  (closed below)
     try:
-        os.dup2(devnull, 2)
-        yield
+        os.dup2(sink.fileno(), 2)
+        yield out
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-        os.close(devnull)
+        if capture:
+            sink.seek(0)
+            out._text = sink.read().decode(errors="replace")
+        sink.close()
+
+
+def _memory_events(prof) -> list | None:
+    """The CPU allocator's ``[memory]`` events of a finished profiler, oldest first, or None when this torch
+    does not expose them (``prof.profiler.kineto_results`` is not public API: this is its one use)."""
+    try:
+        events = prof.profiler.kineto_results.events()
+        mem = [e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+        mem.sort(key=lambda e: e.start_ns())
+        return mem
+    except AttributeError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -62,16 +91,16 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
         return MemoryResult(float(torch.cuda.max_memory_allocated(device) - base_alloc),
                             float(torch.cuda.max_memory_reserved(device) - base_reserved), "cuda_allocator")
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with quiet_native_stderr():  # kineto prints "profiler_start/stop" lines straight to fd 2
+    with native_stderr():  # kineto prints "profiler_start/stop" lines straight to fd 2
         prof.start()
     try:
         fn()
     finally:
-        with quiet_native_stderr():
+        with native_stderr():
             prof.stop()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    events.sort(key=lambda e: e.start_ns())
+    events = _memory_events(prof)
+    if events is None:
+        return MemoryResult(math.nan, math.nan, "unavailable: this torch.profiler exposes no memory events")
     live = peak = 0
     for e in events:
         live += e.nbytes()

@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from attnbench.results.schema import AXES, MODES
+from attnbench.results.schema import AXES, INT_AXES, MODES
+from attnbench.results.text import (  # noqa: F401  (fmt_bytes: the report's figures and pages read them from here too)
+    axis_label,
+    cell_label,
+    configuration_label,
+    fmt_bytes,
+    fmt_ci,
+    fmt_num,
+    fmt_time,
+    time_unit,
+)
 
 GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model")
 """The axes that define one panel/configuration; within it, lines are implementations over ``seq_len``."""
@@ -21,53 +31,8 @@ GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model
 NOISY_CI_REL = 0.05
 """A cell whose CI half-width exceeds this fraction of its median is marked noisy."""
 
-_AXIS_LABEL = {"batch": "B={}", "num_heads": "h={}", "d_model": "d={}", "cache": "cache={}"}
 
-
-# ---------------------------------------------------------------- formatting
-
-
-def fmt_time(seconds: float) -> str:
-    """``1.23 ms``, ``45.6 µs``, ``2.10 s``; ``–`` for NaN."""
-    if seconds is None or not np.isfinite(seconds):
-        return "–"
-    a = abs(seconds)
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if a >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def fmt_ci(lo: float, hi: float) -> str:
-    """``14.9–21.9 µs`` (one unit when both ends share it), ``–`` when missing."""
-    a, b = fmt_time(lo), fmt_time(hi)
-    if a == "–" or b == "–":
-        return "–"
-    ua, ub = a.split(" ", 1)[1], b.split(" ", 1)[1]
-    return f"{a.split(' ', 1)[0]}–{b}" if ua == ub else f"{a} – {b}"
-
-
-def fmt_bytes(n: float) -> str:
-    """``12.3 MiB``; ``–`` for NaN."""
-    if n is None or not np.isfinite(n):
-        return "–"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_num(x: float, digits: int = 3) -> str:
-    """A float with ``digits`` significant digits; ``–`` for NaN/None."""
-    if x is None or (isinstance(x, float) and not np.isfinite(x)):
-        return "–"
-    return f"{x:.{digits}g}"
-
-
-def axis_label(axis: str, value) -> str:
-    """How one axis value reads in a panel title (``B=1``, ``h=8``, ``float32`` ...)."""
-    return _AXIS_LABEL.get(axis, "{}").format(value)
-
+# ---------------------------------------------------------------- formatting (one definition, in results.text)
 
 def t_range(ts) -> str:
     """``T=32–1024`` or ``T=128``."""
@@ -86,7 +51,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("impl", "device", "dtype", "mode", "cache", "status", "error", "notes", "cell_id"):
         if col in df.columns:
             df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
-    for col in ("batch", "seq_len", "num_heads", "d_model"):
+    for col in INT_AXES:
         if col in df.columns:
             df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0).astype("int64")
     for col in ("median_s", "iqr_s", "ci_low_s", "ci_high_s", "ci_rel", "peak_bytes", "gflops_per_s",
@@ -159,11 +124,7 @@ def groups(df: pd.DataFrame) -> list[Group]:
     for key, rows in df.groupby(list(GROUP_AXES), sort=False, dropna=False):
         values = dict(zip(GROUP_AXES, key, strict=True))
         label = " · ".join(axis_label(a, values[a]) for a in vary) or common_label(ok if len(ok) else df) or "all cells"
-        full = "/".join(str(values[a]) for a in ("device", "dtype", "mode"))
-        extra = [axis_label(a, values[a]) for a in ("batch", "num_heads", "d_model")]
-        if values["cache"] != "warm":
-            extra.append(axis_label("cache", values["cache"]))
-        out.append(Group(tuple(key), values, label, f"{full} ({', '.join(extra)})", rows))
+        out.append(Group(tuple(key), values, label, configuration_label(values), rows))
     out.sort(key=lambda g: (g.values["device"], _dtype_rank(g.values["dtype"]), g.values["dtype"],
                             _mode_rank(g.values["mode"]), g.values["mode"],
                             g.values["cache"], g.values["batch"], g.values["num_heads"], g.values["d_model"]))
@@ -375,14 +336,6 @@ def scaling(df: pd.DataFrame, column: str = "median_s", min_points: int = 3) -> 
 # ---------------------------------------------------------------- noisy and failed cells, compile
 
 
-def axes_text(row) -> str:
-    """``impl @ cpu/float32/forward B=1 h=2 d=32 T=64`` for one row."""
-    get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k))
-    cache = get("cache")
-    return (f"{get('impl')} @ {get('device')}/{get('dtype')}/{get('mode')} B={get('batch')} h={get('num_heads')} "
-            f"d={get('d_model')} T={get('seq_len')}" + (f" cache={cache}" if cache and cache != "warm" else ""))
-
-
 def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
     """Successful cells whose median CI half-width exceeds ``limit`` of the median, or that were flagged
     ``unstable`` (two modes; ``unstable`` holds the modes), noisiest first."""
@@ -390,7 +343,7 @@ def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
     unstable = (ok["stability"].astype(str) == "unstable") if "stability" in ok else pd.Series(False, index=ok.index)
     bad = ok[(ok["ci_rel"] > limit) | unstable].sort_values("ci_rel", ascending=False)
     return pd.DataFrame({
-        "cell": [axes_text(r) for r in bad.itertuples()],
+        "cell": [cell_label(r) for r in bad.itertuples()],
         "median": [fmt_time(v) for v in bad["median_s"]],
         "ci": [fmt_ci(lo, hi) for lo, hi in zip(bad["ci_low_s"], bad["ci_high_s"], strict=True)],
         "ci_rel_pct": [f"±{100 * v:.1f}%" for v in bad["ci_rel"]],
@@ -405,8 +358,7 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
     bad = df[df["status"] != "ok"]
     return pd.DataFrame({
         "impl": bad["impl"].tolist(),
-        "configuration": [f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} d={r.d_model}"
-                          + (f" cache={r.cache}" if r.cache != "warm" else "") for r in bad.itertuples()],
+        "configuration": [configuration_label(r) for r in bad.itertuples()],
         "seq_len": bad["seq_len"].tolist(),
         "status": bad["status"].tolist(),
         "error": [(e or n or "").strip() for e, n in zip(bad["error"], bad["notes"], strict=True)],
@@ -437,8 +389,8 @@ def compile_table(df: pd.DataFrame) -> pd.DataFrame:
             be = float("nan")
         else:
             be = math.ceil(r.compile_s / gain) if gain > 0 else float("inf")
-        rows.append({"impl": r.impl, "configuration": f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} "
-                     f"d={r.d_model}", "seq_len": int(r.seq_len), "compile_s": r.compile_s, "median_s": r.median_s,
+        rows.append({"impl": r.impl, "configuration": configuration_label(r), "seq_len": int(r.seq_len),
+                     "compile_s": r.compile_s, "median_s": r.median_s,
                      "eager_median_s": e, "speedup_vs_eager": e / r.median_s if np.isfinite(e) else float("nan"),
                      "break_even_calls": be})
     return pd.DataFrame(rows, columns=cols)

@@ -245,7 +245,9 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
                 ax.scatter(nz["seq_len"], nz["median_s"], s=110, facecolors="none", edgecolors="black",
                            linewidths=1.1, zorder=5)
             seen.impls.add(impl)
-        for r in rows[rows["status"] != "ok"].itertuples():
+        if (rows["status"] == "skipped").any():  # impossible here by design, not a failure: not drawn
+            seen.marks.add("skipped")
+        for r in rows[~rows["status"].isin(["ok", "skipped"])].itertuples():
             seen.marks.add("failed")
             ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x",
                     color=styles[r.impl]["color"], markersize=7, mew=2, linestyle="none", clip_on=False)
@@ -261,7 +263,9 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
                               linestyle="none", label=f"noisy: CI > ±{an.NOISY_CI_REL:.0%}"))
         if "failed" in seen.marks:
             out.append(Line2D([], [], marker="x", color="#444", mew=2, linestyle="none",
-                              label="failed cell (oom/error/…)"))
+                              label="failed cell (oom/error/timeout/invalid)"))
+        if "skipped" in seen.marks:
+            out.append(Line2D([], [], linestyle="none", label="skipped cells (cannot run here): left out"))
         return out
 
     def notes(ci, n):
@@ -276,7 +280,8 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
 
     return _paneled("latency", "Latency vs sequence length", df, gs, draw, handles,
                     "Median time per call (lines); band: interquartile range of the per-call samples. Black rings "
-                    "mark noisy cells; × on the x axis marks a cell that failed.", out_dir, notes=notes)
+                    "mark noisy cells; × on the x axis marks a cell that failed. Skipped cells (combinations that "
+                    "cannot run here) are left out; the failed and skipped cells list names them.", out_dir, notes=notes)
 
 
 @_styled
@@ -438,8 +443,7 @@ def bars(df: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) ->
     g, t = choice
     cells = g.rows[g.rows["seq_len"] == t].sort_values("median_s", ascending=False)
     title = f"All implementations at T={t}, {g.full_label}"  # axis values only: no mathtext risk
-    scale, unit = next(((s, u) for s, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
-                        if cells["median_s"].max() >= s), (1e-9, "ns"))
+    scale, unit = an.time_unit(cells["median_s"].max())
     med = cells["median_s"].to_numpy() / scale
     lo = np.nan_to_num(med - cells["ci_low_s"].to_numpy() / scale, nan=0.0).clip(min=0)
     hi = np.nan_to_num(cells["ci_high_s"].to_numpy() / scale - med, nan=0.0).clip(min=0)

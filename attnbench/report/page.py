@@ -37,16 +37,15 @@ def jinja_env() -> jinja2.Environment:
 
 
 def markdown_table(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured Markdown table (``|`` and newlines in cells escaped)."""
+    """A GitHub-flavoured Markdown table (``DataFrame.to_markdown``; ``|`` and newlines in cells escaped, NaN empty)."""
 
     def cell(v) -> str:
         s = "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
         return s.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
 
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cell(c) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+    text = pd.DataFrame([[cell(v) for v in row] for row in df.itertuples(index=False)],
+                        columns=[cell(c) for c in df.columns])
+    return text.to_markdown(index=False, tablefmt="github", disable_numparse=True) + "\n"
 
 
 class Tables:
@@ -229,8 +228,9 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
         except Exception as exc:  # a broken side file must not sink the whole report
             profile_note = f"{ops_file} could not be read ({type(exc).__name__}: {exc}); operator tables omitted."
     else:
-        profile_note = ("No operator profile in this run folder (run `attnbench profile` to add "
-                        "profile/ops.parquet), so there is no per-operator breakdown.")
+        profile_note = ("No operator profile in this run folder, so there is no per-operator breakdown: "
+                        "`attnbench run --profile` adds profile/ops.parquet (`attnbench profile` writes "
+                        "TensorBoard traces only).")
 
     distinct_t = sorted(ok["seq_len"].unique().tolist())
     summary = {

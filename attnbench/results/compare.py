@@ -23,15 +23,12 @@ import pandas as pd
 
 from attnbench.errors import ResultsError
 from attnbench.measure.stats import bootstrap_medians
-from attnbench.results.schema import AXES
+from attnbench.results.schema import AXES, INT_AXES
 from attnbench.results.store import load_run
 
 ENV_COMPARE = ("git_commit", "attnbench_version", "torch_version", "python_version", "cuda_version", "cuda_driver",
                "platform", "hostname", "cpu_model", "cpu_count", "torch_threads", "gpus")
 """Metadata keys whose difference between two runs is worth a line in the comparison."""
-
-_INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
-
 
 @dataclass
 class CompareResult:
@@ -161,7 +158,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ResultsError(f"results lack the axis column(s) {missing}; not an attnbench results table")
     for a in AXES:
-        if a in _INT_AXES:
+        if a in INT_AXES:
             df[a] = pd.to_numeric(df[a], errors="coerce").fillna(-1).astype("int64")
         else:
             df[a] = df[a].astype(object).where(df[a].notna(), "").astype(str)
@@ -175,7 +172,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _axes_dict(key: tuple) -> dict:
-    return {a: (int(v) if a in _INT_AXES else v) for a, v in zip(AXES, key, strict=True)}
+    return {a: (int(v) if a in INT_AXES else v) for a, v in zip(AXES, key, strict=True)}
 
 
 def _env(value) -> str:
@@ -308,8 +305,7 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     c = result.cells
     disp = pd.DataFrame({
         "impl": c["impl"],
-        "configuration": [f"{r.device}/{r.dtype}/{r.mode} B={r.batch} h={r.num_heads} d={r.d_model}"
-                          + (f" cache={r.cache}" if r.cache != "warm" else "") for r in c.itertuples()],
+        "configuration": [an.configuration_label(r) for r in c.itertuples()],
         "seq_len": c["seq_len"],
         "A median": [an.fmt_time(v) for v in c["median_a"]],
         "B median": [an.fmt_time(v) for v in c["median_b"]],

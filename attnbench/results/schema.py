@@ -23,6 +23,9 @@ CACHE_STATES = ("warm", "cold")
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
+INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
+"""The axes that take positive integers (sweep ranges such as ``128..2048x2`` apply to them)."""
+
 COLUMNS: dict[str, str] = {
     # identity
     "run_id": "string", "cell_id": "string", "impl": "string", "device": "string", "device_name": "string",
@@ -90,6 +93,18 @@ def empty_row(cell: Cell, run_id: str = "") -> dict:
     for name, kind in COLUMNS.items():
         row[name] = float("nan") if kind == "float64" else (None if kind in ("string", "object") else 0)
     row.update(cell.as_dict())
+    from attnbench.plugins.loading import split_display_name
+
+    row["impl"] = split_display_name(cell.impl)[0] or cell.impl  # NAME=target: tables and figures show NAME
     row.update(run_id=run_id, cell_id=cell.cell_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
                warmup_calls=0, threads=0, status="error", error="", notes="")
     return row
+
+
+def normalise_row(row: dict) -> dict:
+    """``row`` with every missing float measurement as NaN (JSON has no NaN: a worker's row writes None).
+
+    The one place a row read back from outside the process (a worker's JSON) gets its missing values
+    back, so merging rounds and statistics never meet None.
+    """
+    return {k: (float("nan") if v is None and COLUMNS.get(k) == "float64" else v) for k, v in row.items()}

@@ -22,12 +22,13 @@ from datetime import UTC, datetime
 
 import torch
 
-from attnbench import registry
-from attnbench.devices import cuda_available, device_name, synchronize
-from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
+from attnbench.devices import device_name, synchronize
+from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
 from attnbench.measure import analytic_flops, counted_flops, peak_gflops, peak_memory, time_fn
 from attnbench.measure.stats import summarize_groups
+from attnbench.resolve import Skip, resolve
 from attnbench.results.schema import Cell, empty_row
+from attnbench.results.text import fmt_time
 from attnbench.runner.sweep import Settings
 
 
@@ -58,6 +59,18 @@ def _deadline(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """torch's intra-op thread count set to ``threads`` for the block (unchanged when None), then restored."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
@@ -77,49 +90,50 @@ def _release(device: torch.device) -> None:
 
 
 def skip_reason(cell: Cell) -> str | None:
-    """Why ``cell`` cannot run here (an impossible or unavailable combination), or ``None``."""
-    if cell.d_model % cell.num_heads:
-        return f"d_model={cell.d_model} is not divisible by num_heads={cell.num_heads}"
+    """Why ``cell`` cannot run here (:func:`attnbench.resolve.resolve`), or ``None``.
+
+    An unknown or broken plug-in is not a skip: it becomes an ``error`` row when the cell is built.
+    """
     try:
-        impl = registry.get(cell.impl)
-    except AttnbenchError:
-        return None  # an unknown/broken plug-in is an error row, not a skip (build_workload raises it)
-    if cell.device.startswith("cuda") and not cuda_available():
-        return "needs CUDA (not available on this machine)"
-    reason = impl.unavailable_reason(cell.device, cell.dtype)
-    if reason:
-        return reason
-    if cell.mode != "inference" and not impl.supports_backward(cell.device):
-        # Autograd recording alone is refused by such kernels (FlexAttention on CPU), not just backward.
-        return f"{impl.name} declares no backward on {torch.device(cell.device).type} (needed for {cell.mode})"
-    if cell.cache == "cold" and not cell.device.startswith("cuda"):
-        return "cold cache (L2 flush) exists only for CUDA cells"
-    return None
+        return resolve(cell.impl, cell).reason
+    except (UnknownImplementationError, PluginLoadError):
+        return None
 
 
-def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "") -> dict:
-    """Measure ``cell`` and return its results row (never raises for a failure of the cell)."""
+def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "", peak_gflops_per_s: float | None = None) -> dict:
+    """Measure ``cell`` and return its results row (never raises for a failure of the cell).
+
+    ``peak_gflops_per_s``: the machine's peak for the cell's device and dtype when the caller measured it
+    already (a subprocess per cell would otherwise measure it again in every cell's time window).
+    torch's thread count is restored afterwards when ``settings.threads`` changed it.
+    """
+    with torch_threads(settings.threads):
+        return _run_cell(cell, settings, run_id, peak_gflops_per_s)
+
+
+def _run_cell(cell: Cell, settings: Settings, run_id: str, peak_gflops_per_s: float | None) -> dict:
     row = empty_row(cell, run_id)
     row.update(host=socket.gethostname(), worker=f"pid{os.getpid()}",
                started_at=datetime.now(UTC).isoformat(timespec="microseconds"))
     t_start = time.perf_counter()
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
     row["threads"] = torch.get_num_threads()
-    reason = skip_reason(cell)
-    if reason:
-        row.update(status="skipped", error=reason)
+    try:
+        outcome = resolve(cell.impl, cell)
+    except AttnbenchError:
+        outcome = None  # an unknown name or mode: build_workload raises it again, into a row with its status
+    if isinstance(outcome, Skip):
+        row.update(status="skipped", error=outcome.reason)
         row["duration_s"] = time.perf_counter() - t_start
         return row
-    device = torch.device(cell.device)
+    device = outcome.device if outcome else torch.device("cpu")
     workload = None
     try:
         with _deadline(settings.cell_timeout_s):
             row["device_name"] = device_name(device)
             from attnbench.runner.workload import build_workload
 
-            workload = build_workload(cell, seed=settings.seed)
-            _measure(workload, cell, settings, row)
+            workload = build_workload(cell, seed=settings.seed, ready=outcome)
+            _measure(workload, cell, settings, row, peak_gflops_per_s)
     except CellTimeout as exc:
         row.update(status="timeout", error=str(exc))
     except (UnavailableError, InvalidSpecError, SweepError) as exc:
@@ -145,11 +159,11 @@ def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "") -> d
     return row
 
 
-def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
+def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_per_s: float | None = None) -> None:
     device = workload.device
     compiled = cell.impl.startswith("compiled:")
     # Importing torch._dynamo costs seconds: only compiled cells count graphs.
-    graphs_before = _compiled_graphs() if compiled else 0
+    graphs_before = _compiled_graphs() if compiled else None
     t0 = time.perf_counter()
     out = workload.step()  # the first call: compiles compiled: cells, checks the output
     synchronize(device)
@@ -159,12 +173,12 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
     if problem:
         row.update(status="invalid", error=problem)
         return
-    graphs_after_first = _compiled_graphs() if compiled else 0
+    graphs_after_first = _compiled_graphs() if compiled else None
     timing = time_fn(workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
                      target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
                      max_samples=settings.max_samples, budget_s=settings.budget_s,
                      l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
-    graphs_after_timing = _compiled_graphs() if compiled else 0
+    graphs_after_timing = _compiled_graphs() if compiled else None
     stats = timing.stats()
     row.update(stats)
     row.update(samples_s=list(timing.samples_s), calls_per_sample=timing.calls_per_sample,
@@ -172,12 +186,15 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
     notes = [f"sampling stopped by {timing.stopped_by}"]
     if compiled:
         row["compile_s"] = max(first_call_s - stats["median_s"], 0.0)
-        row["recompiles"] = float(graphs_after_timing - graphs_after_first)
-        if graphs_after_first - graphs_before > 1:
-            notes.append(f"{graphs_after_first - graphs_before} graphs compiled on the first call (graph breaks)")
-        if graphs_after_timing > graphs_after_first:
-            notes.append(f"RECOMPILED {graphs_after_timing - graphs_after_first}x during warm-up/timing: "
-                         "timings include compilation")
+        if graphs_before is None or graphs_after_first is None or graphs_after_timing is None:
+            notes.append("recompiles not counted: this torch has no torch._dynamo.utils.counters")
+        else:
+            row["recompiles"] = float(graphs_after_timing - graphs_after_first)
+            if graphs_after_first - graphs_before > 1:
+                notes.append(f"{graphs_after_first - graphs_before} graphs compiled on the first call (graph breaks)")
+            if graphs_after_timing > graphs_after_first:
+                notes.append(f"RECOMPILED {graphs_after_timing - graphs_after_first}x during warm-up/timing: "
+                             "timings include compilation")
     mem = peak_memory(workload.step, device)
     row.update(peak_bytes=mem.peak_bytes, peak_reserved_bytes=mem.peak_reserved_bytes, memory_method=mem.method)
     flops = analytic_flops(cell.batch, cell.seq_len, cell.d_model, cell.d_model, cell.mode)
@@ -187,7 +204,7 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict) -> None:
         # would cost a compile and measure the counter's trace, so compiled cells keep the model only.
         row["flops_counted"] = counted_flops(workload.step)
     row["gflops_per_s"] = flops / stats["median_s"] / 1e9
-    peak = peak_gflops(str(device), cell.dtype)
+    peak = peak_gflops_per_s or peak_gflops(str(device), cell.dtype)
     row["peak_gflops_per_s"] = peak
     row["frac_peak"] = row["gflops_per_s"] / peak
     row["status"] = "ok"
@@ -219,17 +236,22 @@ def merge_rounds(rows: list[dict], processes: int = 1) -> dict:
         merged["duration_s"] = sum(r["duration_s"] for r in rows)
         workers = list(dict.fromkeys(str(r.get("worker") or "") for r in rows))
         merged["worker"] = ", ".join(w for w in workers if w)
-        medians = ", ".join(f"{1e3 * r['median_s']:.4g}" for r in rows)
+        medians = ", ".join(fmt_time(r["median_s"]) for r in rows)
         rounds = len(rows) // processes
         how = f"{rounds} rounds" + (f" x {processes} processes" if processes > 1 else "")
-        notes.append(f"{how} in shuffled order, round medians {medians} ms")
+        notes.append(f"{how} in shuffled order, round medians {medians}")
     merged["notes"] = "; ".join(n for n in (*notes, rows[0]["notes"]) if n)
     return merged
 
 
-def _compiled_graphs() -> int:
+def _compiled_graphs() -> int | None:
+    """Graphs Dynamo has compiled in this process, or None when this torch does not count them.
+
+    ``torch._dynamo.utils.counters`` is not public API: this is its one use.
+    """
     try:
         from torch._dynamo.utils import counters
-    except ImportError:
-        return 0
-    return int(counters["stats"]["unique_graphs"])
+
+        return int(counters["stats"]["unique_graphs"])
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None

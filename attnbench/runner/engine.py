@@ -18,10 +18,10 @@ from attnbench import environment, registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
 from attnbench.measure.cpu_env import OMP_BINDING, PINNED_THRESHOLD_BYTES, check_allocator
-from attnbench.results.schema import AXES, Cell
+from attnbench.results.schema import AXES, INT_AXES, Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
-from attnbench.runner.cell import merge_rounds
-from attnbench.runner.sweep import INT_AXES, Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
+from attnbench.runner.cell import merge_rounds, torch_threads
+from attnbench.runner.sweep import Settings, Sweep, load_preset, parse_ints, parse_strs, sweep_from_dict
 
 
 def default_sweep() -> Sweep:
@@ -238,7 +238,8 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         store.write_meta()
         store.finalize(csv=csv)
     if profile and not interrupted:
-        _profile_cells(df, store.path)
+        with torch_threads(sweep.settings.threads):
+            _profile_cells(df, store.path)
     df, _ = load_run(store.path)
     df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=interrupted)
     return df
@@ -256,11 +257,9 @@ def _profile_cells(df: pd.DataFrame, run_dir: Path) -> None:
     results = []
     ok = df[df.status == "ok"]
     # Profiling never flushes the cache: a cold cell profiles exactly like its warm twin, so profile one.
-    ok = ok.sort_values("cache", key=lambda c: c != "warm").drop_duplicates(
-        ["impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode"])
-    for row in ok.itertuples():
-        cell = Cell(row.impl, row.device, row.dtype, int(row.batch), int(row.seq_len), int(row.num_heads),
-                    int(row.d_model), row.mode, row.cache)
+    ok = ok.sort_values("cache", key=lambda c: c != "warm").drop_duplicates([a for a in AXES if a != "cache"])
+    for row in ok.to_dict("records"):
+        cell = Cell(**{a: int(row[a]) if a in INT_AXES else row[a] for a in AXES})
         results.append(profile_cell(cell, logdir=Path(run_dir) / "profile" / "traces"))
     if results:
         save_ops(results, Path(run_dir) / "profile" / "ops.parquet")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
-from attnbench.results.schema import CACHE_STATES, MODES, Cell
+from attnbench.results.schema import AXES, CACHE_STATES, INT_AXES, MODES, Cell
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,10 @@ class Sweep:
     def __post_init__(self) -> None:
         if not self.impl:
             raise SweepError("the sweep names no implementation; pass --impl NAME[,NAME...] (see `attnbench list`)")
-        for axis in ("device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache"):
+        for axis in AXES[1:]:
             if not getattr(self, axis):
                 raise SweepError(f"axis {axis!r} is empty; give at least one value")
-        for axis in ("batch", "seq_len", "num_heads", "d_model"):
+        for axis in INT_AXES:
             for v in getattr(self, axis):
                 if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                     raise SweepError(f"{axis} values must be positive integers, got {v!r}")
@@ -155,7 +155,6 @@ def parse_strs(text: str | list | tuple) -> tuple[str, ...]:
 AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "batch", "seq": "seq_len",
              "seq_len": "seq_len", "heads": "num_heads", "num_heads": "num_heads", "d_model": "d_model",
              "d-model": "d_model", "mode": "mode", "cache": "cache"}
-INT_AXES = {"batch", "seq_len", "num_heads", "d_model"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:

@@ -13,9 +13,8 @@ import torch
 from torch import nn
 
 from attnbench import registry
-from attnbench.devices import parse_device, to_dtype
-from attnbench.errors import InvalidSpecError, SweepError
-from attnbench.results.schema import MODES, Cell
+from attnbench.resolve import Ready, Skip, resolve
+from attnbench.results.schema import Cell
 from attnbench.spec import AttnSpec
 from attnbench.weights import random_weights
 
@@ -51,26 +50,22 @@ def spec_for(cell: Cell) -> AttnSpec:
     return AttnSpec(cell.d_model, cell.d_model, cell.seq_len, 0.0, cell.num_heads)
 
 
-def build_workload(cell: Cell, seed: int = 0) -> Workload:
+def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Workload:
     """Build ``cell``'s module (canonical weights from ``seed``) and input on its device.
 
-    Raises :class:`~attnbench.errors.AttnbenchError` subclasses for impossible cells (unknown name,
-    unavailable device/dtype, d_model not divisible by heads).
+    ``ready`` is the :func:`attnbench.resolve.resolve` answer for the cell when the caller has it;
+    otherwise the cell is resolved here. Raises :class:`~attnbench.errors.AttnbenchError` subclasses for
+    impossible cells (unknown name, unavailable device/dtype/mode, d_model not divisible by heads).
     """
-    if cell.mode not in MODES:
-        raise SweepError(f"unknown mode {cell.mode!r}; use one of {', '.join(MODES)}")
     impl = registry.get(cell.impl)
-    device = parse_device(cell.device)
-    dtype = to_dtype(cell.dtype)
-    try:
-        spec = spec_for(cell)
-    except InvalidSpecError as exc:
-        raise InvalidSpecError(f"d_model={cell.d_model}, heads={cell.num_heads}: {exc}") from exc
-    if cell.mode != "inference" and not impl.supports_backward(device):
-        from attnbench.errors import UnavailableError
-
-        raise UnavailableError(f"{impl.name} declares no backward on {device.type}")
-    module = impl.build(spec, device, dtype, weights=random_weights(spec, seed=seed, scale="linear"))
+    if ready is None:
+        outcome = resolve(impl, cell)
+        if isinstance(outcome, Skip):
+            raise outcome.exception()
+        ready = outcome
+    device, dtype = ready.device, ready.dtype
+    spec = spec_for(cell)
+    module = impl.build(spec, weights=random_weights(spec, seed=seed, scale="linear"), ready=ready)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g).to(device=device, dtype=dtype)
     grad_out = None

@@ -17,6 +17,7 @@ cell in each (``execute(..., process=p)``), one process at a time: the others ar
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -28,7 +29,7 @@ from dataclasses import asdict
 
 from attnbench.errors import AttnbenchError
 from attnbench.measure import cpu_env
-from attnbench.results.schema import Cell, empty_row
+from attnbench.results.schema import Cell, empty_row, normalise_row
 from attnbench.runner.cell import run_cell
 from attnbench.runner.sweep import Settings
 
@@ -161,6 +162,9 @@ class WorkerExecutor:
         self.env_vars = cpu_env.process_env(self.env)  # a missing library fails here, before anything runs
         self.workers: dict[int, WorkerProcess] = {}
         self.reports: list[dict] = []  # what each worker found in itself
+        # (device, dtype) -> GFLOP/s measured by the first ok cell, passed on so that later workers
+        # (a fresh one per cell with isolate, or per process) do not measure it again
+        self.peaks: dict[tuple[str, str], float] = {}
         self._warned = False
 
     def _start(self, process: int) -> WorkerProcess:
@@ -196,10 +200,14 @@ class WorkerExecutor:
         if not resolvable(cell.impl, worker.info["names"]):
             return self._in_this_process(cell)
         deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
-        answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id},
-                                deadline)
+        key = (cell.device, cell.dtype)
+        answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id,
+                                 "peak_gflops_per_s": self.peaks.get(key)}, deadline)
         if isinstance(answer, dict) and "row" in answer:
-            row = answer["row"]
+            row = normalise_row(answer["row"])
+            peak = row.get("peak_gflops_per_s")
+            if key not in self.peaks and isinstance(peak, float) and math.isfinite(peak) and peak > 0:
+                self.peaks[key] = peak
             if self.settings.isolate:
                 self._drop(process)
             return row

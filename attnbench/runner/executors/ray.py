@@ -65,6 +65,19 @@ _RESUBMIT = (ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError, 
 # Starting or joining Ray
 
 
+def _ray_constants():
+    """Ray's ``ray._private.ray_constants`` module, or None when this Ray has moved it.
+
+    Private API, used only here: without it the environment variable alone still applies to a Ray
+    imported later (the flag is read once at import), so the fallback is the variable.
+    """
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        return None
+    return ray_constants
+
+
 @contextlib.contextmanager
 def _loopback_only():
     """While starting a local instance, have Ray use 127.0.0.1 and listen on loopback only.
@@ -74,8 +87,7 @@ def _loopback_only():
     mode (the default on macOS and Windows): node address 127.0.0.1, every server on loopback. The
     flag is read once at import, so the module constant is switched as well; both are restored after.
     """
-    from ray._private import ray_constants
-
+    ray_constants = _ray_constants()
     saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")}
     saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"

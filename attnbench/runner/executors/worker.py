@@ -6,7 +6,7 @@ OpenMP when torch loads (importing the package does). It pins glibc's malloc aga
 starts torch's threads once, says it is ready (with what :func:`~attnbench.measure.cpu_env.describe` found), then answers
 each request line on stdin with one line on its protocol pipe:
 
-* ``{"cell": ..., "settings": ..., "run_id": ...}`` -> ``{"row": {...}}`` (:func:`run_cell`'s row plus the
+* ``{"cell": ..., "settings": ..., "run_id": ..., "peak_gflops_per_s": ...}`` -> ``{"row": {...}}`` (:func:`run_cell`'s row plus the
   ``cpu_*`` columns; NaN travels as JSON's ``NaN``);
 * ``{"probe": true}`` -> ``{"probe": {...}}``: the environment as seen from inside (the OpenMP variables,
   each thread's CPUs, whether a large malloc is mmapped).
@@ -22,9 +22,10 @@ import os
 import sys
 
 
-def _prepare(cell) -> None:
+def _prepare(cell, peak_known: bool) -> None:
     """Once-per-process costs, paid before the cell's clock (``cell_timeout_s``) starts, as on Ray: the
-    implementation's import and the machine's peak GFLOP/s for the cell's device and dtype (cached)."""
+    implementation's import and, unless the runner passed it on, the machine's peak GFLOP/s for the
+    cell's device and dtype (cached)."""
     import contextlib
 
     from attnbench import registry
@@ -34,7 +35,8 @@ def _prepare(cell) -> None:
         registry.get(cell.impl)
         if cell.impl.startswith("compiled:"):
             import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
-        peak_gflops(cell.device, cell.dtype)
+        if not peak_known:
+            peak_gflops(cell.device, cell.dtype)
 
 
 def _serve(label: str) -> None:
@@ -78,8 +80,9 @@ def _serve(label: str) -> None:
                                                                    "LD_PRELOAD")}}})
             continue
         cell = Cell(**request["cell"])
-        _prepare(cell)
-        row = run_cell(cell, Settings(**request["settings"]), request["run_id"])
+        peak = request.get("peak_gflops_per_s")
+        _prepare(cell, peak is not None)
+        row = run_cell(cell, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak)
         row.update(described, worker=worker)
         send({"row": row})
 

@@ -1,0 +1,200 @@
+"""Calling a user's constructor with the spec: by parameter name, with the aliases common codebases use.
+
+``MyAttention(d_model, n_heads, block_size, attn_pdrop, bias)``, ``MHA(d_in, d_out, num_heads,
+context_length, dropout, qkv_bias)`` and ``CausalSelfAttention(config)`` are all built from the same
+:class:`~attnbench.spec.AttnSpec`. Arguments are passed by position (the book's order) only when no
+parameter name says what it is.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from torch import nn
+
+from attnbench.errors import PluginLoadError
+from attnbench.spec import AttnSpec
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "d_in": ("d_in", "d_model", "embed_dim", "n_embd", "hidden_size", "dim", "emb_dim", "embedding_dim",
+             "n_embed", "d_embed", "input_dim", "in_features", "in_dim"),
+    "d_out": ("d_out", "out_features", "output_dim", "out_dim", "dim_out"),
+    "num_heads": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_head"),
+    "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "kv_heads"),
+    "context_length": ("context_length", "block_size", "max_seq_len", "max_position_embeddings", "max_len",
+                       "max_seq_length", "seq_len", "context_len", "n_ctx", "n_positions", "max_length"),
+    "dropout": ("dropout", "attn_pdrop", "attention_dropout", "p", "attn_dropout", "dropout_p", "attn_drop",
+                "attention_probs_dropout_prob", "dropout_rate", "attn_dropout_rate", "dropout_prob"),
+    "qkv_bias": ("qkv_bias", "bias", "use_bias", "attention_bias", "add_bias", "use_qkv_bias"),
+    "head_dim": ("head_dim", "dim_head", "head_size", "d_head", "d_k", "n_embd_head"),
+}
+"""Spec field -> the constructor parameter (and config field) names it binds to."""
+
+RESIDUAL_DROPOUT = ("resid_pdrop", "resid_dropout", "residual_dropout", "hidden_dropout_prob", "hidden_dropout",
+                    "proj_drop", "proj_dropout", "resid_drop", "output_dropout", "out_dropout")
+"""Names of a separate residual/output dropout: they get 0.0, because the canonical layer's only dropout
+is on the attention weights (a single field that sets both, like nanoGPT's ``dropout``, gets the spec's)."""
+
+CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "model_args", "hp", "settings", "opt")
+_BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")
+_CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
+                    "min_torch")
+_BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
+GUIDE = "README: Bring your own attention"
+
+
+def spec_values(spec: AttnSpec) -> dict[str, object]:
+    """Every value a constructor can ask for: the spec's fields, ``head_dim``, and ``num_kv_heads``
+    (the spec's own when it has one, else ``num_heads``)."""
+    values = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    values.setdefault("num_kv_heads", spec.num_heads)
+    values["head_dim"] = spec.head_dim
+    return values
+
+
+class SpecConfig(dict):
+    """The config object a ``CausalSelfAttention(config)``-style constructor receives.
+
+    It carries every alias of every spec field, so nanoGPT (``n_embd, n_head, block_size, dropout,
+    bias``), minGPT (``attn_pdrop, resid_pdrop``) and Hugging Face names (``hidden_size,
+    num_attention_heads, attention_dropout, max_position_embeddings``) all read as attributes or keys.
+    """
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"the config attnbench passes has no field {name!r} (it has the aliases of d_in, "
+                                 f"d_out, num_heads, context_length, dropout, qkv_bias and head_dim; {GUIDE})") from None
+
+    def __setattr__(self, name: str, value) -> None:
+        self[name] = value
+
+    @classmethod
+    def for_spec(cls, spec: AttnSpec) -> SpecConfig:
+        """The config for ``spec``: every alias set to its field's value, separate residual dropouts 0.0."""
+        values = spec_values(spec)
+        config = cls({alias: values[field] for alias, field in _BY_NAME.items()})
+        config.update(dict.fromkeys(RESIDUAL_DROPOUT, 0.0))
+        config.update(is_causal=True, causal=True)
+        return config
+
+
+@dataclass(frozen=True)
+class Binding:
+    """How a constructor is called: ``style`` is ``keywords``, ``config``, ``positional`` or ``spec`` (a factory)."""
+
+    target: Callable
+    style: str
+    params: tuple[tuple[str, str], ...] = ()  # (parameter, spec field or "residual_dropout")
+    config_param: str = ""
+
+    @property
+    def fields(self) -> set[str]:
+        """Spec fields the constructor receives."""
+        if self.style in ("config", "positional", "spec"):
+            return set(_BOOK_ORDER)
+        return {f for _, f in self.params}
+
+    @property
+    def same_width_only(self) -> bool:
+        """True when the constructor takes one width (``embed_dim``, ``n_embd``, a config): d_in == d_out only."""
+        if self.style == "config":
+            return True
+        return self.style == "keywords" and len({"d_in", "d_out"} & self.fields) == 1
+
+    def __call__(self, spec: AttnSpec) -> nn.Module:
+        values = spec_values(spec)
+        if self.style == "spec":
+            return self.target(spec)
+        if self.style == "config":
+            return self.target(**{self.config_param: SpecConfig.for_spec(spec)})
+        if self.style == "positional":
+            args = [values[f] for f in _BOOK_ORDER]
+            return self.target(*args[:-1], qkv_bias=args[-1]) if self._takes_qkv_keyword() else self.target(*args)
+        width = values["d_out"] if "d_out" in self.fields and "d_in" not in self.fields else values["d_in"]
+        kwargs = {}
+        for param, field in self.params:
+            kwargs[param] = 0.0 if field == "residual_dropout" else width if field == "d_in" else values[field]
+        return self.target(**kwargs)
+
+    def _takes_qkv_keyword(self) -> bool:
+        params = _signature(self.target).parameters.values()
+        return any(p.kind == p.VAR_KEYWORD or p.name == "qkv_bias" for p in params)
+
+    def describe(self) -> str:
+        """``MHA(d_model=d_in, n_heads=num_heads, ...)``, for ``attnbench check -v``."""
+        name = getattr(self.target, "__qualname__", repr(self.target))
+        if self.style == "spec":
+            return f"{name}(spec)"
+        if self.style == "config":
+            return f"{name}({self.config_param}=<config with n_embd, n_head, block_size, dropout, bias, ...>)"
+        if self.style == "positional":
+            return f"{name}({', '.join(_BOOK_ORDER)}) by position"
+        return f"{name}({', '.join(f'{p}={f}' for p, f in self.params)})"
+
+
+def _signature(target) -> inspect.Signature:
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError) as exc:
+        raise PluginLoadError(f"cannot read the signature of {target!r} ({exc}); point --impl at a factory "
+                              f"make_attention(spec) instead ({GUIDE})") from exc
+
+
+def bind(target: Callable) -> Binding:
+    """How to call ``target`` (a class, or a factory function) with a spec; raises :class:`PluginLoadError`
+    when a required parameter is neither a known name nor fillable by position."""
+    sig = _signature(target)
+    named = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p for p in named if p.default is p.empty]
+    known = [(p.name, _BY_NAME[p.name]) for p in named if p.name in _BY_NAME]
+    known += [(p.name, "residual_dropout") for p in named if p.name in RESIDUAL_DROPOUT]
+    if not inspect.isclass(target) and len(named) >= 1 and (named[0].name == "spec" or (len(required) <= 1 and not known)):
+        return Binding(target, "spec")
+    if len(required) == 1 and not known and (required[0].name in CONFIG_NAMES or required[0].name.endswith(("config", "cfg"))):
+        return Binding(target, "config", config_param=required[0].name)
+    if not known or (required and not any(p.name in dict(known) for p in required)):
+        return Binding(target, "positional")  # no required parameter's name says what it is
+    unknown = [p.name for p in required if p.name not in dict(known)]
+    if unknown:
+        shown = ", ".join(p.name for p in named)
+        raise PluginLoadError(
+            f"cannot call {getattr(target, '__qualname__', target)}({shown}): attnbench does not know what to pass "
+            f"for {', '.join(map(repr, unknown))} (it binds parameters by name: {_alias_summary()}); give "
+            f"{'them defaults' if len(unknown) > 1 else 'it a default'}, rename, or point --impl at a factory "
+            f"make_attention(spec) ({GUIDE})")
+    return Binding(target, "keywords", params=tuple(known))
+
+
+def _alias_summary() -> str:
+    return "; ".join(f"{field}: {'/'.join(names[:4])}" for field, names in ALIASES.items() if field != "num_kv_heads")
+
+
+def capabilities(obj) -> dict:
+    """The validated ``attnbench_capabilities`` of ``obj`` (a dict of :class:`~attnbench.registry.Implementation` fields)."""
+    caps = dict(getattr(obj, "attnbench_capabilities", {}) or {})
+    unknown = sorted(set(caps) - set(_CAPABILITY_KEYS))
+    if unknown:
+        raise PluginLoadError(f"{getattr(obj, '__qualname__', obj)}.attnbench_capabilities has unknown key(s) "
+                              f"{unknown}; the keys are {', '.join(_CAPABILITY_KEYS)} (README: Capabilities)")
+    return caps
+
+
+def implementation_fields(obj, source: str) -> dict:
+    """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
+    constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
+    declared ``attnbench_capabilities`` (which win over what is inferred)."""
+    from attnbench.plugins.layout import with_layout
+
+    binding = bind(obj)
+    inferred: dict = {}
+    if binding.same_width_only:
+        inferred["same_width_only"] = True
+    if binding.style == "keywords" and "dropout" not in binding.fields:
+        inferred["dropout"] = ()  # nothing to pass the rate to: the class has no attention dropout
+    caps = {**inferred, **capabilities(obj)}
+    return {"factory": with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields), **caps,
+            "source": caps.get("source", source)}

@@ -1,0 +1,494 @@
+"""Finding the canonical weights in a user's module, so that most classes need no adapter.
+
+A plug-in is built once on a *probe* spec whose sizes all differ (d_in 20, d_out 24, 3*d_out 72, 4
+heads of 6), and its trainable parameters are matched to the canonical ``W_q, W_k, W_v, W_o`` (and
+biases) by name and shape:
+
+* separate projections (``W_query``, ``query``, ``q_proj``, ``wq``, ``q``, ...), as ``nn.Linear`` or raw
+  ``nn.Parameter``; fused ones (``qkv``, ``c_attn``, ``in_proj``, ``Wqkv``, ``qkv_proj``; ``kv``) in
+  [q, k, v] order; per-head lists (``heads.{i}.query``); output projections (``out_proj``, ``proj``,
+  ``c_proj``, ``o_proj``, ``wo``, ``dense``); ``nn.MultiheadAttention`` submodules; missing biases.
+* Orientation (stored (out, in) as ``nn.Linear`` does, or (in, out) for ``x @ W``) is read from the
+  parameter's shape on the probe, never by trying both against the reference (that would hide an
+  untransposed-weight bug). A square matrix is an ``nn.Linear``'s (out, in), an HF ``Conv1D``'s
+  (in, out), or a raw parameter that follows the class's q/k/v projections.
+
+The result is a :class:`Layout`, which gives an :class:`~attnbench.weights.Adapter` (differentiable
+``to_state`` and its inverse), so every gradient check of the matrix works through it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from attnbench.errors import PluginLoadError, UnavailableError
+from attnbench.spec import AttnSpec
+from attnbench.weights import NAMES, Adapter, CanonicalWeights, random_weights
+
+PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=4)
+"""d_in, d_out, 3*d_out, head_dim and num_heads all differ, so each shape says what it is."""
+SQUARE_PROBE = AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4)
+"""For constructors that take one width (``embed_dim``, ``n_embd``, a config): d_in == d_out."""
+DISPLAY = AttnSpec(d_in=768, d_out=768, context_length=1024, dropout=0.0, num_heads=12)
+"""The sizes ``attnbench check -v`` prints the mapping for (GPT-2 small)."""
+GUIDE = "README: Bring your own attention"
+
+_CORES = {
+    "q": ("q", "query", "queries", "qry"), "k": ("k", "key", "keys"), "v": ("v", "value", "values", "val"),
+    "qkv": ("qkv", "cattn", "inproj", "qkvproj"), "kv": ("kv",),
+    "o": ("o", "out", "output", "proj", "cproj", "dense", "projection"),
+}
+_ROLE_OF_CORE = {core: role for role, cores in _CORES.items() for core in cores}
+_PREFIXES = ("", "w", "to", "b", "bias", "linear", "lin", "proj", "layer", "fc", "weight", "attn", "attention", "self")
+_SUFFIXES = ("", "proj", "projection", "linear", "lin", "layer", "weight", "weights", "w", "bias", "b", "mat",
+             "matrix", "fc", "dense", "net", "param")
+_CANONICAL = {"q": ("W_q",), "k": ("W_k",), "v": ("W_v",), "qkv": ("W_q", "W_k", "W_v"), "kv": ("W_k", "W_v"),
+              "o": ("W_o",)}
+
+
+def role_of(token: str) -> str | None:
+    """``"q_proj"`` -> ``"q"``, ``"c_attn"`` -> ``"qkv"``, ``"to_out"`` -> ``"o"``; ``None`` when the name says nothing."""
+    s = re.sub(r"[^a-z0-9]", "", token.lower())
+    for pre in _PREFIXES:
+        if not s.startswith(pre):
+            continue
+        rest = s[len(pre):]
+        for suf in _SUFFIXES:
+            if rest.endswith(suf):
+                core = rest[:len(rest) - len(suf)] if suf else rest
+                if core in _ROLE_OF_CORE:
+                    return _ROLE_OF_CORE[core]
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def canonical_shapes(spec: AttnSpec) -> dict[str, tuple[int, ...]]:
+    """Shape of every canonical parameter (biases included) for ``spec``."""
+    w = random_weights(replace(spec, qkv_bias=True), scale="linear")
+    return {name: tuple(t.shape) for name, t in w.items()}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One module parameter as a function of the canonical weights.
+
+    ``canonical`` are concatenated along the output axis (a fused projection); ``per_head``: ``param``
+    is a template (``heads.{i}.query.weight``) and head i holds the i-th of ``num_heads`` row blocks;
+    ``transposed`` when stored (in, out).
+    ``constant`` (``"zero"``/``"eye"``, with a symbolic ``shape``) is a parameter with no canonical
+    counterpart, held fixed (``note`` says why).
+    """
+
+    param: str
+    canonical: tuple[str, ...] = ()
+    per_head: bool = False
+    transposed: bool = False
+    constant: str | None = None
+    shape: tuple[str | int, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every canonical parameter lives in a module, and which ones it lacks."""
+
+    sources: tuple[Source, ...]
+    held_at_zero: frozenset[str] = frozenset()
+    missing: tuple[str, ...] = ()  # biases the spec asks for that the module does not have (a bug the matrix shows)
+    same_width_reason: str = ""  # why the module needs d_in == d_out (found only once built)
+    square_only_problem: str = ""  # why its parameters do not fit when d_in != d_out (a bug the matrix shows)
+
+    def to_state(self, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
+        """The module's parameters as a differentiable function of ``w``."""
+        like = w.W_q
+        state = {}
+        for s in self.sources:
+            if s.constant:
+                dims = [spec.d_in if d == "d_in" else spec.d_out if d == "d_out" else int(d) for d in s.shape]
+                t = torch.eye(dims[0], dtype=like.dtype, device=like.device) if s.constant == "eye" else \
+                    torch.zeros(dims, dtype=like.dtype, device=like.device)
+            elif s.per_head:
+                for i, block in enumerate(_part(w, s.canonical[0]).chunk(heads_of(s.canonical[0], spec))):
+                    state[s.param.format(i=i)] = block.t() if s.transposed else block
+                continue
+            else:
+                t = torch.cat([_part(w, name) for name in s.canonical]) if len(s.canonical) > 1 else _part(w, s.canonical[0])
+                t = t.t() if s.transposed else t
+            state[s.param] = t
+        return state
+
+    def from_state(self, state, spec: AttnSpec) -> CanonicalWeights:
+        """The canonical weights a module's parameters hold (the inverse of :meth:`to_state`)."""
+        shapes = canonical_shapes(spec)
+        pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        for s in self.sources:
+            if s.constant:
+                continue
+            n = heads_of(s.canonical[0], spec) if s.per_head else 1
+            stored = [state[s.param.format(i=i)] for i in range(n)] if s.per_head else [state[s.param]]
+            t = torch.cat([m.t() if s.transposed else m for m in stored])
+            parts = t.split([shapes[n][0] for n in s.canonical]) if len(s.canonical) > 1 else (t,)
+            for name, part in zip(s.canonical, parts, strict=True):
+                pieces[name].append(part)
+        values = {}
+        for name in NAMES:
+            if pieces.get(name):
+                values[name] = torch.cat(pieces[name])
+            elif name == "b_o" or (name.startswith("b_") and spec.qkv_bias):
+                values[name] = torch.zeros(shapes[name], dtype=next(iter(state.values())).dtype)
+        if not spec.qkv_bias:
+            values.update(b_q=None, b_k=None, b_v=None)
+        return CanonicalWeights(**{n: values.get(n) for n in NAMES})
+
+    def adapter(self) -> Adapter:
+        """This layout as an :class:`~attnbench.weights.Adapter` (with ``held_at_zero``)."""
+        return DiscoveredAdapter(self.to_state, self.from_state, self.held_at_zero, layout=self)
+
+    def describe(self, spec: AttnSpec = DISPLAY) -> list[str]:
+        """One line per mapping, ``W_q <- c_attn.weight[0:768]``, with sizes from ``spec``."""
+        shapes = canonical_shapes(spec)
+        lines = []
+        for s in self.sources:
+            if s.constant:
+                value = "I" if s.constant == "eye" else "0"
+                lines.append(f"{s.param} = {value} (fixed: {s.note})")
+                continue
+            if s.per_head:
+                n = heads_of(s.canonical[0], spec)
+                rows = shapes[s.canonical[0]][0] // n
+                suffix = ".T" if s.transposed else ""
+                lines.append(f"{s.canonical[0]}[{rows}*i:{rows}*(i+1)] <- {s.param}{suffix} for i in 0..{n - 1}")
+                continue
+            start = 0
+            for name in s.canonical:
+                rows = shapes[name][0]
+                if len(s.canonical) == 1:
+                    where = f"{s.param}.T" if s.transposed else s.param
+                else:
+                    where = f"{s.param}[:, {start}:{start + rows}].T" if s.transposed else f"{s.param}[{start}:{start + rows}]"
+                lines.append(f"{name} <- {where}")
+                start += rows
+        lines += [f"{n} = 0 (the module has no such parameter; the reference holds it at zero)" for n in sorted(self.held_at_zero)]
+        lines += [f"{n}: not found (the constructor takes qkv_bias, but the module has no such bias)" for n in self.missing]
+        return lines
+
+
+@dataclass(frozen=True)
+class DiscoveredAdapter(Adapter):
+    """An :class:`~attnbench.weights.Adapter` found by :func:`discover` (``layout`` says how)."""
+
+    layout: Layout | None = field(default=None, compare=False)
+
+
+def heads_of(name: str, spec: AttnSpec) -> int:
+    """How many heads canonical ``name`` is split into: keys and values have ``num_kv_heads`` where a spec has them."""
+    return (getattr(spec, "num_kv_heads", None) or spec.num_heads) if name[-1] in "kv" else spec.num_heads
+
+
+def _part(w: CanonicalWeights, name: str) -> torch.Tensor:
+    """Canonical ``name``, or zeros for a bias the spec does not have (a module with biases always on)."""
+    t = getattr(w, name)
+    if t is None:
+        t = torch.zeros_like(getattr(w, "W" + name[1:])[:, 0])
+    return t
+
+
+class MappingError(PluginLoadError):
+    """No unambiguous layout: ``problems`` says why (the message also lists the parameters)."""
+
+    def __init__(self, message: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+class _NeedsSameWidth(Exception):
+    """An ``nn.MultiheadAttention`` inside takes inputs of width embed_dim: the class needs d_in == d_out."""
+
+
+@dataclass
+class _Group:
+    """Parameters that play one role: one tensor, or one per head (``names`` in head order)."""
+
+    role: str
+    kind: str  # weight | bias
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    owner: str  # linear | conv1d | raw
+
+
+def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> Layout:
+    """The :class:`Layout` of ``module`` built for ``spec`` (a probe whose sizes differ); raises
+    :class:`PluginLoadError` listing the parameters when no unambiguous layout exists."""
+    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    modules = dict(module.named_modules())
+    shapes = canonical_shapes(spec)
+    sources: dict[str, Source] = {}
+    claims: dict[str, list[str]] = defaultdict(list)  # canonical name -> params claiming it
+    problems: list[str] = []
+
+    def claim(src: Source, holder: str = "") -> None:
+        sources[src.param] = src
+        for name in src.canonical:
+            if (holder or src.param) not in claims[name]:
+                claims[name].append(holder or src.param)
+
+    mha_outs = _claim_multihead(modules, params, spec, shapes, claim)
+    groups = _groups({n: p for n, p in params.items() if n not in sources}, modules)
+    orient: dict[str, bool | None] = {}
+    for g in groups:
+        canonical = _CANONICAL[g.role] if g.kind == "weight" else tuple("b" + n[1:] for n in _CANONICAL[g.role])
+        rows = sum(shapes[n][0] for n in canonical)
+        n = len(g.names)
+        if n > 1 and (len(canonical) > 1 or n != heads_of(canonical[0], spec)):
+            problems.append(f"{_template(g)} is a list of {n}, not one {'+'.join(canonical)} per head ({spec.num_heads} heads)")
+            continue
+        if g.kind == "bias":
+            if all(s == (rows // n,) for s in g.shapes):
+                claim(Source(_template(g), canonical, per_head=n > 1), _template(g))
+            else:
+                problems.append(f"{_template(g)} has shape {g.shapes[0]}, expected ({rows // n},) for {'+'.join(canonical)}")
+            continue
+        cols = shapes[canonical[0]][1]
+        out_in, in_out = (rows // n, cols), (cols, rows // n)
+        if not all(s in (out_in, in_out) for s in g.shapes) or len(set(g.shapes)) > 1:
+            problems.append(f"{_template(g)} has shape {g.shapes[0]}, expected {out_in} or {in_out} for {'+'.join(canonical)}")
+            continue
+        if out_in != in_out:
+            transposed = g.shapes[0] == in_out
+        else:
+            transposed = {"linear": False, "conv1d": True}.get(g.owner)  # None: decided below
+        orient[_template(g)] = transposed
+        claim(Source(_template(g), canonical, per_head=n > 1, transposed=bool(transposed)), _template(g))
+    # An nn.MultiheadAttention followed by its own output projection: its out_proj is held at the identity.
+    if mha_outs and len(claims["W_o"]) > 1:
+        outer = [p for p in claims["W_o"] if p not in mha_outs]
+        if len(outer) == 1:
+            for p in mha_outs:
+                kind = "eye" if p.endswith("weight") else "zero"
+                sources[p] = Source(p, constant=kind, shape=("d_out",) if kind == "zero" else ("d_out", "d_out"),
+                                    note=f"{outer[0]} is the output projection")
+                for key in ("W_o", "b_o"):
+                    if p in claims[key]:
+                        claims[key].remove(p)
+    _settle_square(sources, orient, problems)
+    for name, holders in claims.items():
+        if len(holders) > 1:
+            problems.append(f"two candidate layouts for {name}: {' and '.join(holders)}")
+    for name in ("W_q", "W_k", "W_v", "W_o"):
+        if not claims.get(name) and not problems:
+            problems.append("no recognisable projections" if not claims else f"no parameter found for {name}")
+    covered = {src.param.format(i=i) if src.per_head else src.param
+               for src in sources.values() for i in range(heads_of(src.canonical[0], spec) if src.per_head else 1)}
+    unclaimed = [n for n in params if n not in covered]
+    if unclaimed and not problems:
+        problems.append(f"no canonical counterpart for {', '.join(unclaimed)}")
+    if problems:
+        raise MappingError(_mapping_error(module, params, spec, problems), problems)
+    biases = ("b_q", "b_k", "b_v")
+    absent = [b for b in biases if not claims.get(b)]
+    held = {"b_o"} if not claims.get("b_o") else set()
+    missing: tuple[str, ...] = ()
+    if spec.qkv_bias and absent:
+        if has_qkv_bias:
+            missing = tuple(absent)
+        else:
+            held |= set(absent)  # bias-free by design: the constructor cannot be asked for biases
+    return Layout(tuple(sources.values()), frozenset(held), missing)
+
+
+def _claim_multihead(modules, params, spec, shapes, claim) -> list[str]:
+    """Claim the parameters of every ``nn.MultiheadAttention`` submodule; returns its out_proj's names."""
+    outs: list[str] = []
+    for path, m in modules.items():
+        if not isinstance(m, nn.MultiheadAttention):
+            continue
+        p = f"{path}." if path else ""
+        if m._qkv_same_embed_dim and m.embed_dim != spec.d_in:
+            raise _NeedsSameWidth(f"{type(m).__name__} {path or '(root)'} takes inputs of width embed_dim={m.embed_dim}")
+        if m.in_proj_weight is not None:
+            claim(Source(p + "in_proj_weight", ("W_q", "W_k", "W_v")))
+        for role, name in (("W_q", "q_proj_weight"), ("W_k", "k_proj_weight"), ("W_v", "v_proj_weight")):
+            if getattr(m, name, None) is not None:
+                claim(Source(p + name, (role,)))
+        if m.in_proj_bias is not None:
+            claim(Source(p + "in_proj_bias", ("b_q", "b_k", "b_v")))
+        for extra in ("bias_k", "bias_v"):
+            if getattr(m, extra, None) is not None:
+                claim(Source(p + extra, constant="zero", shape=(1, 1, "d_out"),
+                             note="nn.MultiheadAttention(add_bias_kv=True) adds a learned key/value token the "
+                                  "canonical layer does not have; q/k/v biases are its bias=True"))
+        claim(Source(p + "out_proj.weight", ("W_o",)))
+        outs.append(p + "out_proj.weight")
+        if m.out_proj.bias is not None:
+            claim(Source(p + "out_proj.bias", ("b_o",)))
+            outs.append(p + "out_proj.bias")
+    return [o for o in outs if o in params]
+
+
+def _groups(params: dict[str, nn.Parameter], modules: dict[str, nn.Module]) -> list[_Group]:
+    """Parameters with a recognised role, grouped: one per projection, or one list per head."""
+    by_key: dict[tuple, list[tuple[int, str]]] = defaultdict(list)
+    info: dict[tuple, tuple[str, str, str]] = {}
+    for name, p in params.items():
+        tokens = name.split(".")
+        if tokens[-1] in ("weight", "bias") and len(tokens) > 1:
+            kind, search = tokens[-1], tokens[:-1]
+            owner_mod = modules.get(".".join(tokens[:-1]))
+            owner = "linear" if isinstance(owner_mod, nn.Linear) else \
+                "conv1d" if type(owner_mod).__name__ == "Conv1D" else "raw"
+        else:
+            kind, search, owner = ("bias" if p.dim() == 1 else "weight"), tokens, "raw"
+        role = next((r for r in (role_of(t) for t in reversed(search) if not t.isdigit()) if r), None)
+        if role is None or p.dim() > 2:
+            continue
+        numeric = [i for i, t in enumerate(tokens) if t.isdigit()]
+        key = (role, kind, ".".join("*" if t.isdigit() else t for t in tokens))
+        by_key[key].append((tuple(int(tokens[i]) for i in numeric), name))
+        info[key] = (role, kind, owner)
+    groups = []
+    for key, members in by_key.items():
+        members.sort()
+        if len(members) > 1:  # one per head: the varying index orders them
+            heads = [m[0][-1] for m in members]
+            if heads != list(range(len(members))):
+                continue
+        names = [m[1] for m in members]
+        role, kind, owner = info[key]
+        groups.append(_Group(role, kind, names, [tuple(params[n].shape) for n in names], owner))
+    return groups
+
+
+def _template(g: _Group) -> str:
+    return re.sub(r"\.\d+(\.|$)", r".{i}\1", g.names[0]) if len(g.names) > 1 else g.names[0]
+
+
+def _settle_square(sources: dict[str, Source], orient: dict[str, bool | None], problems: list[str]) -> None:
+    """Raw square matrices follow the orientation of the class's q/k/v projections (when those say one)."""
+    undecided = [n for n, t in orient.items() if t is None]
+    if not undecided:
+        return
+    qkv = {t for n, t in orient.items() if t is not None and sources[n].canonical != ("W_o",)}
+    if len(qkv) != 1:
+        problems.append(f"cannot tell whether {', '.join(undecided)} {'is' if len(undecided) == 1 else 'are'} stored "
+                        "(out, in) or (in, out): the shapes are square (a constructor with one width)")
+        return
+    for n in undecided:
+        sources[n] = replace(sources[n], transposed=next(iter(qkv)))
+
+
+def _mapping_error(module: nn.Module, params, spec: AttnSpec, problems: list[str]) -> str:
+    listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items()) or "none"
+    first, first_shape = next(((n, tuple(p.shape)) for n, p in params.items() if p.dim() == 2), ("qkv.weight", ()))
+    shapes = canonical_shapes(spec)
+    fused = (sum(shapes[n][0] for n in ("W_q", "W_k", "W_v")), spec.d_in)
+    value = {shapes["W_q"]: "w.W_q", shapes["W_q"][::-1]: "w.W_q.T", fused: "torch.cat([w.W_q, w.W_k, w.W_v])",
+             fused[::-1]: "torch.cat([w.W_q, w.W_k, w.W_v]).T"}.get(first_shape, "w.W_q")
+    return (f"cannot map {type(module).__name__}'s parameters onto the canonical W_q, W_k, W_v, W_o: {'; '.join(problems)}. "
+            f"Its parameters at d_in={spec.d_in}, d_out={spec.d_out}, num_heads={spec.num_heads}: {listed}. "
+            "Name them like q_proj/W_query, qkv/c_attn/in_proj, out_proj/c_proj, or give the class "
+            "`weight_adapter = attnbench.Adapter(to_state, from_state)` with e.g. "
+            f"to_state = lambda w, spec: {{'{first}': {value}, ..., 'out.weight': w.W_o}} ({GUIDE})")
+
+
+class PluginFactory:
+    """A user's constructor (bound by :mod:`~attnbench.plugins.binding`) whose modules carry a discovered
+    weight layout as ``weight_adapter`` (unless they bring their own)."""
+
+    def __init__(self, binding, has_qkv_bias: bool) -> None:
+        self.binding = binding
+        self.has_qkv_bias = has_qkv_bias
+        self._layouts: dict[bool, Layout] = {}
+        self.__name__ = f"{getattr(binding.target, '__name__', 'plugin')}_factory"
+
+    def __call__(self, spec: AttnSpec) -> nn.Module:
+        module = self.binding(spec)
+        if not isinstance(module, nn.Module):
+            return module
+        module.register_forward_hook(_first_of_tuple)
+        if not isinstance(getattr(module, "weight_adapter", None), Adapter):
+            object.__setattr__(module, "weight_adapter", self.layout(spec, module).adapter())
+        return module
+
+    def layout(self, spec: AttnSpec, module: nn.Module) -> Layout:
+        """The layout of ``module`` (built for ``spec``), discovered once per bias setting on the probe spec."""
+        if spec.qkv_bias not in self._layouts:
+            probe = replace(SQUARE_PROBE if self.binding.same_width_only else PROBE, qkv_bias=spec.qkv_bias)
+            try:
+                probe_module = self.binding(probe)
+            except Exception:  # the class refuses the probe's sizes: read the layout off the module itself
+                return self._discover(module, spec)
+            self._layouts[spec.qkv_bias] = self._discover(probe_module, probe)
+        layout = self._layouts[spec.qkv_bias]
+        if layout.same_width_reason and spec.d_in != spec.d_out:
+            raise UnavailableError(f"{self.binding.describe()} needs d_in == d_out: {layout.same_width_reason}")
+        if layout.square_only_problem and spec.d_in != spec.d_out:
+            raise PluginLoadError(f"{type(module).__name__}'s parameters do not fit d_in={spec.d_in} != d_out={spec.d_out} "
+                                  f"(they do when d_in == d_out): {layout.square_only_problem}")
+        return layout
+
+    def _discover(self, module: nn.Module, spec: AttnSpec) -> Layout:
+        if spec.d_in == spec.d_out:
+            try:
+                return discover(module, spec, self.has_qkv_bias)
+            except _NeedsSameWidth as exc:
+                raise PluginLoadError(f"cannot map {type(module).__name__}: {exc}, not d_in={spec.d_in}") from exc
+        square = replace(SQUARE_PROBE, qkv_bias=spec.qkv_bias)
+        try:
+            return discover(module, spec, self.has_qkv_bias)
+        except _NeedsSameWidth as exc:
+            return replace(discover(self.binding(square), square, self.has_qkv_bias), same_width_reason=str(exc))
+        except MappingError as exc:  # right only when d_in == d_out? Then the d_in != d_out cases show it.
+            try:
+                layout = discover(self.binding(square), square, self.has_qkv_bias)
+            except Exception:
+                raise exc from None
+            return replace(layout, square_only_problem="; ".join(exc.problems))
+
+
+def _first_of_tuple(module: nn.Module, args, output):
+    """A forward that returns ``(output, attention_weights)`` (Hugging Face style) is read as its output."""
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return output
+
+
+def with_layout(binding, has_qkv_bias: bool) -> PluginFactory:
+    """``binding`` as an implementation factory whose modules carry their discovered weight layout."""
+    return PluginFactory(binding, has_qkv_bias)
+
+
+def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
+    """Build ``impl`` and load canonical weights once per bias setting, before any case runs.
+
+    Tries the probe specs, then ``other_specs`` (the sizes the cases will use): a class that builds and
+    maps for any of them goes on to the cases, which show where it fails. Returns the lines
+    ``attnbench check -v`` prints (constructor call and weight mapping); raises the
+    :class:`~attnbench.errors.AttnbenchError` of a failed import, construction or mapping.
+    """
+    factory = impl.factory
+    lines = [f"constructor: {factory.binding.describe()}"] if isinstance(factory, PluginFactory) else []
+    dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]
+    for qkv_bias in (False, True):
+        module, first_error = None, None
+        for spec in (PROBE, SQUARE_PROBE, *other_specs):
+            if impl.same_width_only and spec.d_in != spec.d_out:
+                continue
+            spec = replace(spec, qkv_bias=qkv_bias)
+            try:
+                module = impl.build(spec, device, dtype, weights=random_weights(spec))
+                break
+            except (UnavailableError, PluginLoadError) as exc:  # right only for some sizes? The cases show it.
+                first_error = first_error or exc
+        if module is None:
+            raise first_error
+        adapter = getattr(getattr(module, "_orig_mod", module), "weight_adapter", None)
+        if isinstance(adapter, DiscoveredAdapter) and adapter.layout is not None:
+            lines.append(f"weights (qkv_bias={qkv_bias}, shown for d_in=d_out={DISPLAY.d_out}, {DISPLAY.num_heads} heads):")
+            lines += [f"  {line}" for line in adapter.layout.describe(replace(DISPLAY, qkv_bias=qkv_bias))]
+    return lines

@@ -1,0 +1,309 @@
+"""Can this implementation run this cell here? One answer, :class:`Ready` or :class:`Skip`, from one place.
+
+``attnbench run`` (a cell's ``skipped`` row), ``attnbench check`` (a case's ``skip``), ``attnbench profile``
+(an error before anything is written), the asv suite (a skipped benchmark) and
+:meth:`attnbench.registry.Implementation.build` all ask :func:`resolve`::
+
+    outcome = resolve("sdpa_flash", cell)                     # a results Cell ...
+    outcome = resolve(impl, spec, device="cuda", dtype="float32", mode="forward+backward", batch=2, seq_len=128)
+    if isinstance(outcome, Skip):
+        print(outcome.reason)                                 # or: raise outcome.exception()
+    else:
+        outcome.device, outcome.dtype                         # the device string parsed once, the torch dtype
+
+What is asked is a :class:`Request` (device, dtype, mode, sizes, dropout, cache). The answer is the first
+reason of :data:`RULES`, a list of functions ``rule(impl, request) -> str | None`` tried in order;
+a rule whose input is not known (no mode, no sizes) says nothing. **A new capability is one function
+appended to RULES** (the variant axes to come, such as ``num_kv_heads``, ``window``, ``causal`` or a
+decode mode, each add a field to :class:`Request` and a rule here).
+
+On CUDA, implementations that force one ``F.scaled_dot_product_attention`` backend
+(:attr:`~attnbench.registry.Implementation.sdpa_backend`) are asked of PyTorch's own capability checks
+(``torch.backends.cuda.can_use_flash_attention`` / ``can_use_efficient_attention`` /
+``can_use_cudnn_attention`` with ``SDPAParams``), so ``sdpa_flash`` in float32 or at head_dim 1 is
+``skipped`` with PyTorch's reason, not an ``error``. That version-dependent API is wrapped in
+:func:`sdpa_capability` alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import warnings
+from collections.abc import Callable
+
+import torch
+from packaging.version import Version
+
+from attnbench.devices import cuda_available, dtype_name, parse_device, parse_device_type, to_dtype
+from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What is asked of an implementation. ``None`` means "not known here": the rules about it are not applied."""
+
+    device: str = "cpu"
+    dtype: str | None = None
+    mode: str | None = None  # inference | forward | forward+backward
+    d_in: int | None = None
+    d_out: int | None = None
+    num_heads: int | None = None
+    batch: int | None = None
+    seq_len: int | None = None
+    dropout: float = 0.0
+    cache: str = "warm"
+
+    @property
+    def train(self) -> bool:
+        """Whether the module runs in train mode (dropout applies, autograd records)."""
+        return self.mode in ("forward", "forward+backward")
+
+    @functools.cached_property
+    def device_type(self) -> str:
+        """``cpu`` or ``cuda``: the device string parsed once (an unknown device is a :class:`SweepError`)."""
+        return parse_device_type(self.device)
+
+    @functools.cached_property
+    def located(self) -> tuple[torch.device | None, str | None]:
+        """``(device, None)`` when the device exists here (index resolved), else ``(None, why not)``; parsed once."""
+        try:
+            return parse_device(self.device), None
+        except UnavailableError as exc:
+            return None, str(exc)
+
+    @property
+    def head_dim(self) -> int | None:
+        """``d_out // num_heads`` when both are known and divide."""
+        if self.d_out and self.num_heads and self.d_out % self.num_heads == 0:
+            return self.d_out // self.num_heads
+        return None
+
+    def where(self) -> str:
+        """``on cuda (float32)``: how an error message names the place."""
+        return f"on {self.device}" + (f" ({self.dtype})" if self.dtype else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """The implementation can run: the device (parsed once, index resolved) and dtype to build it with."""
+
+    device: torch.device
+    dtype: torch.dtype | None
+    reason = None  # so that ``resolve(...).reason`` is None exactly when it can run
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    """It cannot run here, and why. ``error`` is the exception a caller that must fail raises."""
+
+    reason: str
+    impl: str = ""
+    where: str = ""
+    error: type[AttnbenchError] = UnavailableError
+
+    def exception(self) -> AttnbenchError:
+        """The one-line user error for this skip (``<impl> cannot run on <device> (<dtype>): <reason>``)."""
+        return self.error(f"{self.impl} cannot run {self.where}: {self.reason}")
+
+
+Rule = Callable[..., str | None]
+"""``rule(impl: Implementation, request: Request) -> reason | None``."""
+
+
+# ---------------------------------------------------------------- the rules, in order
+
+
+def sizes_rule(impl, req: Request) -> str | None:
+    """The width must split into whole heads."""
+    if req.d_out and req.num_heads and req.d_out % req.num_heads:
+        return f"d_model={req.d_out} is not divisible by num_heads={req.num_heads}"
+    return None
+
+
+def torch_version_rule(impl, req: Request) -> str | None:
+    """The implementation's ``min_torch`` (release numbers only: a ``2.6.0a0+git`` build counts as 2.6.0)."""
+    if Version(torch.__version__).release < Version(impl.min_torch).release:
+        return f"needs torch >= {impl.min_torch} (installed {torch.__version__})"
+    return None
+
+
+def device_type_rule(impl, req: Request) -> str | None:
+    """The device types the implementation declares."""
+    if req.device_type not in impl.devices:
+        if impl.devices == ("cuda",) and not cuda_available():
+            return "needs CUDA"
+        return f"runs only on {', '.join(impl.devices)}"
+    return None
+
+
+def device_present_rule(impl, req: Request) -> str | None:
+    """The device exists on this machine (CUDA built and visible, the index in range)."""
+    return req.located[1]
+
+
+def dtype_rule(impl, req: Request) -> str | None:
+    """The dtypes the implementation declares."""
+    if req.dtype is not None and req.dtype not in impl.dtypes:
+        return f"does not support {req.dtype} (supports {', '.join(impl.dtypes)})"
+    return None
+
+
+def same_width_rule(impl, req: Request) -> str | None:
+    """Implementations built on ``nn.MultiheadAttention`` need ``d_in == d_out``."""
+    if impl.same_width_only and req.d_in is not None and req.d_out is not None and req.d_in != req.d_out:
+        return f"needs d_in == d_out, got d_in={req.d_in}, d_out={req.d_out}"
+    return None
+
+
+def backward_rule(impl, req: Request) -> str | None:
+    """``forward`` records autograd and ``forward+backward`` runs it: kernels without backward refuse both."""
+    if req.train and not impl.supports_backward(req.device_type):
+        return f"declares no backward on {req.device_type} (needed for {req.mode})"
+    return None
+
+
+def dropout_rule(impl, req: Request) -> str | None:
+    """Dropout in train mode needs an implementation that applies it."""
+    if req.dropout > 0 and req.train and not impl.supports_dropout(req.device_type):
+        return f"declares no dropout on {req.device_type}"
+    return None
+
+
+def cache_rule(impl, req: Request) -> str | None:
+    """The cold cache is an L2 flush between calls, which exists on CUDA only."""
+    if req.cache == "cold" and req.device_type != "cuda":
+        return "cold cache (L2 flush) exists only for CUDA cells"
+    return None
+
+
+def probe_rule(impl, req: Request) -> str | None:
+    """The implementation's own probe (a backend compiled into this torch build, a plug-in that failed to load)."""
+    return impl.probe(req.located[0]) if impl.probe is not None else None
+
+
+def sdpa_rule(impl, req: Request) -> str | None:
+    """On CUDA, a forced SDPA backend must pass PyTorch's own capability check for this cell's tensors."""
+    if not impl.sdpa_backend or req.device_type != "cuda" or req.dtype is None or req.head_dim is None:
+        return None
+    return sdpa_capability(impl.sdpa_backend, req.located[0], req.dtype, req.batch or 1, req.num_heads,
+                           req.seq_len or 16, req.head_dim, requires_grad=req.train,
+                           dropout_p=req.dropout if req.train else 0.0)
+
+
+RULES: list[Rule] = [sizes_rule, torch_version_rule, device_type_rule, device_present_rule, dtype_rule, same_width_rule,
+                     backward_rule, dropout_rule, cache_rule, probe_rule, sdpa_rule]
+"""Tried in order; the first reason wins. Append a function to add a capability."""
+
+_ERRORS = {sizes_rule: InvalidSpecError}
+"""The user error of a rule whose skip is a bad request rather than an unavailable implementation."""
+
+
+# ---------------------------------------------------------------- resolve
+
+
+def request_for(target=None, **given) -> Request:
+    """A :class:`Request` from a results ``Cell``, an ``AttnSpec``, a ``Request`` or nothing, plus keyword fields.
+
+    A cell is ``d_in = d_out = d_model``; a spec brings its widths, heads and dropout. Keywords override.
+    Unknown devices, dtypes and modes are user errors (:class:`~attnbench.errors.SweepError`), not skips.
+    """
+    fields: dict = {}
+    if isinstance(target, Request):
+        fields = dataclasses.asdict(target)
+    elif target is not None and hasattr(target, "d_model"):  # attnbench.results.schema.Cell
+        fields = dict(device=target.device, dtype=target.dtype, mode=target.mode, d_in=target.d_model,
+                      d_out=target.d_model, num_heads=target.num_heads, batch=target.batch, seq_len=target.seq_len,
+                      cache=target.cache)
+    elif target is not None:  # attnbench.spec.AttnSpec
+        fields = dict(d_in=target.d_in, d_out=target.d_out, num_heads=target.num_heads, dropout=float(target.dropout))
+    fields.update({k: v for k, v in given.items() if v is not None})
+    if "device" in fields:
+        fields["device"] = str(fields["device"]).strip().lower()
+    if fields.get("dtype") is not None:
+        fields["dtype"] = dtype_name(fields["dtype"])
+    if fields.get("mode") is not None:
+        from attnbench.results.schema import MODES
+
+        if fields["mode"] not in MODES:
+            raise SweepError(f"unknown mode {fields['mode']!r}; use one of {', '.join(MODES)}")
+    req = Request(**fields)
+    req.device_type  # noqa: B018  (an unknown device is a user error here, before any rule)
+    return req
+
+
+def resolve(impl, target=None, **given) -> Ready | Skip:
+    """Whether ``impl`` (an :class:`~attnbench.registry.Implementation` or a name) can run ``target`` here.
+
+    ``target`` is a results ``Cell``, an ``AttnSpec`` (with ``device``, ``dtype``, ``mode``, ``batch``,
+    ``seq_len`` as keywords) or a :class:`Request`. Returns :class:`Ready` with the parsed device and
+    dtype, or :class:`Skip` with the first reason of :data:`RULES`. Unknown names, devices, dtypes and
+    modes raise their :class:`~attnbench.errors.AttnbenchError` instead.
+    """
+    if isinstance(impl, str):
+        from attnbench import registry
+
+        impl = registry.get(impl)
+    req = request_for(target, **given)
+    for rule in RULES:
+        reason = rule(impl, req)
+        if reason:
+            return Skip(reason, impl=impl.name, where=req.where(), error=_ERRORS.get(rule, UnavailableError))
+    return Ready(req.located[0], to_dtype(req.dtype) if req.dtype else None)
+
+
+# ---------------------------------------------------------------- PyTorch's SDPA capability checks
+
+_SDPA_CHECKS = {"flash": "can_use_flash_attention", "efficient": "can_use_efficient_attention",
+                "cudnn": "can_use_cudnn_attention"}
+_NATIVE_WARNING = re.compile(r"^\[W[^\]]*\]\s*(?:Warning:\s*)?(.*?)(?:\s*\(function \S+\))?\s*$")
+
+
+def _sdpa_params(q: torch.Tensor, dropout_p: float):
+    """``SDPAParams(q, k, v, mask, dropout, is_causal[, enable_gqa])`` in the installed torch's signature, or None."""
+    params = getattr(torch.backends.cuda, "SDPAParams", None)
+    if params is None:
+        return None
+    for args in ((q, q, q, None, dropout_p, True, False), (q, q, q, None, dropout_p, True)):  # torch >= 2.5, older
+        try:
+            return params(*args)
+        except TypeError:
+            continue
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def sdpa_capability(backend: str, device: torch.device, dtype: str, batch: int, num_heads: int, seq_len: int,
+                    head_dim: int, requires_grad: bool = False, dropout_p: float = 0.0) -> str | None:
+    """Why PyTorch's ``backend`` SDPA kernel cannot run causal attention on these tensors, or None.
+
+    Asks ``torch.backends.cuda.can_use_<backend>_attention(SDPAParams(...), debug=True)`` with tensors of
+    the cell's shape (expanded from one row: no memory) laid out as the implementations make them,
+    ``(batch, heads, T, head_dim)`` with the last dimension contiguous. PyTorch states its reasons as
+    warnings, either Python warnings or native lines on stderr; both are collected. When this torch has
+    no such check (or no ``SDPAParams``), the answer is None: the implementation's probe and the run decide.
+    """
+    check = getattr(torch.backends.cuda, _SDPA_CHECKS.get(backend, ""), None)
+    if check is None:
+        return None
+    base = torch.empty(1, 1, 1, head_dim, device=device, dtype=to_dtype(dtype), requires_grad=requires_grad)
+    q = base.expand(batch, seq_len, num_heads, head_dim).transpose(1, 2)  # (b, nh, T, hd), as split_heads makes it
+    params = _sdpa_params(q, dropout_p)
+    if params is None:
+        return None
+    from attnbench.measure.memory import native_stderr
+
+    with warnings.catch_warnings(record=True) as caught, native_stderr(capture=True) as native:
+        warnings.simplefilter("always")
+        ok = bool(check(params, debug=True))
+    if ok:
+        return None
+    said = [str(w.message).strip() for w in caught]
+    for line in native.text().splitlines():
+        m = _NATIVE_WARNING.match(line.strip())
+        if m and m.group(1):
+            said.append(m.group(1))
+    said = list(dict.fromkeys(s for s in said if s))
+    detail = "; ".join(said) if said else f"{_SDPA_CHECKS[backend]} is False for {dtype}, head_dim {head_dim}"
+    return f"PyTorch's {backend} SDPA kernel cannot run this cell: {detail}"

@@ -1,0 +1,89 @@
+"""How a row's values read as text: times, bytes, numbers and configuration labels.
+
+The one definition the console tables, the report, ``compare`` and the profiler's tables share (no
+pandas, no plotting): a new axis of the row gets its label here once.
+"""
+
+from __future__ import annotations
+
+import math
+
+TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+"""Seconds per unit, largest first."""
+MISSING = "–"
+
+_AXIS_LABEL = {"batch": "B={}", "num_heads": "h={}", "d_model": "d={}", "cache": "cache={}", "seq_len": "T={}"}
+
+
+def _finite(x) -> bool:
+    try:
+        return x is not None and math.isfinite(x)
+    except TypeError:
+        return False
+
+
+def time_unit(seconds: float) -> tuple[float, str]:
+    """``(scale, unit)`` that shows ``seconds`` with 1 to 999 units, e.g. ``(1e-3, "ms")`` for 0.0042."""
+    a = abs(seconds) if _finite(seconds) else 0.0
+    return next(((s, u) for s, u in TIME_UNITS if a >= s), TIME_UNITS[-1])
+
+
+def fmt_time(seconds: float) -> str:
+    """``1.23 ms``, ``45.6 µs``, ``2.1 s``; ``–`` for NaN or None."""
+    if not _finite(seconds):
+        return MISSING
+    scale, unit = time_unit(seconds)
+    return f"{seconds / scale:.3g} {unit}"
+
+
+def fmt_ci(lo: float, hi: float) -> str:
+    """``14.9–21.9 µs`` (one unit when both ends share it), ``–`` when missing."""
+    a, b = fmt_time(lo), fmt_time(hi)
+    if MISSING in (a, b):
+        return MISSING
+    ua, ub = a.split(" ", 1)[1], b.split(" ", 1)[1]
+    return f"{a.split(' ', 1)[0]}–{b}" if ua == ub else f"{a} – {b}"
+
+
+def fmt_bytes(n: float) -> str:
+    """``12.3 MiB`` (negative too: a net free); ``–`` for NaN or None."""
+    if not _finite(n):
+        return MISSING
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_num(x: float, digits: int = 3) -> str:
+    """A float with ``digits`` significant digits; ``–`` for NaN or None."""
+    if not _finite(x):
+        return MISSING
+    return f"{x:.{digits}g}"
+
+
+def axis_label(axis: str, value) -> str:
+    """How one axis value reads (``B=1``, ``h=8``, ``T=128``, ``float32`` ...)."""
+    return _AXIS_LABEL.get(axis, "{}").format(value)
+
+
+def _getter(row):
+    return row.get if hasattr(row, "get") else (lambda key: getattr(row, key))
+
+
+def configuration_label(row) -> str:
+    """``cpu/float32/forward (B=1, h=4, d=64)`` (``, cache=cold`` when cold): every axis but impl and T.
+
+    ``row`` is a dict, a pandas row or a named tuple with the axis names.
+    """
+    get = _getter(row)
+    sizes = [axis_label(a, get(a)) for a in ("batch", "num_heads", "d_model")]
+    if get("cache") and get("cache") != "warm":
+        sizes.append(axis_label("cache", get("cache")))
+    return f"{get('device')}/{get('dtype')}/{get('mode')} ({', '.join(sizes)})"
+
+
+def cell_label(row) -> str:
+    """``sdpa @ cpu/float32/forward (B=1, h=4, d=64) T=128``: one cell, every axis."""
+    get = _getter(row)
+    return f"{get('impl')} @ {configuration_label(row)} {axis_label('seq_len', get('seq_len'))}"
