@@ -289,8 +289,8 @@ def test_isolate_measures_the_peak_once_per_device_and_dtype(monkeypatch):
             cell, peak = Cell(**message["cell"]), message["peak_gflops_per_s"]
             asked.append((cell.impl, cell.dtype, peak))
             row = empty_row(cell, "run")
-            row.update(status="ok" if cell.impl != "bad" else "error")
-            if cell.impl != "bad":
+            row.update(status="ok" if cell.impl != "bad:x" else "error")
+            if cell.impl != "bad:x":
                 row["peak_gflops_per_s"] = peak or {"float32": 100.0, "float64": 50.0}[cell.dtype]
             return {"row": row}
 
