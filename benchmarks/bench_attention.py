@@ -13,6 +13,11 @@ the torch import and the CPU allocator's caching, not by the attention's tensors
 ``track_peak_bytes`` reports the tensor memory of one step instead (:func:`attnbench.measure.peak_memory`).
 
 Module-level names must not start with ``time_``/``track_``/``mem_``/``peakmem_``: asv would collect them.
+
+The measuring environment is ``attnbench run``'s (:mod:`attnbench.measure.cpu_env`): OpenMP binding set
+here before torch loads OpenMP (unless the caller set those variables, as the gate does), and glibc's
+malloc thresholds pinned with ``mallopt`` in every benchmark process (``ATTNBENCH_ASV_ALLOCATOR=system``
+leaves glibc alone). asv.conf.json cannot carry environment variables for an ``existing`` environment.
 """
 
 from __future__ import annotations
@@ -21,10 +26,15 @@ import os
 import shutil
 import tempfile
 
-import torch
-import torch._inductor  # noqa: F401  (imported once in the forkserver: the profiler and compile import it lazily, 3-5 s)
+# Before torch (and so OpenMP) loads; the same values as attnbench.measure.cpu_env.OMP_BINDING (a test checks).
+OMP_BINDING = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores", "OMP_WAIT_POLICY": "active"}
+for _key, _value in OMP_BINDING.items():
+    os.environ.setdefault(_key, _value)
 
-from attnbench import measure, registry
+import torch  # noqa: E402
+import torch._inductor  # noqa: E402, F401  (imported once in the forkserver: the profiler and compile import it lazily, 3-5 s)
+
+from attnbench import measure, registry  # noqa: E402
 
 try:  # the layout since the architecture move
     from attnbench.results.schema import Cell
@@ -36,6 +46,14 @@ except ImportError:  # older commits, which the asv gate benchmarks with today's
     from attnbench.schema import Cell
     from attnbench.sweep import Settings
     from attnbench.workload import build_workload
+try:
+    from attnbench.measure.cpu_env import pin_glibc_malloc
+except ImportError:  # commits before the controlled environment: the gate pins malloc through the environment
+
+    def pin_glibc_malloc() -> bool:
+        return False
+
+
 try:  # one resolver decides what can run (since attnbench.resolve)
     from attnbench.resolve import resolve
 except ImportError:  # older commits: the cell module's own check
@@ -58,10 +76,15 @@ D_MODELS = (256,)
 COMPILED = "compiled:sdpa"  # the one compiled implementation: compiling costs seconds per shape
 
 
+ALLOCATOR = os.environ.get("ATTNBENCH_ASV_ALLOCATOR", "pinned")
+
+
 def _set_threads() -> None:
-    """Called in setup (in the forked child), never at import."""
+    """Called in setup (in the forked child), never at import: threads, and the pinned malloc thresholds."""
     if THREADS > 0:
         torch.set_num_threads(THREADS)
+    if ALLOCATOR == "pinned":
+        pin_glibc_malloc()
 
 
 def _builtins(device: str) -> list[str]:

@@ -66,8 +66,17 @@ def test_suite_runs_one_cell_and_skips_impossible_ones(suite, single_thread):
             suite.Attention().setup("flex", "forward+backward", 64, 256)
 
 
+def test_suite_measures_under_the_controlled_environment(suite):
+    from attnbench.measure import cpu_env
+
+    assert suite.OMP_BINDING == cpu_env.OMP_BINDING  # set before torch loads, so a copy; it must not drift
+    env = cpu_env.process_env(cpu_env.CpuEnv("pinned"), base={})
+    assert {k: env[k] for k in cpu_env.OMP_BINDING} == cpu_env.OMP_BINDING
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(cpu_env.PINNED_THRESHOLD_BYTES)  # what the gate starts asv with
+
+
 def test_parse_compare_reads_marks_and_higher_is_better():
-    from attnbench.tools.asv_gate import _drop_unmeasured, parse_compare
+    from attnbench.tools.asv_gate import _drop_unmeasured, _worse_rows, parse_compare
 
     table = textwrap.dedent("""
         Benchmarks that have stayed the same:
@@ -92,9 +101,11 @@ def test_parse_compare_reads_marks_and_higher_is_better():
         | !        | 1.00±0.01ms         | failed             |     n/a | b.A.time_step('v', 1)     |
         | +        | 4                   | 10                 |    2.50 | b.A.track_gflops('w', 1)  |
         """)
-    bad = parse_compare(table)
-    assert [line.rsplit("|", 2)[-2].strip() for line in bad] == [
-        "b.A.track_gflops('y', 1)", "b.A.time_step('w', 1)", "b.A.time_step('v', 1)"]
+    bad = parse_compare(table)  # track_* figures have no samples: reported, never failing the gate
+    assert [line.rsplit("|", 2)[-2].strip() for line in bad] == ["b.A.time_step('w', 1)", "b.A.time_step('v', 1)"]
+    regressions, reported = _worse_rows(table)
+    assert regressions == bad
+    assert [line.rsplit("|", 2)[-2].strip() for line in reported] == ["b.A.track_gflops('y', 1)"]
     shown = _drop_unmeasured(table)
     assert "time_step('x', 1)" not in shown and "time_step('y', 1)" in shown
 

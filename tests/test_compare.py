@@ -81,7 +81,7 @@ def test_a_deliberately_slowed_implementation_is_flagged(tmp_path):
     flagged = res.regressions
     assert set(flagged["impl"]) == {"victim"} and len(flagged) == 2, res.cells
     assert flagged["ratio"].between(1.5, 3.0).all()
-    assert (flagged["ci_low"] > 1.1).all() and (flagged["p_value"] < 1e-4).all()
+    assert (flagged["ci_low"] > 1.1).all() and (flagged["p_value"] < 1e-3).all()  # the bootstrap resolves p to 1/2001
     assert res.has_regression
     assert list(res.cells["impl"][:2]) == ["victim", "victim"]  # sorted by effect, slowdowns first
     steady = res.cells[res.cells["impl"] == "steady"]
@@ -112,7 +112,7 @@ def test_decision_rule():
     assert same["ci_low"] < 1 < same["ci_high"]
 
     slow = compare_runs(*_pair(1.5)).cells.iloc[0]
-    assert slow["regression"] and slow["change"] == "slower" and slow["p_value"] < 1e-6
+    assert slow["regression"] and slow["change"] == "slower" and slow["p_value"] < 1e-3
     assert 1.3 < slow["ci_low"] < slow["ratio"] < slow["ci_high"] < 1.7
 
     # a real but small slowdown: significant, CI above 1, yet within the 10% threshold

@@ -153,6 +153,10 @@ def test_ray_matches_local(ray_local, tmp_path):
     assert (remote.host == socket.gethostname()).all()
     assert remote.worker.str.match(r"^ray:[0-9a-f]{8} pid\d+$").all(), remote.worker.tolist()
     assert (remote.median_s > 0).all() and remote.notes.str.contains("sampling stopped by").all()
+    # the same measuring environment (the task's runtime_env), checked inside the Ray worker
+    for col in ("cpu_allocator", "cpu_binding"):
+        assert by_id(remote, col) == by_id(local, col), col
+    assert (remote.cpu_binding == "close/cores/active").all()
     _assert_no_overlap(_intervals(remote))
     meta = read_meta(remote.attrs["run_dir"])
     assert meta["executor"] == "ray"

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -91,7 +92,8 @@ def test_rounds_pool_samples_in_shuffled_order_and_stop_failing_cells(tmp_path):
     ok = df[df.status == "ok"]
     assert len(ok) == 2
     for r in ok.itertuples():
-        assert r.notes.startswith("3 rounds in shuffled order") and r.n == len(r.samples_s) >= 3 * 3
+        assert "3 rounds in shuffled order" in r.notes and r.n == len(r.samples_s) >= 3 * 3
+        assert len(r.sample_groups) == 3 and sum(r.sample_groups) == r.n
     assert df[df.impl == plugin("Raises")].status.item() == "error"  # failed in round 1, not run again
     starts = [impl for i, n, impl, starting in seen if starting]
     assert starts.count("weight_split") == 3 and starts.count(plugin("Raises")) == 1
@@ -242,19 +244,19 @@ def test_threads_are_restored_after_an_in_process_run_and_check(tmp_path):
 
 
 def test_worker_json_rows_merge_after_normalising():
-    """NaN goes through a worker's JSON as None; rows read back are normalised, so rounds merge (no TypeError)."""
+    """A row read back from JSON may carry None for a missing float (JSON null); normalised, rounds merge."""
     from attnbench.results.schema import Cell, normalise_row
     from attnbench.runner.cell import merge_rounds, run_cell
-    from attnbench.runner.executors.worker import _jsonable
     from attnbench.runner.sweep import Settings
 
     cell = Cell("weight_split", batch=1, seq_len=16, num_heads=2, d_model=16)
     rows = [run_cell(cell, Settings(**FAST)) for _ in range(2)]
-    wire = [json.loads(json.dumps({k: _jsonable(v) for k, v in r.items()})) for r in rows]
-    assert wire[0]["recompiles"] is None and wire[0]["compile_s"] is None  # what the worker writes
+    wire = [json.loads(json.dumps(r)) for r in rows]  # the worker's protocol: NaN travels as JSON's NaN
+    assert math.isnan(wire[0]["recompiles"]) and math.isnan(wire[0]["compile_s"])
+    nulls = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in wire]
     with pytest.raises(TypeError):
-        merge_rounds(wire)  # the bug, had the rows not been normalised
-    merged = merge_rounds([normalise_row(r) for r in wire])
+        merge_rounds(nulls)  # the bug, had such rows not been normalised
+    merged = merge_rounds([normalise_row(r) for r in nulls])
     assert math.isnan(merged["recompiles"]) and math.isnan(merged["compile_s"])
     assert merged["n"] == len(merged["samples_s"]) == rows[0]["n"] + rows[1]["n"]
     assert normalise_row({"error": None, "median_s": None})["error"] is None  # strings stay None
@@ -264,7 +266,7 @@ def test_worker_json_rows_merge_after_normalising():
 def test_isolate_with_rounds(tmp_path):
     df = run_tiny(tmp_path, ["weight_split", plugin("Raises")], settings={"isolate": True, "rounds": 2})
     ok = df[df.impl == "weight_split"].iloc[0]
-    assert ok.status == "ok" and ok.notes.startswith("2 rounds in shuffled order"), ok.error
+    assert ok.status == "ok" and "2 rounds in shuffled order" in ok.notes, ok.error
     assert ok.n == len(ok.samples_s) and math.isnan(ok.recompiles)
     assert str(ok.worker).startswith("subprocess")
     assert df[df.impl == plugin("Raises")].status.item() == "error"
@@ -277,29 +279,48 @@ def test_isolate_measures_the_peak_once_per_device_and_dtype(monkeypatch):
 
     asked = []
 
-    def fake_subprocess(cell, settings, run_id="", peak_gflops_per_s=None):
-        asked.append((cell.impl, cell.dtype, peak_gflops_per_s))
-        row = empty_row(cell, run_id)
-        row.update(status="ok" if cell.impl != "bad" else "error")
-        if cell.impl != "bad":
-            row["peak_gflops_per_s"] = peak_gflops_per_s or {"float32": 100.0, "float64": 50.0}[cell.dtype]
-        return row
+    class FakeWorker:  # a fresh one per cell under isolate, like the real WorkerProcess
+        def __init__(self, env, label):
+            self.label, self.pid, self.info = label, 1, {"cpu_allocator": "pinned", "cpu_binding": "b",
+                                                         "cpu_affinity": "0", "threads": 1, "names": []}
+            self.proc = type("Proc", (), {"poll": staticmethod(lambda: None)})()
 
-    monkeypatch.setattr(local, "run_in_subprocess", fake_subprocess)
-    executor = local.SubprocessExecutor(Settings(isolate=True), "run")
-    cells = [Cell("bad"), Cell("a"), Cell("b"), Cell("a", dtype="float64"), Cell("b", dtype="float64")]
+        def request(self, message, timeout_s=None):
+            cell, peak = Cell(**message["cell"]), message["peak_gflops_per_s"]
+            asked.append((cell.impl, cell.dtype, peak))
+            row = empty_row(cell, "run")
+            row.update(status="ok" if cell.impl != "bad:x" else "error")
+            if cell.impl != "bad:x":
+                row["peak_gflops_per_s"] = peak or {"float32": 100.0, "float64": 50.0}[cell.dtype]
+            return {"row": row}
+
+        def suspend(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(local, "WorkerProcess", FakeWorker)
+    executor = local.WorkerExecutor(Settings(isolate=True), "run")
+    cells = [Cell("bad:x"), Cell("a:x"), Cell("b:x"), Cell("a:x", dtype="float64"), Cell("b:x", dtype="float64")]
     executor.execute(cells, lambda cell, row: None)
-    assert asked == [("bad", "float32", None), ("a", "float32", None), ("b", "float32", 100.0),
-                     ("a", "float64", None), ("b", "float64", 50.0)]
+    assert asked == [("bad:x", "float32", None), ("a:x", "float32", None), ("b:x", "float32", 100.0),
+                     ("a:x", "float64", None), ("b:x", "float64", 50.0)]
 
 
 def test_a_worker_uses_the_peak_it_is_given():
+    from attnbench.measure import cpu_env
     from attnbench.results.schema import Cell
-    from attnbench.runner.executors.local import run_in_subprocess
+    from attnbench.runner.executors.local import WorkerProcess
     from attnbench.runner.sweep import Settings
 
-    row = run_in_subprocess(Cell("weight_split", batch=1, seq_len=16, num_heads=2, d_model=16), Settings(**FAST),
-                            peak_gflops_per_s=1234.5)
+    worker = WorkerProcess(cpu_env.process_env(cpu_env.CpuEnv()), "test")
+    try:
+        cell = Cell("weight_split", batch=1, seq_len=16, num_heads=2, d_model=16)
+        row = worker.request({"cell": asdict(cell), "settings": asdict(Settings(**FAST)), "run_id": "",
+                              "peak_gflops_per_s": 1234.5}, 300)["row"]
+    finally:
+        worker.close()
     assert row["status"] == "ok", row["error"]
     assert row["peak_gflops_per_s"] == 1234.5 and row["frac_peak"] == pytest.approx(row["gflops_per_s"] / 1234.5)
 

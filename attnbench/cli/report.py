@@ -51,7 +51,7 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     """Compare run B against run A cell by cell; exit 1 on a significant slowdown beyond --threshold.
 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
-    bootstrap confidence interval and a Mann-Whitney U test on the raw samples.
+    hierarchical bootstrap confidence interval and p-value (rounds and processes resampled, then samples).
     """
     from attnbench.results.compare import compare_runs, write_compare_html
     from attnbench.results.text import configuration_label, fmt_num, fmt_time
@@ -62,7 +62,7 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     cells = result.cells
     shown = cells if show_all else cells[cells["change"] != "no significant change"]
     table = Table(title=f"B ({result.label_b}) vs A ({result.label_a}): ratio of medians B/A, "
-                        f"{1 - alpha:.0%} bootstrap CI, Mann-Whitney p")
+                        f"{1 - alpha:.0%} hierarchical bootstrap CI and p")
     for col in ("impl", "configuration", "T", "A median", "B median", "B/A", "CI", "p", "change"):
         table.add_column(col, justify="right" if col in ("T", "A median", "B median", "B/A", "CI", "p") else "left",
                          overflow="fold")
@@ -74,6 +74,8 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
                       f"{r.p_value:.2g}" if np.isfinite(r.p_value) else "–", r.change, style=style)
     if len(shown):
         console.print(table)
+    for r in cells[cells["unstable"]].itertuples() if "unstable" in cells else ():
+        console.print(f"unstable {r.impl} T={r.seq_len} {r.mode}: {r.note}", markup=False)
     hidden = len(cells) - len(shown)
     if hidden:
         console.print(f"({hidden} cell(s) without a significant change not shown; --all prints them)")

@@ -22,9 +22,9 @@ def summary_table(df, title: str) -> Table:
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)).any())
     decode = bool((df["mode"] == "decode").any())
     cols = ["impl", "device", "dtype", "mode", "b", "T", "h", "d"] + (["kv", "window"] if variants else [])
-    cols += ["median", "±CI", "peak mem"] + (["KV cache"] if decode else []) + ["GFLOP/s", "% peak"]
+    cols += ["median", "±CI", "peak mem"] + (["KV cache"] if decode else []) + ["GFLOP/s", "% peak", "flag"]
     for col in cols:
-        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode") else "left")
+        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
     for r in ok.itertuples():
         half = (r.ci_high_s - r.ci_low_s) / 2
@@ -34,7 +34,8 @@ def summary_table(df, title: str) -> Table:
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
                       f"{100 * half / r.median_s:.1f}%", mem, *([kv] if decode else []), f"{r.gflops_per_s:.1f}",
-                      f"{100 * r.frac_peak:.0f}%")
+                      f"{100 * r.frac_peak:.0f}%",
+                      "unstable" if str(getattr(r, "stability", "")) == "unstable" else "")
     return table
 
 
@@ -59,6 +60,12 @@ def summary_table(df, title: str) -> Table:
 @click.option("--target-ci", "target_rel_ci", type=float, help="Stop sampling when the median's CI half-width is below this fraction.")
 @click.option("--threads", type=int, help="torch.set_num_threads for the run (recorded per row).")
 @click.option("--rounds", type=int, help="Measure every cell this many times, shuffled each round, pooling the samples.")
+@click.option("--processes", type=int, help="Measuring worker processes (fresh, interleaved); every cell is measured "
+                                            "--rounds times in each. Default 1.")
+@click.option("--cpu-allocator", "cpu_allocator", help="Memory allocator of the measuring processes: pinned (default: "
+              "glibc's mmap/trim thresholds fixed), system (glibc as is), jemalloc, tcmalloc (preloaded).")
+@click.option("--no-cpu-bind", "no_cpu_bind", is_flag=True, default=None,
+              help="Do not bind OpenMP threads to cores (OMP_PROC_BIND/OMP_PLACES/OMP_WAIT_POLICY) in measuring processes.")
 @click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
 @click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
@@ -72,7 +79,8 @@ def summary_table(df, title: str) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
             cache, out, resume,
-            budget_s, target_rel_ci, threads, rounds, cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
+            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind,
+            cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
 
@@ -88,10 +96,10 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     from attnbench.runner.engine import argv_for_meta, make_sweep, run
 
     quiet = quiet or as_json
-    if rounds is not None and rounds < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--rounds")
     settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
-                                       cell_timeout_s=cell_timeout_s, isolate=isolate, cuda_graph=cuda_graph).items()
+                                       processes=processes, cpu_allocator=cpu_allocator,
+                                       cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
+                                       isolate=isolate, cuda_graph=cuda_graph).items()
                 if v is not None}
     if threads is not None and threads < 1:
         raise click.BadParameter("must be >= 1", param_hint="--threads")
@@ -157,10 +165,24 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         noisy = df[(df.status == "ok") & (df.ci_rel > 0.05)]
         if len(noisy):
             console.print(f"note: {len(noisy)} cell(s) have a CI wider than ±5% of the median (noisy machine?)")
+        _print_unstable(df)
     if df.attrs["interrupted"]:
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
         sys.exit(130)
+
+
+def _print_unstable(df) -> None:
+    """One line per cell flagged unstable (two modes), with the modes from its notes."""
+    if "stability" not in df:
+        return
+    unstable = df[(df.status == "ok") & (df.stability.astype(str) == "unstable")]
+    for r in unstable.itertuples():
+        modes = next((n for n in str(r.notes).split("; ") if n.startswith("unstable:")), "unstable")
+        console.print(f"  {r.cell_id}: {modes}", markup=False)
+    if len(unstable):
+        console.print(f"note: {len(unstable)} cell(s) are unstable (two modes); their medians depend on the run. "
+                      "See `--cpu-allocator` in the README", markup=False)
 
 
 def _warn_if_busy(run_dir: Path) -> None:

@@ -1,9 +1,11 @@
-"""Statistics of raw timing samples: robust centre, spread and a distribution-free CI of the median."""
+"""Statistics of raw timing samples: robust centre, spread, a distribution-free CI of the median, and for
+samples taken in several groups (rounds, processes) a hierarchical CI and a test for two modes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
@@ -40,3 +42,162 @@ def summarize(samples: Sequence[float], confidence: float = 0.95) -> dict[str, f
     return dict(median_s=med, iqr_s=float(q3 - q1), mean_s=float(x.mean()), std_s=float(x.std(ddof=1)) if len(x) > 1 else 0.0,
                 min_s=float(x.min()), max_s=float(x.max()), n=int(len(x)), ci_low_s=lo, ci_high_s=hi,
                 ci_rel=float((hi - lo) / 2 / med) if med > 0 else math.nan)
+
+
+# ---------------------------------------------------------------- several rounds and processes
+
+UNSTABLE_RATIO = 1.10
+"""Two modes (or two disagreeing rounds) closer than this ratio are not called unstable: ordinary drift."""
+MIN_MODE_FRACTION = 0.20
+"""A mode needs at least this share of the samples (and 3 of them): a cluster of outliers (preemption on a busy
+machine) is a tail, not a mode."""
+
+
+def _as_groups(groups: Sequence[Sequence[float]]) -> list[np.ndarray]:
+    out = [np.asarray(g, dtype=float) for g in groups]
+    out = [g[np.isfinite(g)] for g in out]
+    return [g for g in out if len(g)]
+
+
+def bootstrap_medians(groups: Sequence[Sequence[float]], resamples: int = 2000,
+                      rng: np.random.Generator | int | None = 0) -> np.ndarray:
+    """Medians of ``resamples`` hierarchical bootstrap resamples: groups drawn with replacement, then
+    samples with replacement within each drawn group, pooled.
+
+    A group is what was measured together (one round in one process). Resampling the groups first
+    carries the variance *between* rounds and processes into the interval; resampling only pooled
+    samples would treat thousands of samples from one environment as independent evidence.
+    (``scipy.stats.bootstrap`` resamples one level only, hence this.)
+    """
+    rng = np.random.default_rng(rng)
+    gs = _as_groups(groups)
+    if not gs:
+        return np.full(resamples, np.nan)
+    sizes = np.array([len(g) for g in gs])
+    width = int(sizes.max())
+    padded = np.full((len(gs), width), np.nan)
+    for i, g in enumerate(gs):
+        padded[i, :len(g)] = g
+    out = np.empty(resamples)
+    chunk = max(1, 4_000_000 // (len(gs) * width))
+    for start in range(0, resamples, chunk):
+        k = min(chunk, resamples - start)
+        picked = rng.integers(0, len(gs), size=(k, len(gs)))  # (k, G): which groups each resample draws
+        n = sizes[picked][..., None]  # (k, G, 1)
+        idx = (rng.random((k, len(gs), width)) * n).astype(np.int64)  # (k, G, width), < each group's size
+        values = padded[picked[..., None], idx]
+        values[np.arange(width) >= n] = np.nan  # a group contributes as many samples as it has
+        out[start:start + k] = np.nanmedian(values.reshape(k, -1), axis=1)
+    return out
+
+
+def hierarchical_median_ci(groups: Sequence[Sequence[float]], confidence: float = 0.95, resamples: int = 2000,
+                           seed: int = 0) -> tuple[float, float]:
+    """CI of the pooled median that includes the variance between groups (rounds, processes).
+
+    One group: the distribution-free interval of :func:`median_ci`. Several: the percentile interval of
+    :func:`bootstrap_medians`, widened to contain the pooled samples' own :func:`median_ci` (never
+    narrower than what the samples alone say).
+    """
+    gs = _as_groups(groups)
+    pooled = np.concatenate(gs) if gs else np.array([])
+    lo, hi = median_ci(pooled, confidence)
+    if len(gs) < 2:
+        return lo, hi
+    boot = bootstrap_medians(gs, resamples, seed)
+    blo, bhi = np.quantile(boot, [(1 - confidence) / 2, 1 - (1 - confidence) / 2])
+    return float(min(lo, blo)), float(max(hi, bhi))
+
+
+@dataclass(frozen=True)
+class Modes:
+    """Two modes of a cell's timings: their medians, the share of samples in the faster one, and why."""
+
+    low_s: float
+    high_s: float
+    frac_low: float
+    reason: str
+
+    def text(self) -> str:
+        """``unstable: <reason>: modes 2.43 ms (55%) and 4.22 ms (45%)``."""
+        return (f"unstable: {self.reason}: modes {1e3 * self.low_s:.4g} ms ({100 * self.frac_low:.0f}%) and "
+                f"{1e3 * self.high_s:.4g} ms ({100 * (1 - self.frac_low):.0f}%)")
+
+
+def _two_means(x: np.ndarray) -> int:
+    """The size of the lower cluster of the best split of sorted ``x`` into two (least squares)."""
+    n = len(x)
+    c, c2 = np.cumsum(x), np.cumsum(x * x)
+    k = np.arange(1, n)
+    sse = (c2[k - 1] - c[k - 1] ** 2 / k) + ((c2[-1] - c2[k - 1]) - (c[-1] - c[k - 1]) ** 2 / (n - k))
+    return int(np.argmin(sse)) + 1
+
+
+def _bimodal(samples: np.ndarray) -> Modes | None:
+    """Two clear modes in one set of samples, or None.
+
+    On log-times, the best two-cluster split must leave at least :data:`MIN_MODE_FRACTION` of the samples
+    (and 3) on each side, its two medians must differ by more than :data:`UNSTABLE_RATIO`, and the middle
+    third between them must be a dip: under half as many samples as an equally wide band around the
+    thinner mode. A single bell (split anywhere, its middle is densest) or a skewed tail fails the last test.
+    """
+    x = np.sort(np.log(samples[samples > 0]))
+    n = len(x)
+    least = max(3, int(np.ceil(MIN_MODE_FRACTION * n)))
+    if n < 2 * least:
+        return None
+    k = _two_means(x)
+    if k < least or n - k < least:
+        return None
+    lo, hi = float(np.median(x[:k])), float(np.median(x[k:]))
+    if hi - lo <= np.log(UNSTABLE_RATIO):
+        return None
+    w = (hi - lo) / 3
+
+    def count(a: float, b: float) -> int:
+        return int(np.searchsorted(x, b, "right") - np.searchsorted(x, a, "left"))
+
+    middle = count(lo + w, hi - w)
+    if middle >= 0.5 * min(count(lo - w / 2, lo + w / 2), count(hi - w / 2, hi + w / 2)):
+        return None
+    return Modes(float(np.exp(lo)), float(np.exp(hi)), k / n, "bimodal samples")
+
+
+def find_modes(groups: Sequence[Sequence[float]], confidence: float = 0.95) -> Modes | None:
+    """Two modes in a cell's timings, or None when it is stable.
+
+    Unstable means: group medians (rounds, processes) that disagree by more than :data:`UNSTABLE_RATIO`
+    with non-overlapping confidence intervals, or a clearly bimodal distribution of the pooled samples.
+    """
+    gs = _as_groups(groups)
+    if not gs:
+        return None
+    pooled = np.concatenate(gs)
+    if len(gs) >= 2:
+        meds = np.array([np.median(g) for g in gs])
+        cis = [median_ci(g, confidence) for g in gs]
+        i, j = int(np.argmin(meds)), int(np.argmax(meds))
+        if meds[j] > UNSTABLE_RATIO * meds[i] and cis[j][0] > cis[i][1]:
+            order = np.argsort(meds)
+            k = _two_means(np.log(meds[order]))  # the faster groups, as a cluster
+            low = np.concatenate([gs[g] for g in order[:k]])
+            high = np.concatenate([gs[g] for g in order[k:]])
+            listed = ", ".join(f"{1e3 * m:.4g}" for m in meds)
+            return Modes(float(np.median(low)), float(np.median(high)), len(low) / len(pooled),
+                         f"round medians disagree ({listed} ms)")
+    return _bimodal(pooled)
+
+
+def summarize_groups(groups: Sequence[Sequence[float]], confidence: float = 0.95,
+                     seed: int = 0) -> tuple[dict[str, float], Modes | None]:
+    """:func:`summarize` of the pooled samples with the hierarchical CI, and the modes if unstable."""
+    gs = _as_groups(groups)
+    pooled = np.concatenate(gs) if gs else np.array([])
+    out = summarize(pooled, confidence)
+    if len(gs) >= 2:
+        # 2000 resamples, fewer for tens of thousands of samples (tiny cells): the driver's time, not the CI's
+        resamples = int(min(2000, max(500, 2e7 // max(len(pooled), 1))))
+        lo, hi = hierarchical_median_ci(gs, confidence, resamples=resamples, seed=seed)
+        out.update(ci_low_s=lo, ci_high_s=hi, ci_rel=float((hi - lo) / 2 / out["median_s"]) if out["median_s"] > 0
+                   else math.nan)
+    return out, find_modes(gs, confidence)

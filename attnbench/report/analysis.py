@@ -207,6 +207,8 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
             notes = []
             if best["ci_rel"] > NOISY_CI_REL:
                 notes.append("noisy")
+            if str(best.get("stability")) == "unstable":
+                notes.append("unstable")
             second = cells.iloc[1] if len(cells) > 1 else None
             if second is not None and _overlap(best, second):
                 notes.append("tie within CI")
@@ -348,16 +350,20 @@ def scaling(df: pd.DataFrame, column: str = "median_s", min_points: int = 3) -> 
 
 
 def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
-    """Successful cells whose median CI half-width exceeds ``limit`` of the median, noisiest first."""
+    """Successful cells whose median CI half-width exceeds ``limit`` of the median, or that were flagged
+    ``unstable`` (two modes; ``unstable`` holds the modes), noisiest first."""
     ok = ok_rows(df)
-    bad = ok[ok["ci_rel"] > limit].sort_values("ci_rel", ascending=False)
+    unstable = (ok["stability"].astype(str) == "unstable") if "stability" in ok else pd.Series(False, index=ok.index)
+    bad = ok[(ok["ci_rel"] > limit) | unstable].sort_values("ci_rel", ascending=False)
     return pd.DataFrame({
         "cell": [cell_label(r) for r in bad.itertuples()],
         "median": [fmt_time(v) for v in bad["median_s"]],
         "ci": [fmt_ci(lo, hi) for lo, hi in zip(bad["ci_low_s"], bad["ci_high_s"], strict=True)],
         "ci_rel_pct": [f"±{100 * v:.1f}%" for v in bad["ci_rel"]],
         "n": bad["n"].tolist() if "n" in bad else [],
-    }, columns=["cell", "median", "ci", "ci_rel_pct", "n"])
+        "unstable": [next((n for n in str(notes).split("; ") if n.startswith("unstable")), "") if flag else ""
+                     for notes, flag in zip(bad["notes"], unstable[bad.index], strict=True)],
+    }, columns=["cell", "median", "ci", "ci_rel_pct", "n", "unstable"])
 
 
 def failures(df: pd.DataFrame) -> pd.DataFrame:

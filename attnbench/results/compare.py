@@ -1,17 +1,19 @@
 """``attnbench compare A B``: two runs cell by cell, with a confidence interval and a significance test per cell.
 
 Cells are matched on :data:`attnbench.results.schema.AXES`. For a cell timed successfully in both runs, the
-effect is the ratio of medians ``B / A`` (> 1: B is slower), with a bootstrap confidence interval
-(resampling each run's raw per-call ``samples_s``, seeded, so the same inputs give the same answer)
-and a two-sided Mann-Whitney U test on the raw samples. A cell is a **significant slowdown** when
+effect is the ratio of medians ``B / A`` (> 1: B is slower), with a hierarchical bootstrap confidence
+interval and p-value: each run's raw per-call ``samples_s`` are resampled by their groups (rounds,
+processes: ``sample_groups``) first and within them second, the model of ``attnbench run``'s own CI,
+so drift between rounds and processes counts as uncertainty rather than as evidence. Seeded: the same
+inputs give the same answer. A cell is a **significant slowdown** when
 ``p < alpha`` and the ratio exceeds ``1 + threshold`` and the interval's lower bound exceeds 1;
 ``attnbench compare`` exits 1 when any cell is one. Cells present in only one run, cells whose
-status differs, and axes whose value sets differ are reported, never silently dropped.
+status differs, and axes whose value sets differ are reported, never silently dropped. A cell flagged
+``unstable`` (two modes) in either run says so in ``change`` when its difference is significant.
 """
 
 from __future__ import annotations
 
-import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.errors import ResultsError
+from attnbench.measure.stats import bootstrap_medians
 from attnbench.results.schema import AXES, INT_AXES, fill_added_columns
 from attnbench.results.store import load_run
 
@@ -36,8 +39,8 @@ class CompareResult:
 
     ``cells``: one row per cell timed ok in both runs, sorted by effect (largest slowdown first), with
     ``median_a``, ``median_b``, ``ratio`` (B/A), ``ci_low``/``ci_high`` (bootstrap CI of the ratio),
-    ``p_value`` (Mann-Whitney U), ``n_a``/``n_b``, ``change`` (words) and the booleans ``regression``
-    and ``improvement``. ``only_in_a``/``only_in_b``: axis dicts of unmatched cells. ``status_changed``:
+    ``p_value`` (bootstrap, two-sided), ``n_a``/``n_b``, ``change`` (words), the booleans ``regression``,
+    ``improvement`` and ``unstable`` (either run flagged the cell; its modes are in ``note``). ``only_in_a``/``only_in_b``: axis dicts of unmatched cells. ``status_changed``:
     cells present in both runs but not ok in at least one. ``axis_mismatch``: axis -> values only in A /
     only in B. ``env_diff``: ``(key, A, B)`` for metadata that differs.
     """
@@ -93,30 +96,49 @@ class CompareResult:
 # ---------------------------------------------------------------- statistics
 
 
-def bootstrap_ratio(a: np.ndarray, b: np.ndarray, resamples: int = 2000, alpha: float = 0.05,
-                    seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap ``(1 - alpha)`` CI of ``median(b) / median(a)``, resampling each independently."""
+def _ratio_draws(a, b, resamples: int, seed: int) -> np.ndarray:
+    """Bootstrap draws of ``median(b) / median(a)``, each run resampled hierarchically on its own."""
     rng = np.random.default_rng(seed)
-    ratios = np.empty(resamples)
-    chunk = max(1, 4_000_000 // max(len(a), len(b), 1))
-    for start in range(0, resamples, chunk):
-        k = min(chunk, resamples - start)
-        ma = np.median(a[rng.integers(0, len(a), size=(k, len(a)))], axis=1)
-        mb = np.median(b[rng.integers(0, len(b), size=(k, len(b)))], axis=1)
-        ratios[start:start + k] = mb / ma
-    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    return bootstrap_medians(_groups_of(b), resamples, rng) / bootstrap_medians(_groups_of(a), resamples, rng)
+
+
+def _groups_of(x) -> list[np.ndarray]:
+    """A run's samples as groups: a flat array is one group; a list of arrays is already grouped."""
+    if isinstance(x, list | tuple) and x and np.ndim(x[0]) == 1:
+        return [np.asarray(g, dtype=float) for g in x]
+    return [np.asarray(x, dtype=float)]
+
+
+def bootstrap_ratio(a, b, resamples: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap ``(1 - alpha)`` CI of ``median(b) / median(a)``.
+
+    ``a`` and ``b`` are raw samples, or lists of sample groups (rounds, processes): groups are resampled
+    first, then samples within them (:func:`attnbench.measure.stats.bootstrap_medians`).
+    """
+    lo, hi = np.quantile(_ratio_draws(a, b, resamples, seed), [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
 
 
-def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided Mann-Whitney U p-value of ``b`` vs ``a`` (1.0 when every sample is identical)."""
-    from scipy.stats import mannwhitneyu
+def ratio_p_value(draws: np.ndarray) -> float:
+    """Two-sided bootstrap p-value of "the ratio is 1" from the draws of the ratio (resolution 1 / draws)."""
+    below, above = int((draws <= 1).sum()), int((draws >= 1).sum())
+    return float(min(1.0, (2 * min(below, above) + 1) / (len(draws) + 1)))
 
-    if np.all(a == a[0]) and np.all(b == a[0]):
-        return 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(mannwhitneyu(b, a, alternative="two-sided").pvalue)
+
+def _row_groups(row: dict, samples: np.ndarray) -> list[np.ndarray]:
+    """``samples`` split by the row's ``sample_groups`` (one group when absent or inconsistent)."""
+    value = row.get("sample_groups")
+    sizes = [int(s) for s in value] if isinstance(value, list | tuple | np.ndarray) else []
+    if len(sizes) < 2 or sum(sizes) != len(samples):
+        return [samples]
+    return [np.asarray(g) for g in np.split(samples, np.cumsum(sizes)[:-1])]
+
+
+def _unstable_note(row: dict) -> str:
+    """The row's ``unstable: ... modes ...`` note, or "" for a stable cell."""
+    if str(row.get("stability")) != "unstable":
+        return ""
+    return next((n for n in str(row.get("notes") or "").split("; ") if n.startswith("unstable")), "unstable")
 
 
 # ---------------------------------------------------------------- matching
@@ -197,16 +219,22 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
                             "error_a": str(ra.get("error") or ""), "error_b": str(rb.get("error") or "")})
             continue
         sa, sb = np.asarray(ra["samples_s"], dtype=float), np.asarray(rb["samples_s"], dtype=float)
+        ga, gb = _row_groups(ra, sa), _row_groups(rb, sb)
+        ga, gb = [g[np.isfinite(g)] for g in ga], [g[np.isfinite(g)] for g in gb]
         sa, sb = sa[np.isfinite(sa)], sb[np.isfinite(sb)]
+        unstable = "; ".join(f"{side}: {n}" for side, n in (("A", _unstable_note(ra)), ("B", _unstable_note(rb))) if n)
         row = {**axes, "median_a": float(ra["median_s"]), "median_b": float(rb["median_s"]), "n_a": len(sa),
                "n_b": len(sb), "ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
-               "p_value": float("nan"), "regression": False, "improvement": False, "change": "", "note": ""}
+               "p_value": float("nan"), "regression": False, "improvement": False, "change": "",
+               "unstable": bool(unstable), "note": ""}
         if len(sa) >= 2 and len(sb) >= 2 and np.median(sa) > 0:
             row["median_a"], row["median_b"] = float(np.median(sa)), float(np.median(sb))
             row["ratio"] = row["median_b"] / row["median_a"]
             cell_seed = seed ^ zlib.crc32("|".join(map(str, key)).encode())
-            row["ci_low"], row["ci_high"] = bootstrap_ratio(sa, sb, resamples, alpha, cell_seed)
-            row["p_value"] = mann_whitney_p(sa, sb)
+            draws = _ratio_draws(ga, gb, resamples, cell_seed)
+            lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
+            row["ci_low"], row["ci_high"] = float(lo), float(hi)
+            row["p_value"] = ratio_p_value(draws)
             significant = row["p_value"] < alpha
             row["regression"] = bool(significant and row["ratio"] > 1 + threshold and row["ci_low"] > 1)
             row["improvement"] = bool(significant and row["ratio"] < 1 / (1 + threshold) and row["ci_high"] < 1)
@@ -220,21 +248,26 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
                 row["change"] = "faster, within threshold"
             else:
                 row["change"] = "no significant change"
+            if unstable and significant:  # said, never silently: its median depends on which mode a run caught
+                row["change"] += " (unstable cell: the difference may be a change of mode)"
         else:
             if row["median_a"] > 0:
                 row["ratio"] = row["median_b"] / row["median_a"]
             row["change"] = "untested"
             row["note"] = "fewer than 2 raw samples in a run (e.g. a CSV without samples_s); only the medians compared"
+        if unstable:
+            row["note"] = "; ".join(n for n in (row["note"], unstable) if n)
         rows.append(row)
 
     cols = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
-            "regression", "improvement", "note"]
+            "regression", "improvement", "unstable", "note"]
     cells = pd.DataFrame(rows, columns=cols)
     if len(cells):
         cells = cells.sort_values(["regression", "ratio"], ascending=[False, False], na_position="last",
                                   kind="stable").reset_index(drop=True)
         cells["regression"] = cells["regression"].astype(bool)
         cells["improvement"] = cells["improvement"].astype(bool)
+        cells["unstable"] = cells["unstable"].astype(bool)
     mismatch = {}
     for axis in AXES:
         va, vb = set(dfa[axis]), set(dfb[axis])
@@ -285,6 +318,7 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
         "p": [f"{p:.2g}" if np.isfinite(p) else "–" for p in c["p_value"]],
         "n (A/B)": [f"{x}/{y}" for x, y in zip(c["n_a"], c["n_b"], strict=True)],
         "change": c["change"],
+        "unstable": [n if u else "" for n, u in zip(c["note"], c["unstable"], strict=True)],
     })
     classes = ["regression" if r else "improvement" if i else ""
                for r, i in zip(c["regression"], c["improvement"], strict=True)]

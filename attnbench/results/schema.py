@@ -38,6 +38,8 @@ COLUMNS: dict[str, str] = {
     "median_s": "float64", "iqr_s": "float64", "mean_s": "float64", "std_s": "float64", "min_s": "float64",
     "max_s": "float64", "n": "int64", "ci_low_s": "float64", "ci_high_s": "float64", "ci_rel": "float64",
     "calls_per_sample": "int64", "warmup_calls": "int64", "timer": "string", "samples_s": "object",
+    # samples_s in groups (one per round and process, sizes in order) and whether they agree
+    "sample_groups": "object", "stability": "string",
     # memory (bytes over the pre-cell baseline)
     "peak_bytes": "float64", "peak_reserved_bytes": "float64", "memory_method": "string",
     # KV cache (decode rows): measured from the cache tensors, and 2·b·min(T, window)·num_kv_heads·head_dim·bytes
@@ -47,12 +49,17 @@ COLUMNS: dict[str, str] = {
     "frac_peak": "float64",
     # torch.compile
     "compile_s": "float64", "recompiles": "float64",
+    # the CPU measuring environment, as found in the measuring process (attnbench.measure.cpu_env)
+    "cpu_allocator": "string", "cpu_binding": "string", "cpu_affinity": "string",
     # outcome
     "status": "string", "error": "string", "notes": "string",
     # where and when
     "host": "string", "worker": "string", "started_at": "string", "duration_s": "float64",
 }
-"""Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds)."""
+"""Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
+``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
+hierarchical over them); ``stability`` is ``unstable`` when the groups disagree or the samples are
+bimodal (both modes are in ``notes``), else ``stable``."""
 
 
 @dataclass(frozen=True)

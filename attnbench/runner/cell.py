@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 from datetime import UTC, datetime
 
 import torch
@@ -29,9 +30,9 @@ from attnbench.measure import (
     kv_cache_bytes_analytic,
     peak_gflops,
     peak_memory,
-    summarize,
     time_fn,
 )
+from attnbench.measure.stats import summarize_groups
 from attnbench.resolve import Skip, resolve
 from attnbench.results.schema import Cell, empty_row
 from attnbench.results.text import fmt_time
@@ -222,24 +223,36 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_pe
     row["notes"] = "; ".join(notes)
 
 
-def merge_rounds(rows: list[dict]) -> dict:
-    """One row from the rows of the same ok cell measured in several rounds: raw samples pooled and
-    their statistics recomputed; peak memory is the largest seen; compile time is the first round's."""
+def merge_rounds(rows: list[dict], processes: int = 1) -> dict:
+    """One row from the rows of the same ok cell measured in several rounds (and processes): raw samples
+    pooled, in groups (``sample_groups``) over which the CI is hierarchical; peak memory is the largest
+    seen; compile time is the first round's. ``stability`` says whether the groups agree and the samples
+    have one mode (both modes go into ``notes`` when not). A single row only gets ``stability``."""
     merged = dict(rows[0])
-    samples = [s for r in rows for s in r["samples_s"]]
-    merged.update(summarize(samples))
-    merged["samples_s"] = samples
-    for key in ("peak_bytes", "peak_reserved_bytes"):
-        values = [r[key] for r in rows if r[key] is not None and r[key] == r[key]]
-        merged[key] = max(values) if values else math.nan
-    merged["gflops_per_s"] = merged["flops"] / merged["median_s"] / 1e9
-    merged["frac_peak"] = merged["gflops_per_s"] / merged["peak_gflops_per_s"]
-    recompiles = [r["recompiles"] for r in rows if r["recompiles"] == r["recompiles"]]
-    merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
-    merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)
-    merged["duration_s"] = sum(r["duration_s"] for r in rows)
-    medians = ", ".join(fmt_time(r["median_s"]) for r in rows)
-    merged["notes"] = f"{len(rows)} rounds in shuffled order, round medians {medians}; " + (rows[0]["notes"] or "")
+    groups = [list(r["samples_s"]) for r in rows]
+    stats, modes = summarize_groups(groups, seed=zlib.crc32(str(merged.get("cell_id")).encode()))
+    merged["sample_groups"] = [len(g) for g in groups]
+    merged["stability"] = "unstable" if modes else "stable"
+    notes = [modes.text()] if modes else []
+    if len(rows) > 1:
+        merged.update(stats)
+        merged["samples_s"] = [s for g in groups for s in g]
+        for key in ("peak_bytes", "peak_reserved_bytes"):
+            values = [r[key] for r in rows if r[key] is not None and r[key] == r[key]]
+            merged[key] = max(values) if values else math.nan
+        merged["gflops_per_s"] = merged["flops"] / merged["median_s"] / 1e9
+        merged["frac_peak"] = merged["gflops_per_s"] / merged["peak_gflops_per_s"]
+        recompiles = [r["recompiles"] for r in rows if r["recompiles"] == r["recompiles"]]
+        merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
+        merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)
+        merged["duration_s"] = sum(r["duration_s"] for r in rows)
+        workers = list(dict.fromkeys(str(r.get("worker") or "") for r in rows))
+        merged["worker"] = ", ".join(w for w in workers if w)
+        medians = ", ".join(fmt_time(r["median_s"]) for r in rows)
+        rounds = len(rows) // processes
+        how = f"{rounds} rounds" + (f" x {processes} processes" if processes > 1 else "")
+        notes.append(f"{how} in shuffled order, round medians {medians}")
+    merged["notes"] = "; ".join(n for n in (*notes, rows[0]["notes"]) if n)
     return merged
 
 

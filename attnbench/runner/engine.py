@@ -17,6 +17,7 @@ import pandas as pd
 from attnbench import environment, registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
+from attnbench.measure.cpu_env import OMP_BINDING, PINNED_THRESHOLD_BYTES, check_allocator
 from attnbench.results.schema import AXES, INT_AXES, Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
 from attnbench.runner.cell import merge_rounds, torch_threads
@@ -102,11 +103,12 @@ def sweep_from_meta(meta: dict) -> Sweep:
 
 
 def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str | None = None):
-    """The executor called ``kind`` (``local``; ``subprocess`` when isolating; ``ray``)."""
-    from attnbench.runner.executors.local import LocalExecutor, SubprocessExecutor
-
+    """The executor called ``kind`` (``local``: measuring worker processes on this machine; ``ray``)."""
+    check_settings(settings, kind)
     if kind == "local":
-        return SubprocessExecutor(settings, run_id) if settings.isolate else LocalExecutor(settings, run_id)
+        from attnbench.runner.executors.local import WorkerExecutor
+
+        return WorkerExecutor(settings, run_id)
     if kind == "ray":
         try:
             from attnbench.runner.executors.ray import RayExecutor
@@ -114,6 +116,25 @@ def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str |
             raise AttnbenchError(f"--executor ray needs Ray: pip install 'attnbench[ray]' ({exc})") from exc
         return RayExecutor(settings, run_id, address=ray_address)
     raise SweepError(f"unknown executor {kind!r}; use local or ray")
+
+
+def check_settings(settings: Settings, executor: str = "local") -> None:
+    """One clear error for measurement settings that cannot work (before anything runs)."""
+    check_allocator(settings.cpu_allocator)
+    if isinstance(settings.processes, bool) or not isinstance(settings.processes, int) or settings.processes < 1:
+        raise SweepError(f"--processes must be a whole number >= 1, got {settings.processes!r}")
+    if isinstance(settings.rounds, bool) or not isinstance(settings.rounds, int) or settings.rounds < 1:
+        raise SweepError(f"--rounds must be a whole number >= 1, got {settings.rounds!r}")
+    if executor == "ray" and settings.processes > 1:
+        raise SweepError("--processes applies to local runs; on Ray use --rounds (each task runs in a Ray worker)")
+
+
+def cpu_env_meta(settings: Settings) -> dict:
+    """The measuring environment asked for, as recorded in ``meta.json`` (what held is added after the run)."""
+    return {"allocator": settings.cpu_allocator, "bind": settings.cpu_bind,
+            "omp": dict(OMP_BINDING) if settings.cpu_bind else {}, "threads": settings.threads,
+            "processes": settings.processes, "rounds": settings.rounds,
+            "malloc_threshold_bytes": PINNED_THRESHOLD_BYTES if settings.cpu_allocator == "pinned" else None}
 
 
 def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str | Path | None = None,
@@ -126,7 +147,10 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
 
     ``sweep`` may be omitted: axes are then keyword arguments (``impl=["sdpa"], seq_len=[128, 256]``,
     or strings like ``seq_len="128..1024x2"``), optionally on top of a ``preset`` or a TOML ``file``;
-    ``settings`` overrides measurement settings (``budget_s``, ``threads``, ``isolate``, ...).
+    ``settings`` overrides measurement settings (``budget_s``, ``threads``, ``rounds``, ``processes``,
+    ``cpu_allocator``, ``isolate``, ...). Cells are measured in worker processes started with the controlled
+    CPU environment (:mod:`attnbench.measure.cpu_env`), never in the calling process (except implementations
+    registered only there), so calling this from a notebook measures like ``attnbench run``.
     ``resume`` continues the run folder it names, skipping cells already recorded.
     ``progress(i, n, cell, row)`` is called before (row None) and after each cell.
 
@@ -148,18 +172,21 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         meta = environment.collect(argv)
         meta["sweep"] = sweep_to_dict(sweep)
         meta["executor"] = executor
+        meta["cpu_env"] = cpu_env_meta(sweep.settings)
         run_id = run_id or new_run_id()
         run_exec = make_executor(executor, sweep.settings, run_id, ray_address)  # fails before any folder exists
         store = RunStore(out, run_id=run_id, meta=meta)
         done = set()
-    if sweep.settings.threads:  # set per cell, where it is measured (run_cell), and restored after
+    if sweep.settings.threads:  # set in the measuring processes (and recorded on every row)
         store.meta["torch_threads"] = sweep.settings.threads
     cells = [c for c in sweep.cells() if c.cell_id not in done]
-    rounds = max(1, sweep.settings.rounds)
-    total = len(cells) * rounds
+    rounds, processes = sweep.settings.rounds, sweep.settings.processes
+    units = rounds * processes  # every cell is measured once per round in each process
+    total = len(cells) * units
     counter = {"i": 0}
     if resume is not None:
         run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
+        store.meta["cpu_env"] = cpu_env_meta(sweep.settings)
     pending: dict[str, list[dict]] = {}  # ok rows of cells still owed more rounds
     finished: set[str] = set()
 
@@ -169,18 +196,18 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
 
     def on_row(cell: Cell, row: dict) -> None:
         counter["i"] += 1
-        if rounds > 1 and row["status"] == "ok":
+        if row["status"] == "ok":
             pending.setdefault(cell.cell_id, []).append(row)
-            if len(pending[cell.cell_id]) < rounds:
+            if len(pending[cell.cell_id]) < units:
                 if progress:
                     progress(counter["i"], total, cell, row)
                 return
-            row = merge_rounds(pending.pop(cell.cell_id))
-        elif rounds > 1:  # a cell that fails in any round is recorded as it failed, and not run again
+            row = merge_rounds(pending.pop(cell.cell_id), processes)
+        elif units > 1:  # a cell that fails in any round is recorded as it failed, and not run again
             earlier_ok = len(pending.pop(cell.cell_id, []))
-            counter["i"] += rounds - earlier_ok - 1  # the rounds it will not run
+            counter["i"] += units - earlier_ok - 1  # the rounds it will not run
             if earlier_ok:
-                row = {**row, "notes": f"failed in round {earlier_ok + 1} of {rounds} after {earlier_ok} ok round(s); "
+                row = {**row, "notes": f"failed in round {earlier_ok + 1} of {units} after {earlier_ok} ok round(s); "
                                        + (row.get("notes") or "")}
         finished.add(cell.cell_id)
         store.append(row)
@@ -191,13 +218,22 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     started = time.perf_counter()
     try:
         for r in range(rounds):
-            todo = [c for c in cells if c.cell_id not in finished]
-            if rounds > 1:  # a fresh order each round, so slow phases of the machine hit every cell alike
-                todo = random.Random(sweep.settings.seed * 1000 + r).sample(todo, len(todo))
-            run_exec.execute(todo, on_row, on_start)
+            for p in _process_order(r, processes):  # interleaved: a slow phase hits every process alike
+                todo = [c for c in cells if c.cell_id not in finished]
+                if units > 1:  # a fresh order each round, so slow phases of the machine hit every cell alike
+                    todo = random.Random(sweep.settings.seed * 1000 + r * processes + p).sample(todo, len(todo))
+                if processes > 1:
+                    run_exec.execute(todo, on_row, on_start, process=p)
+                else:
+                    run_exec.execute(todo, on_row, on_start)
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if hasattr(run_exec, "close"):
+            run_exec.close()
+        if hasattr(run_exec, "environment") and run_exec.environment():
+            store.meta["cpu_env"]["measured"] = run_exec.environment()
+            store.meta["torch_threads"] = run_exec.environment()[0]["threads"]
         store.meta["wall_s"] = store.meta.get("wall_s", 0.0) + time.perf_counter() - started
         store.meta["interrupted"] = interrupted
         store.meta["load_average_1m_end"] = environment.load_average()
@@ -216,6 +252,11 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     df, _ = load_run(store.path)
     df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=interrupted)
     return df
+
+
+def _process_order(round_index: int, processes: int) -> list[int]:
+    """The processes of one round, rotated each round so that no process always measures first."""
+    return [(round_index + i) % processes for i in range(processes)]
 
 
 def _profile_cells(df: pd.DataFrame, run_dir: Path) -> None:

@@ -35,6 +35,9 @@ class Settings:
     cuda_graph: bool = False  # replay inference cells from a CUDA graph
     isolate: bool = False  # each cell in a fresh subprocess (survives segfaults and aborts)
     rounds: int = 1  # measure every cell this many times, in a shuffled order each round, and pool the samples
+    processes: int = 1  # measuring worker processes; every cell is measured `rounds` times in each
+    cpu_allocator: str = "pinned"  # pinned | system | jemalloc | tcmalloc (attnbench.measure.cpu_env)
+    cpu_bind: bool = True  # OpenMP binding and wait policy in the measuring processes
     seed: int = 0
     flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
 

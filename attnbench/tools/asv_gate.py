@@ -13,10 +13,16 @@ with ``environment_type: existing`` the gate does it by hand:
    Commits are alternated (BASE, HEAD, BASE, HEAD with ``--append-samples``) so that a change in the
    machine's load during the gate hits both sides alike;
 3. ``asv compare --factor F --split`` prints the table. asv's compare always exits 0, so its table is
-   parsed: a benchmark is a regression when asv marks it worse (``+``: slower by more than the
-   factor *and* statistically significant when raw samples exist, Mann-Whitney U at p < 0.002) or
-   newly failing (``!``). For higher-is-better benchmarks (``track_gflops``) asv's ``-`` is the
-   regression.
+   parsed: a *timed* benchmark (``time_*``, raw samples recorded) is a regression when asv marks it
+   worse (``+``: slower by more than the factor *and* statistically significant on its samples) and
+   any benchmark is one when newly failing (``!``). ``track_*`` figures carry one number per run and
+   no samples, so no test can tell a change from noise (GFLOP/s is time in disguise): the gate
+   reports their changes (``track_gflops`` is higher-is-better, so its ``-`` is the worse one) but
+   does not fail on them.
+
+Every asv process measures under ``attnbench run``'s controlled CPU environment
+(:func:`attnbench.measure.cpu_env.process_env` with the ``pinned`` allocator and OpenMP binding),
+set in the environment the gate starts asv with; the suite sets the OpenMP part itself otherwise.
 
 The benchmark suite itself (``benchmarks/``) is always the current checkout's, so both commits are
 measured by the same code and asv keeps their results comparable. asv runs with ``HOME`` set to the
@@ -40,10 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench.errors import AttnbenchError
+from attnbench.measure import cpu_env
 
 MACHINE = "attnbench-gate"
 HIGHER_IS_BETTER = re.compile(r"\.track_gflops\b")
 """Benchmarks where a larger value is better; asv's compare assumes smaller is better for all."""
+TIMED = re.compile(r"\.time_\w+")
+"""Benchmarks timed by asv with raw samples: the only ones whose slowdown fails the gate."""
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
 
 
@@ -63,6 +72,7 @@ class GateResult:
     head: str
     table: str
     regressions: list[str] = field(default_factory=list)
+    reported: list[str] = field(default_factory=list)  # worse track_* figures: shown, not failing
     failed_runs: list[str] = field(default_factory=list)  # "sha: asv run exit 2" (some benchmarks failed)
 
     @property
@@ -143,16 +153,23 @@ def _cells(line: str) -> list[str]:
 
 def parse_compare(table: str) -> list[str]:
     """The rows of ``asv compare``'s table that are regressions (see the module docstring)."""
-    bad = []
+    return _worse_rows(table)[0]
+
+
+def _worse_rows(table: str) -> tuple[list[str], list[str]]:
+    """``(regressions, reported)``: worse timed or failing benchmarks; worse ``track_*`` figures."""
+    bad, reported = [], []
     for line in table.splitlines():
         cells = _cells(line)
         if len(cells) < 5 or cells[0] == "Change" or all(c and set(c) <= set("-:") for c in cells):
             continue  # not a row, the header, or the |---| rule
         mark, name = cells[0], cells[-1]
         worse = "-" if HIGHER_IS_BETTER.search(name) else "+"
-        if mark in ("!", worse):
+        if mark == "!" or (mark == worse and TIMED.search(name)):
             bad.append(line.strip())
-    return bad
+        elif mark == worse:
+            reported.append(line.strip())
+    return bad, reported
 
 
 def check_asv(python: str) -> None:
@@ -178,7 +195,7 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
     work = Path(tempfile.mkdtemp(prefix="attnbench-gate-"))
     try:
         conf = gate_config(repo, work, Path(config).resolve() if config else None)
-        env = dict(os.environ, HOME=str(work / "home"))
+        env = dict(cpu_env.process_env(cpu_env.CpuEnv("pinned")), HOME=str(work / "home"))
         (work / "home").mkdir()
         asv = [python, "-m", "asv", "--config", str(conf)]
         _run([*asv, "machine", "--yes", "--machine", MACHINE], env=env, capture=True)
@@ -211,7 +228,8 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
                                     f"{repo / 'benchmarks'} must import with that commit's attnbench)")
         table = _run([*asv, "compare", shas["base"], shas["head"], "--factor", str(factor), "--split",
                       "--machine", MACHINE], env=env, capture=True).stdout
-        return GateResult(shas["base"], shas["head"], table, parse_compare(table), failed)
+        regressions, reported = _worse_rows(table)
+        return GateResult(shas["base"], shas["head"], table, regressions, reported, failed)
     finally:
         if keep and (work / "results").is_dir():
             shutil.copytree(work / "results", Path(keep) / "results", dirs_exist_ok=True)
@@ -249,6 +267,11 @@ def report(result: GateResult, factor: float, log=_log) -> int:
     log(_drop_unmeasured(result.table).rstrip())
     for line in result.failed_runs:
         log(f"gate: warning: {line}")
+    if result.reported:
+        log(f"\ngate: {len(result.reported)} track_* figure(s) changed for the worse beyond x{factor:g} (reported; "
+            "no samples, so they do not fail the gate):")
+        for line in result.reported:
+            log(f"  {line}")
     if result.regressions:
         log(f"\ngate: FAIL: {len(result.regressions)} benchmark(s) regressed beyond x{factor:g} "
             f"({result.base[:8]} -> {result.head[:8]}):")

@@ -6,13 +6,18 @@ Run it as a script (it is a benchmark, not a unit test)::
 
 For each workload both timers measure the same ``Workload.step`` in one process, alternating which
 goes first, and the ratio of medians (attnbench / blocked_autorange) is printed with its spread over
-repeats. Both use the same number of threads.
+repeats. Both use the same number of threads, and both measure under the CPU environment of
+``attnbench run`` (:mod:`attnbench.measure.cpu_env`): the script runs itself in a process started with
+it (``--cpu-allocator``, default ``pinned``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 
 import torch
 from torch.utils import benchmark
@@ -53,7 +58,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per measurement for each timer")
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds per workload")
+    parser.add_argument("--cpu-allocator", default="pinned", help="the measuring environment (as attnbench run's)")
+    parser.add_argument("--no-cpu-bind", action="store_true", help="no OpenMP binding (as attnbench run's)")
     args = parser.parse_args(argv)
+    if os.environ.get("ATTNBENCH_CPU_ALLOCATOR") is None:  # not yet in the measuring environment: start in it
+        from attnbench.measure import cpu_env
+
+        env = cpu_env.process_env(cpu_env.CpuEnv(cpu_env.check_allocator(args.cpu_allocator), not args.no_cpu_bind))
+        raise SystemExit(subprocess.run([sys.executable, "-m", "attnbench.tools.fidelity",
+                                         *(argv if argv is not None else sys.argv[1:])], env=env).returncode)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, budget {args.budget}s, {args.repeats} rounds")
     print(f"{'workload':58} {'attnbench':>11} {'blocked_autorange':>18} {'ratio':>7}  range")
     worst = 0.0
@@ -63,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['cell']:58} {r['attnbench_ms']:9.3f}ms {r['torch_benchmark_ms']:16.3f}ms {r['ratio']:7.3f}"
               f"  {r['ratio_min']:.3f}-{r['ratio_max']:.3f}")
     print(f"largest deviation of the median ratio from 1: {100 * worst:.1f}%")
+    from attnbench.measure import cpu_env
+
+    print(f"measured under {cpu_env.describe()}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,17 @@
-"""Executors run cells and hand back rows: in this process, or each cell in a fresh subprocess.
+"""Executors run cells and hand back rows: here, in measuring worker processes under a controlled environment.
 
-The Ray executor (``attnbench.runner.executors.ray``) has the same interface: ``execute(cells, on_row)``
-calls ``on_row(row)`` as each cell finishes and returns when all are done or the run is interrupted.
+The Ray executor (``attnbench.runner.executors.ray``) has the same interface: ``execute(cells, on_row,
+on_start)`` calls ``on_row(cell, row)`` as each cell finishes and returns when all are done or the run
+is interrupted.
+
+:class:`WorkerExecutor` (what ``attnbench run`` uses) measures in worker processes started with the
+controlled CPU environment (:mod:`attnbench.measure.cpu_env`): torch is imported once per process and
+the process serves many cells. With ``processes=N`` it keeps N of them and the runner measures every
+cell in each (``execute(..., process=p)``), one process at a time: the others are stopped
+(``SIGSTOP``), so their spinning OpenMP threads cannot take cores from the one measuring. With
+``isolate`` every cell gets a fresh process. A crash (segfault, abort, ``os._exit``) becomes an
+``error`` row naming the signal or exit code and the next cell gets a new process; a cell past
+``cell_timeout_s`` (plus a grace for its own alarm) is killed and becomes a ``timeout`` row.
 """
 
 from __future__ import annotations
@@ -9,101 +19,232 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
-from pathlib import Path
 
+from attnbench.errors import AttnbenchError
+from attnbench.measure import cpu_env
 from attnbench.results.schema import Cell, empty_row, normalise_row
 from attnbench.runner.cell import run_cell
 from attnbench.runner.sweep import Settings
 
 OnRow = Callable[[Cell, dict], None]
-STARTUP_GRACE_S = 20.0
+STARTUP_TIMEOUT_S = 600.0
+"""Longest wait for a worker to import torch and say it is ready (a loaded machine can take minutes)."""
+KILL_GRACE_S = 10.0
+"""Seconds past ``cell_timeout_s`` after which a cell its own alarm did not stop (native code) is killed."""
 
 
-def run_in_subprocess(cell: Cell, settings: Settings, run_id: str = "", peak_gflops_per_s: float | None = None) -> dict:
-    """Run one cell in a child interpreter and return its row (a status row if the child dies).
+class _Timeout:
+    """The worker did not answer in time."""
 
-    ``peak_gflops_per_s`` (the device's measured peak, when known) is handed to the child so that it
-    does not measure it again inside the cell's time window.
-    """
-    with tempfile.TemporaryDirectory(prefix="attnbench-cell-") as tmp:
-        out = Path(tmp) / "row.json"
-        payload = json.dumps({"cell": asdict(cell), "settings": asdict(settings), "run_id": run_id, "out": str(out),
-                              "peak_gflops_per_s": peak_gflops_per_s})
-        # The child times out Python-level hangs itself (a clean `timeout` row); the parent kills it
-        # when a hang in native code keeps it past the deadline plus start-up (interpreter, torch import).
-        timeout = settings.cell_timeout_s + STARTUP_GRACE_S if settings.cell_timeout_s else None
+
+def _signal_text(returncode: int) -> str:
+    if returncode >= 0:
+        return f"worker process exited with code {returncode}"
+    try:
+        return f"worker process died with {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"worker process died with signal {-returncode}"
+
+
+class WorkerProcess:
+    """One measuring process (``python -m attnbench.runner.executors.worker``) and its JSON-lines pipe."""
+
+    def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+        self.label = label
+        self._stderr = tempfile.TemporaryFile()
+        # A session of its own: Ctrl-C reaches only the runner, which then ends the worker.
+        self.proc = subprocess.Popen([sys.executable, "-m", "attnbench.runner.executors.worker", label],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
+                                     start_new_session=True)
+        self._buf = b""
+        self.stopped = False
+        ready = self._read(startup_timeout_s)
+        if not isinstance(ready, dict) or "ready" not in ready:
+            why = "did not start in time" if isinstance(ready, _Timeout) else self.death()
+            self.close()
+            raise AttnbenchError(f"the measuring worker process could not start: {why}")
+        self.info: dict = ready["ready"]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self, timeout_s: float | None):
+        """The next message, ``None`` at end of output (the worker died), or a :class:`_Timeout`."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            ready, _, _ = select.select([fd], [], [], timeout_s)
+            if not ready:
+                return _Timeout()
+            data = os.read(fd, 1 << 20)
+            if not data:
+                return None
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
+
+    def request(self, message: dict, timeout_s: float | None = None):
+        """Send one request; its answer, ``None`` if the worker died, or a :class:`_Timeout`."""
+        self.resume()
         try:
-            proc = subprocess.run([sys.executable, "-m", "attnbench.runner.executors.worker"], input=payload, text=True,
-                                  capture_output=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        return self._read(timeout_s)
+
+    def probe(self) -> dict:
+        """What the worker finds inside itself (see the worker module): for tests and ``--json`` reports."""
+        answer = self.request({"probe": True}, STARTUP_TIMEOUT_S)
+        if not isinstance(answer, dict):
+            raise AttnbenchError(f"the measuring worker did not answer a probe: {self.death()}")
+        return answer["probe"]
+
+    def death(self) -> str:
+        """Why the worker is gone: the signal or exit code and the last lines it wrote to stderr."""
+        try:
+            code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            row = empty_row(cell, run_id)
-            row.update(status="timeout", error=f"cell exceeded its timeout of {settings.cell_timeout_s:g} s; "
-                                               "the worker process was killed", worker="subprocess")
-            return row
-        if proc.returncode == 0 and out.is_file():
-            return normalise_row(json.loads(out.read_text()))
-        row = empty_row(cell, run_id)
-        if proc.returncode < 0:
-            try:
-                sig = signal.Signals(-proc.returncode).name
-            except ValueError:
-                sig = f"signal {-proc.returncode}"
-            why = f"worker process died with {sig}"
-        else:
-            why = f"worker process exited with code {proc.returncode}"
-        tail = (proc.stderr or "").strip().splitlines()[-3:]
-        row.update(status="error", error=why + (": " + " | ".join(tail) if tail else ""), worker="subprocess")
-        return row
+            return "worker process stopped answering"
+        self._stderr.seek(0)
+        tail = self._stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+        return _signal_text(code) + (": " + " | ".join(tail) if tail else "")
+
+    def suspend(self) -> None:
+        """Stop the process (``SIGSTOP``) while another one measures: its OpenMP threads may be spinning."""
+        if not self.stopped and hasattr(signal, "SIGSTOP") and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def resume(self) -> None:
+        if self.stopped and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def close(self) -> None:
+        """End the process (end of input; killed if it does not leave promptly)."""
+        self.resume()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self._stderr.close()
 
 
-class _SerialExecutor:
-    """Cells one after another; each becomes a row through ``run_one(cell, settings, run_id)``."""
+def resolvable(name: str, names: Iterable[str]) -> bool:
+    """Can a fresh process resolve the implementation ``name``? (Not one registered in this process only.)"""
+    if name.startswith("compiled:"):
+        return resolvable(name[len("compiled:"):].partition("@")[0], names)
+    return ":" in name or name in set(names)
 
-    name = "serial"
-    run_one: Callable[[Cell, Settings, str], dict]
+
+class WorkerExecutor:
+    """Cells in measuring worker processes under a controlled CPU environment (see the module docstring)."""
+
+    name = "workers"
 
     def __init__(self, settings: Settings, run_id: str):
         self.settings, self.run_id = settings, run_id
+        self.env = cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, settings.threads)
+        self.env_vars = cpu_env.process_env(self.env)  # a missing library fails here, before anything runs
+        self.workers: dict[int, WorkerProcess] = {}
+        self.reports: list[dict] = []  # what each worker found in itself
+        # (device, dtype) -> GFLOP/s measured by the first ok cell, passed on so that later workers
+        # (a fresh one per cell with isolate, or per process) do not measure it again
+        self.peaks: dict[tuple[str, str], float] = {}
+        self._warned = False
 
-    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
+    def _start(self, process: int) -> WorkerProcess:
+        label = "subprocess" if self.settings.isolate else f"process{process}"
+        worker = WorkerProcess(self.env_vars, label)
+        info = {k: worker.info[k] for k in ("cpu_allocator", "cpu_binding", "cpu_affinity", "threads")}
+        if info not in self.reports:
+            self.reports.append(info)
+        if not self._warned:
+            self._warned = True
+            cpu_env.warn_unpinned(self.env, worker.info)
+        return worker
+
+    def _worker(self, process: int) -> WorkerProcess:
+        for p, other in self.workers.items():
+            if p != process:
+                other.suspend()
+        worker = self.workers.get(process)
+        if worker is None or worker.proc.poll() is not None:
+            worker = self.workers[process] = self._start(process)
+        return worker
+
+    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None,
+                process: int = 0) -> None:
         for cell in cells:
             if on_start:
                 on_start(cell)
-            on_row(cell, self.run_one(cell, self.settings, self.run_id))
+            on_row(cell, self.run_one(cell, process))
 
-
-class LocalExecutor(_SerialExecutor):
-    """Cells one after another in this process (timeouts interrupt Python-level hangs only)."""
-
-    name = "local"
-    run_one = staticmethod(run_cell)
-
-
-class SubprocessExecutor(_SerialExecutor):
-    """Each cell in a fresh ``python -m attnbench.runner.executors.worker`` process.
-
-    A crash (segfault, abort, os._exit) becomes an ``error`` row naming the signal or exit code; a
-    cell past ``cell_timeout_s`` is killed and becomes a ``timeout`` row. Costs one interpreter and
-    torch import per cell (about two seconds).
-    """
-
-    name = "subprocess"
-
-    def __init__(self, settings: Settings, run_id: str):
-        super().__init__(settings, run_id)
-        self.peaks: dict[tuple[str, str], float] = {}  # (device, dtype) -> GFLOP/s, measured by the first ok cell
-
-    def run_one(self, cell: Cell, settings: Settings, run_id: str) -> dict:
-        """One cell in a fresh process; the peak GFLOP/s is measured once per run and device/dtype, then passed on."""
+    def run_one(self, cell: Cell, process: int = 0) -> dict:
+        """Measure ``cell`` in worker ``process`` (a fresh one with ``isolate``) and return its row."""
+        worker = self._worker(process)
+        if not resolvable(cell.impl, worker.info["names"]):
+            return self._in_this_process(cell)
+        deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
         key = (cell.device, cell.dtype)
-        row = run_in_subprocess(cell, settings, run_id, peak_gflops_per_s=self.peaks.get(key))
-        peak = row.get("peak_gflops_per_s")
-        if key not in self.peaks and isinstance(peak, float) and math.isfinite(peak) and peak > 0:
-            self.peaks[key] = peak
+        answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id,
+                                 "peak_gflops_per_s": self.peaks.get(key)}, deadline)
+        if isinstance(answer, dict) and "row" in answer:
+            row = normalise_row(answer["row"])
+            peak = row.get("peak_gflops_per_s")
+            if key not in self.peaks and isinstance(peak, float) and math.isfinite(peak) and peak > 0:
+                self.peaks[key] = peak
+            if self.settings.isolate:
+                self._drop(process)
+            return row
+        row = empty_row(cell, self.run_id)
+        row.update(worker=f"{worker.label} pid{worker.pid}", cpu_allocator=worker.info["cpu_allocator"],
+                   cpu_binding=worker.info["cpu_binding"], cpu_affinity=worker.info["cpu_affinity"])
+        if isinstance(answer, _Timeout):
+            worker.proc.kill()
+            row.update(status="timeout", error=f"cell exceeded its timeout of {self.settings.cell_timeout_s:g} s and "
+                                               "did not stop (stuck in native code?); the worker process was killed")
+        else:
+            row.update(status="error", error=worker.death())
+        self._drop(process)
         return row
+
+    def _in_this_process(self, cell: Cell) -> dict:
+        """A cell of an implementation registered in this process only: a worker cannot build it."""
+        if self.env.allocator == "pinned":
+            cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
+        row = run_cell(cell, self.settings, self.run_id)
+        row.update(cpu_env.describe(torch_loaded_before_env=True))
+        note = ("measured in the calling process (the implementation is registered there only), outside the "
+                "controlled CPU environment")
+        row["notes"] = "; ".join(n for n in (row.get("notes"), note) if n)
+        return row
+
+    def _drop(self, process: int) -> None:
+        worker = self.workers.pop(process, None)
+        if worker is not None:
+            worker.close()
+
+    def close(self) -> None:
+        """End every worker process."""
+        for p in list(self.workers):
+            self._drop(p)
+
+    def environment(self) -> list[dict]:
+        """What the workers found in themselves (distinct reports): for ``meta.json``."""
+        return list(self.reports)
+

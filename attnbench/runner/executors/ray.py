@@ -41,6 +41,7 @@ import ray
 import ray.exceptions
 
 from attnbench.errors import AttnbenchError
+from attnbench.measure import cpu_env
 from attnbench.results.schema import Cell, empty_row
 from attnbench.runner.sweep import Settings
 
@@ -194,6 +195,10 @@ def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
     with contextlib.suppress(Exception):  # built-ins and the plug-in; run_cell reports a failure as the row
         registry.get(cell.impl)
     torch.set_num_threads(settings.threads or torch_default_threads())
+    if settings.cpu_allocator == "pinned":
+        cpu_env.pin_glibc_malloc()  # the task's runtime_env set it at the worker's start too
+    a = torch.randn(256, 256)
+    (a @ a).sum().item()  # the OpenMP threads exist and are placed before describe()
     node_id = ray.get_runtime_context().get_node_id()
     gpus = [str(g) for g in ray.get_gpu_ids()] if cell.device.startswith("cuda") else []
     if _NODE_ENV is None:
@@ -215,6 +220,7 @@ def _measure(cell: Cell, settings: Settings, run_id: str, info: dict) -> dict:
     if cell.device.startswith("cuda:"):  # the task sees only the GPU Ray gave it, as cuda:0
         target = dataclasses.replace(cell, device="cuda")
     row = run_cell(target, settings, run_id)
+    row.update(cpu_env.describe())
     if target is not cell:
         row.update(device=cell.device, cell_id=cell.cell_id)
         _add_note(row, f"ray ran {cell.device} on the GPU it assigned (GPU {','.join(info['gpus'])} of {info['host']})")
@@ -301,6 +307,10 @@ class RayExecutor:
         self.settings, self.run_id, self.address = settings, run_id, address
         self.kill_grace_s = kill_grace_s
         self._nodes: dict[str, dict] = {}
+        # The measuring environment goes into the environment each worker process starts with (a Ray worker
+        # keeps one runtime_env for life). A preloaded allocator must be at the same path on every node.
+        self.env_vars = cpu_env.process_env(cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, settings.threads),
+                                            base={})
 
     def node_environments(self) -> list[dict]:
         """One ``attnbench.environment.collect()`` dict per node that ran cells (plus its Ray node id and IP)."""
@@ -336,12 +346,13 @@ class RayExecutor:
         streaming = not _client_mode()
         cwd = os.getcwd()
         jobs: dict = {}
+        env_vars = self.env_vars
 
         def submit(cell: Cell, attempt: int = 1, retry_note: str = "") -> None:
             cuda = cell.device.startswith("cuda")
             task = _TASKS[("cuda" if cuda else "cpu", streaming)]
-            ref = task.options(resources={CPU_SLOT: GPU_CELL_SLOT if cuda else 1}).remote(
-                cell, self.settings, self.run_id, cwd)
+            ref = task.options(resources={CPU_SLOT: GPU_CELL_SLOT if cuda else 1},
+                               runtime_env={"env_vars": env_vars}).remote(cell, self.settings, self.run_id, cwd)
             jobs[ref] = _Job(cell, ref, attempt, retry_note=retry_note)
 
         for cell in cells:

@@ -1,33 +1,91 @@
-"""``python -m attnbench.runner.executors.worker``: run one cell from a JSON payload on stdin, write its row as JSON.
+"""``python -m attnbench.runner.executors.worker``: a measuring process that serves cells, one JSON line each.
 
-Used by ``--isolate`` so that a crashing implementation takes down only this process.
+Started by :class:`attnbench.runner.executors.local.WorkerProcess` with the controlled CPU environment
+(:mod:`attnbench.measure.cpu_env`) already in its environment variables, so glibc reads it at exec and
+OpenMP when torch loads (importing the package does). It pins glibc's malloc again with ``mallopt``,
+starts torch's threads once, says it is ready (with what :func:`~attnbench.measure.cpu_env.describe` found), then answers
+each request line on stdin with one line on its protocol pipe:
+
+* ``{"cell": ..., "settings": ..., "run_id": ..., "peak_gflops_per_s": ...}`` -> ``{"row": {...}}`` (:func:`run_cell`'s row plus the
+  ``cpu_*`` columns; NaN travels as JSON's ``NaN``);
+* ``{"probe": true}`` -> ``{"probe": {...}}``: the environment as seen from inside (the OpenMP variables,
+  each thread's CPUs, whether a large malloc is mmapped).
+
+The protocol pipe is the original stdout; fd 1 is pointed at stderr, so whatever an implementation
+prints (from Python or C) cannot corrupt it. End of input ends the process.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import os
 import sys
 
-from attnbench.results.schema import Cell
-from attnbench.runner.cell import run_cell
-from attnbench.runner.sweep import Settings
+
+def _prepare(cell, peak_known: bool) -> None:
+    """Once-per-process costs, paid before the cell's clock (``cell_timeout_s``) starts, as on Ray: the
+    implementation's import and, unless the runner passed it on, the machine's peak GFLOP/s for the
+    cell's device and dtype (cached)."""
+    import contextlib
+
+    from attnbench import registry
+    from attnbench.measure import peak_gflops
+
+    with contextlib.suppress(Exception):  # run_cell reports any failure as the cell's row
+        registry.get(cell.impl)
+        if cell.impl.startswith("compiled:"):
+            import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
+        if not peak_known:
+            peak_gflops(cell.device, cell.dtype)
 
 
-def _jsonable(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
+def _serve(label: str) -> None:
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # prints of implementations go to stderr
+    from attnbench.measure import cpu_env
 
+    if os.environ.get("ATTNBENCH_CPU_ALLOCATOR") == "pinned":
+        cpu_env.pin_glibc_malloc()  # before any cell allocates (the environment did it at exec already)
+    import torch
 
-def main() -> None:
-    payload = json.loads(sys.stdin.read())
-    row = run_cell(Cell(**payload["cell"]), Settings(**payload["settings"]), payload["run_id"],
-                   peak_gflops_per_s=payload.get("peak_gflops_per_s"))
-    row["worker"] = f"subprocess {row.get('worker', '')}".strip()
-    with open(payload["out"], "w") as f:
-        json.dump({k: _jsonable(v) for k, v in row.items()}, f)
+    from attnbench import registry
+    from attnbench.measure import peak_memory
+    from attnbench.results.schema import Cell
+    from attnbench.runner import workload  # noqa: F401  (what run_cell imports on its first call)
+    from attnbench.runner.cell import run_cell
+    from attnbench.runner.sweep import Settings
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
+    if threads:
+        torch.set_num_threads(threads)
+    a = torch.randn(256, 256)
+    (a @ a).sum().item()  # one parallel region: the OpenMP threads exist and are placed before describe()
+    # The profiler (peak memory) imports seconds of modules on first use: here, not inside the first cell's clock.
+    peak_memory(lambda: a @ a, torch.device("cpu"))
+    described = cpu_env.describe()
+    worker = f"{label} pid{os.getpid()}"
+
+    def send(message: dict) -> None:
+        proto.write(json.dumps(message) + "\n")
+
+    send({"ready": {**described, "pid": os.getpid(), "threads": torch.get_num_threads(), "names": registry.names()}})
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("probe"):
+            send({"probe": {**described, "threads": torch.get_num_threads(),
+                            "thread_cpus": cpu_env.thread_affinities(),
+                            "large_malloc_mmapped": cpu_env.large_malloc_is_mmapped(),
+                            "env": {k: os.environ.get(k) for k in (*cpu_env.OMP_BINDING, "OMP_NUM_THREADS",
+                                                                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                                                   "LD_PRELOAD")}}})
+            continue
+        cell = Cell(**request["cell"])
+        peak = request.get("peak_gflops_per_s")
+        _prepare(cell, peak is not None)
+        row = run_cell(cell, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak)
+        row.update(described, worker=worker)
+        send({"row": row})
 
 
 if __name__ == "__main__":
-    main()
+    _serve(sys.argv[1] if len(sys.argv) > 1 else "worker")
