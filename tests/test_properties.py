@@ -157,6 +157,9 @@ def test_no_false_alarm_over_20_seeds(repo_cwd):
     (On CUDA, tests/test_check.py::test_builtin_passes_matrix_on_cuda runs these property kinds too.)"""
     impls = correct_implementations("cpu")
     assert len(impls) > len(registry.available("cpu"))  # the plug-ins were found
+    # FlexAttention is left to `python -m attnbench.tools.false_alarms` (every implementation): eager flex
+    # takes about half of this test's time on 2 cores, and the properties judge its outputs like any other's.
+    impls = [i for i in impls if not i.startswith("flex")]
     bad = false_alarms(impls, range(20))
     assert bad.empty, "\n".join(f"seed {r.seed}: {r.impl} {r.kind} {r.dtype}: {r.message}" for r in bad.itertuples())
 

@@ -70,7 +70,7 @@ def agreement(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, dict]:
                      "unstable_runs": int((g.get("stability", pd.Series(dtype=str)).astype(str) == "unstable").sum())})
     cells = pd.DataFrame(rows)
     pairs, agreeing = 0, 0
-    for _, conf in ok.groupby(CONFIG, sort=False):
+    for _, conf in ok.groupby(CONFIG, sort=False, dropna=False):  # window is NaN for full attention
         per_run = conf.pivot_table(index="run", columns="impl", values="median_s")
         for a, b in itertools.combinations(per_run.columns, 2):
             signs = np.sign((per_run[a] - per_run[b]).dropna().to_numpy())
