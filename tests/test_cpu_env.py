@@ -87,6 +87,22 @@ def test_settings_are_recorded_in_meta_and_rows(tmp_path):
     assert meta["cpu_env"]["allocator"] == "pinned" and meta["cpu_env"]["omp"] == cpu_env.OMP_BINDING
     assert meta["cpu_env"]["processes"] == 1
     assert meta["cpu_env"]["measured"][0]["cpu_allocator"] == row.cpu_allocator
+    # no --threads: the controlled environment measures with every usable core but one
+    assert row.threads == cpu_env.default_threads() and meta["sweep"]["settings"]["threads"] == row.threads
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [({0}, 1), ({0, 1}, 1), (set(range(16)), 15)])
+def test_default_threads_leave_one_core(monkeypatch, cpus, threads):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus, raising=False)
+    assert cpu_env.default_threads() == threads
+
+
+def test_given_threads_and_unbound_runs_keep_their_thread_count(tmp_path):
+    given = attnbench.run(impl=["sdpa"], out=tmp_path / "given", settings={**FAST, "threads": 2}, **TINY)
+    assert given.iloc[0].threads == 2
+    unbound = attnbench.run(impl=["sdpa"], out=tmp_path / "unbound", settings={**FAST, "cpu_bind": False}, **TINY)
+    meta = json.loads((Path(unbound.attrs["run_dir"]) / "meta.json").read_text())
+    assert meta["sweep"]["settings"]["threads"] is None  # torch's own default, whatever it is here
 
 
 def test_two_processes_are_interleaved_and_grouped(tmp_path):

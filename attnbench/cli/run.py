@@ -58,7 +58,8 @@ def summary_table(df, title: str) -> Table:
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
 @click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
 @click.option("--target-ci", "target_rel_ci", type=float, help="Stop sampling when the median's CI half-width is below this fraction.")
-@click.option("--threads", type=int, help="torch.set_num_threads for the run (recorded per row).")
+@click.option("--threads", type=int, help="torch.set_num_threads for CPU cells (recorded per row); default with the "
+              "controlled environment: every usable core but one.")
 @click.option("--rounds", type=int, help="Measure every cell this many times, shuffled each round, pooling the samples.")
 @click.option("--processes", type=int, help="Measuring worker processes (fresh, interleaved); every cell is measured "
                                             "--rounds times in each. Default 1.")

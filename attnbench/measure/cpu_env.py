@@ -183,6 +183,21 @@ def _mapped_allocator() -> str | None:
     return None
 
 
+def default_threads() -> int:
+    """Measuring threads when ``--threads`` is not given under the controlled environment: every usable core but one.
+
+    The spare core takes the driver, the OS and whatever else runs, so that they do not preempt one of the
+    OpenMP threads in the middle of a parallel region (which stalls all of them until it runs again). On the
+    2-vCPU VM this project is developed on, 2 threads drifted 1.23x worst / 1.14x mean between runs of one cell,
+    1 thread 1.08x / 1.035x (``python -m attnbench.tools.reproducibility``; README, "How trustworthy").
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, n - 1)
+
+
 def _cpu_list(cpus) -> str:
     """``{0, 1, 2, 5}`` -> ``"0-2,5"``."""
     cpus = sorted(cpus)

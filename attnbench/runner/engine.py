@@ -17,7 +17,7 @@ import pandas as pd
 from attnbench import environment, registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
-from attnbench.measure.cpu_env import OMP_BINDING, PINNED_THRESHOLD_BYTES, check_allocator
+from attnbench.measure.cpu_env import OMP_BINDING, PINNED_THRESHOLD_BYTES, check_allocator, default_threads
 from attnbench.results.schema import AXES, INT_AXES, Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
 from attnbench.runner.cell import merge_rounds, torch_threads
@@ -169,6 +169,10 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
             sweep = make_sweep(preset=preset, file=file, settings=settings, executor=executor, **axes)
         elif settings:
             sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
+        if (sweep.settings.threads is None and sweep.settings.cpu_bind and executor == "local"
+                and any(parse_device_type(d) == "cpu" for d in sweep.device)):
+            # the controlled environment leaves one core to the driver and the OS (cpu_env.default_threads)
+            sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, threads=default_threads()))
         meta = environment.collect(argv)
         meta["sweep"] = sweep_to_dict(sweep)
         meta["executor"] = executor
