@@ -164,7 +164,8 @@ def torch_default_threads() -> int:
     """The intra-op thread count torch picks by itself (physical cores, else logical CPUs).
 
     Ray sets ``OMP_NUM_THREADS`` to a task's CPU request (1) in its workers; a CPU cell holds the
-    whole node, so it gets the count a local run would use, unless ``--threads`` says otherwise.
+    whole node, so it gets the count a local run would use, unless ``--threads`` says otherwise (this count
+    without the controlled environment, :func:`attnbench.measure.cpu_env.default_threads` with it).
     """
     logical = os.cpu_count() or 1
     cores = set()
@@ -194,7 +195,8 @@ def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
         import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
     with contextlib.suppress(Exception):  # built-ins and the plug-in; run_cell reports a failure as the row
         registry.get(cell.impl)
-    torch.set_num_threads(settings.threads or torch_default_threads())
+    # as a local run: --threads, else every usable core of this node but one under the controlled environment
+    torch.set_num_threads(settings.threads or (cpu_env.default_threads() if settings.cpu_bind else torch_default_threads()))
     if settings.cpu_allocator == "pinned":
         cpu_env.pin_glibc_malloc()  # the task's runtime_env set it at the worker's start too
     a = torch.randn(256, 256)
