@@ -66,3 +66,10 @@ def _restore_torch_threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _private_drift_calibration(tmp_path_factory, monkeypatch):
+    """No test reads or writes this machine's drift calibration (~/.cache/attnbench/drift.json): each sees an
+    empty file of its own, so runs use the documented default (attnbench.measure.drift)."""
+    monkeypatch.setenv("ATTNBENCH_DRIFT_FILE", str(tmp_path_factory.mktemp("drift") / "drift.json"))

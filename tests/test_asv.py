@@ -110,6 +110,38 @@ def test_parse_compare_reads_marks_and_higher_is_better():
     assert "time_step('x', 1)" not in shown and "time_step('y', 1)" in shown
 
 
+def test_a_timed_slowdown_fails_the_gate_only_if_the_confirmation_finds_it_again():
+    from attnbench.tools.asv_gate import GateResult, confirm_regressions, report
+
+    first = [
+        "| +        | 1.00±0.01ms         | 3.00±0.01ms        |    3.00 | b.A.time_step('w', 1)     |",
+        "| +        | 1.00±0.01ms         | 1.50±0.50ms        |    1.50 | b.A.time_step('u', 1)     |",
+        "| !        | 1.00±0.01ms         | failed             |     n/a | b.A.time_step('v', 1)     |",
+    ]
+    again = textwrap.dedent("""
+        Benchmarks that have got worse:
+
+        | Change   | Before [aaaa] <a>   | After [bbbb] <b>   |   Ratio | Benchmark (Parameter)     |
+        |----------|---------------------|--------------------|---------|---------------------------|
+        | +        | 1.00±0.01ms         | 3.01±0.01ms        |    3.01 | b.A.time_step('w', 1)     |
+
+        Benchmarks that have stayed the same:
+
+        | Change   | Before [aaaa] <a>   | After [bbbb] <b>   |   Ratio | Benchmark (Parameter)     |
+        |----------|---------------------|--------------------|---------|---------------------------|
+        |          | 1.00±0.01ms         | 1.01±0.01ms        |    1.01 | b.A.time_step('u', 1)     |
+        """)
+    still, unconfirmed = confirm_regressions(first, again)
+    assert still == [first[0], first[2]]  # slower again; newly failing needs no confirmation
+    assert unconfirmed == [first[1]]  # a burst of load in the first pass
+    lines: list[str] = []
+    code = report(GateResult("a" * 40, "b" * 40, "", still, [], [], unconfirmed), 1.2, log=lines.append)
+    assert code == 1 and any("not when measured again" in line for line in lines)
+    lines.clear()
+    assert report(GateResult("a" * 40, "b" * 40, "", [], [], [], unconfirmed), 1.2, log=lines.append) == 0
+    assert any("time_step('u', 1)" in line for line in lines) and any("gate: OK" in line for line in lines)
+
+
 @pytest.mark.slow
 def test_asv_run_exits_nonzero_when_a_benchmark_fails(tmp_path):
     """What the CI smoke relies on: `asv run --quick --dry-run` exits 2 when any benchmark (or parameter) fails."""

@@ -16,12 +16,14 @@ from attnbench.cli.app import cli
               help="Ratio beyond which a significant change counts as a regression.")
 @click.option("--bench", "-b", "bench", multiple=True, help="asv benchmark regex (repeatable); default all.")
 @click.option("--rounds", type=int, default=2, show_default=True, help="Alternating BASE/HEAD asv runs per commit.")
+@click.option("--confirm", type=int, default=2, show_default=True,
+              help="Fresh alternating runs that must show a timed slowdown again before it fails the gate (0: none).")
 @click.option("--python", default=None, help="The environment's interpreter (default: this one).")
 @click.option("--repo", default=".", show_default=True, help="The git repository.")
 @click.option("--config", default=None, help="asv config (default: REPO/asv.conf.json).")
 @click.option("--keep", metavar="DIR", default=None, help="Copy asv's results to DIR/results.")
 @click.option("--show-stderr", is_flag=True, help="Pass --show-stderr to asv run.")
-def asv_compare_cmd(base, head, factor, bench, rounds, python, repo, config, keep, show_stderr) -> None:
+def asv_compare_cmd(base, head, factor, bench, rounds, confirm, python, repo, config, keep, show_stderr) -> None:
     """Benchmark BASE and HEAD with asv and exit 1 on a significant slowdown beyond --factor.
 
     Each commit is installed into a private folder (pip --target) that only asv's processes see, so
@@ -29,8 +31,8 @@ def asv_compare_cmd(base, head, factor, bench, rounds, python, repo, config, kee
     """
     from attnbench.tools.asv_gate import report, run_gate
 
-    result = run_gate(base, head, repo=repo, factor=factor, bench=list(bench) or None, rounds=rounds, python=python,
-                      config=config, keep=keep, show_stderr=show_stderr)
+    result = run_gate(base, head, repo=repo, factor=factor, bench=list(bench) or None, rounds=rounds, confirm=confirm,
+                      python=python, config=config, keep=keep, show_stderr=show_stderr)
     sys.stdout.flush()
     code = report(result, factor)
     if code:

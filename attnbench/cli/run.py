@@ -67,6 +67,9 @@ def summary_table(df, title: str) -> Table:
               "glibc's mmap/trim thresholds fixed), system (glibc as is), jemalloc, tcmalloc (preloaded).")
 @click.option("--no-cpu-bind", "no_cpu_bind", is_flag=True, default=None,
               help="Do not bind OpenMP threads to cores (OMP_PROC_BIND/OMP_PLACES/OMP_WAIT_POLICY) in measuring processes.")
+@click.option("--drift", "drift", metavar="auto|FRACTION",
+              help="Between-run term added to every CI (log-scale SD; 0.02 = 2%, 0 = off). Default auto: this "
+              "machine's calibration (python -m attnbench.tools.reproducibility --calibrate), else the CPU default.")
 @click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
 @click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
@@ -80,7 +83,7 @@ def summary_table(df, title: str) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
             cache, out, resume,
-            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind,
+            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift,
             cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
@@ -98,7 +101,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
 
     quiet = quiet or as_json
     settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
-                                       processes=processes, cpu_allocator=cpu_allocator,
+                                       processes=processes, cpu_allocator=cpu_allocator, drift=_drift(drift),
                                        cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
                                        isolate=isolate, cuda_graph=cuda_graph).items()
                 if v is not None}
@@ -163,14 +166,39 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         if report_path:
             console.print(f"report:  {report_path}", markup=False)
         _warn_if_busy(run_dir)
-        noisy = df[(df.status == "ok") & (df.ci_rel > 0.05)]
+        within = df.ci_within_rel.where(df.ci_within_rel.notna(), df.ci_rel)  # the run's own noise, before drift
+        noisy = df[(df.status == "ok") & (within > 0.05)]
         if len(noisy):
-            console.print(f"note: {len(noisy)} cell(s) have a CI wider than ±5% of the median (noisy machine?)")
+            console.print(f"note: {len(noisy)} cell(s) have a within-run CI wider than ±5% of the median (noisy machine?)")
+        _print_drift(run_dir)
         _print_unstable(df)
     if df.attrs["interrupted"]:
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
         sys.exit(130)
+
+
+def _drift(value: str | None) -> float | None:
+    """``--drift``: None for auto, else a fraction (``0.02`` or ``2%``); nonsense is a usage error (exit 2)."""
+    if value is None or value.strip().lower() == "auto":
+        return None
+    text = value.strip()
+    try:
+        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither auto nor a fraction like 0.02 or 2%", param_hint="--drift") from None
+    if not 0 <= number < 1:
+        raise click.BadParameter(f"must be a fraction in [0, 1) (0.02 or 2%), got {value!r}", param_hint="--drift")
+    return number
+
+
+def _print_drift(run_dir: Path) -> None:
+    """One line per device type: the between-run term in the CIs and where it came from."""
+    from attnbench.results.store import read_meta
+
+    for device_type, d in (read_meta(run_dir).get("drift") or {}).items():
+        console.print(f"CIs on {device_type} include a between-run term of ±{100 * d['rel']:.1f}% (1 SD): {d['source']}",
+                      markup=False)
 
 
 def _print_unstable(df) -> None:

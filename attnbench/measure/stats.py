@@ -59,10 +59,35 @@ def _as_groups(groups: Sequence[Sequence[float]]) -> list[np.ndarray]:
     return [g for g in out if len(g)]
 
 
+def group_median(groups: Sequence[Sequence[float]]) -> float:
+    """The median of the samples with every group weighted equally (each sample ``1 / len(its group)``).
+
+    The sampler keeps sampling a noisy round until its CI is tight enough or the budget runs out, so a
+    round disturbed by other load has many more samples than a quiet one; pooled as they are, the disturbed
+    round would decide the median (seen here: one slow round of 120 samples against two of 10). Weighted
+    by group, every round and process counts once. One group: its plain median.
+    """
+    gs = _as_groups(groups)
+    if not gs:
+        return math.nan
+    if len(gs) == 1:
+        return float(np.median(gs[0]))
+    x = np.concatenate(gs)
+    w = np.concatenate([np.full(len(g), 1.0 / len(g)) for g in gs])
+    order = np.argsort(x, kind="stable")
+    x, cum = x[order], np.cumsum(w[order])
+    half = cum[-1] / 2
+    i = int(np.searchsorted(cum, half - 1e-12 * cum[-1]))
+    if abs(cum[i] - half) <= 1e-12 * cum[-1] and i + 1 < len(x):  # exactly half the weight below: midpoint
+        return float((x[i] + x[i + 1]) / 2)
+    return float(x[i])
+
+
 def bootstrap_medians(groups: Sequence[Sequence[float]], resamples: int = 2000,
                       rng: np.random.Generator | int | None = 0) -> np.ndarray:
-    """Medians of ``resamples`` hierarchical bootstrap resamples: groups drawn with replacement, then
-    samples with replacement within each drawn group, pooled.
+    """:func:`group_median` of ``resamples`` hierarchical bootstrap resamples: groups drawn with replacement,
+    then, within each drawn group, as many samples as the largest group has, drawn with replacement (so
+    every drawn group weighs the same, as in :func:`group_median`), pooled.
 
     A group is what was measured together (one round in one process). Resampling the groups first
     carries the variance *between* rounds and processes into the interval; resampling only pooled
@@ -85,15 +110,14 @@ def bootstrap_medians(groups: Sequence[Sequence[float]], resamples: int = 2000,
         picked = rng.integers(0, len(gs), size=(k, len(gs)))  # (k, G): which groups each resample draws
         n = sizes[picked][..., None]  # (k, G, 1)
         idx = (rng.random((k, len(gs), width)) * n).astype(np.int64)  # (k, G, width), < each group's size
-        values = padded[picked[..., None], idx]
-        values[np.arange(width) >= n] = np.nan  # a group contributes as many samples as it has
-        out[start:start + k] = np.nanmedian(values.reshape(k, -1), axis=1)
+        values = padded[picked[..., None], idx]  # every drawn group contributes `width` draws: equal weight
+        out[start:start + k] = np.median(values.reshape(k, -1), axis=1)
     return out
 
 
 def hierarchical_median_ci(groups: Sequence[Sequence[float]], confidence: float = 0.95, resamples: int = 2000,
                            seed: int = 0) -> tuple[float, float]:
-    """CI of the pooled median that includes the variance between groups (rounds, processes).
+    """CI of the :func:`group_median` that includes the variance between groups (rounds, processes).
 
     One group: the distribution-free interval of :func:`median_ci`. Several: the percentile interval of
     :func:`bootstrap_medians`, widened to contain the pooled samples' own :func:`median_ci` (never
@@ -189,15 +213,32 @@ def find_modes(groups: Sequence[Sequence[float]], confidence: float = 0.95) -> M
 
 
 def summarize_groups(groups: Sequence[Sequence[float]], confidence: float = 0.95,
-                     seed: int = 0) -> tuple[dict[str, float], Modes | None]:
-    """:func:`summarize` of the pooled samples with the hierarchical CI, and the modes if unstable."""
+                     seed: int = 0, drift: float = 0.0) -> tuple[dict[str, float], Modes | None]:
+    """:func:`summarize` of the pooled samples with, for several groups, the :func:`group_median` as
+    ``median_s`` and the hierarchical CI; and the modes if unstable.
+
+    ``drift`` is the between-run term (:mod:`attnbench.measure.drift`): the CI is widened by it, and the
+    result also carries ``ci_within_rel`` (the CI this run alone supports) and ``drift_rel``.
+    """
+    from attnbench.measure.drift import widen
+
     gs = _as_groups(groups)
     pooled = np.concatenate(gs) if gs else np.array([])
     out = summarize(pooled, confidence)
     if len(gs) >= 2:
         # 2000 resamples, fewer for tens of thousands of samples (tiny cells): the driver's time, not the CI's
-        resamples = int(min(2000, max(500, 2e7 // max(len(pooled), 1))))
+        resamples = int(min(2000, max(500, 2e7 // max(len(gs) * max(len(g) for g in gs), 1))))
         lo, hi = hierarchical_median_ci(gs, confidence, resamples=resamples, seed=seed)
-        out.update(ci_low_s=lo, ci_high_s=hi, ci_rel=float((hi - lo) / 2 / out["median_s"]) if out["median_s"] > 0
-                   else math.nan)
+        out["median_s"] = group_median(gs)
+        out.update(ci_low_s=min(lo, out["median_s"]), ci_high_s=max(hi, out["median_s"]))
+        out["ci_rel"] = _rel(out["ci_low_s"], out["ci_high_s"], out["median_s"])
+    out["ci_within_rel"] = out["ci_rel"]
+    out["drift_rel"] = float(drift)
+    if drift:
+        lo, hi = widen(out["median_s"], out["ci_low_s"], out["ci_high_s"], drift, confidence)
+        out.update(ci_low_s=lo, ci_high_s=hi, ci_rel=_rel(lo, hi, out["median_s"]))
     return out, find_modes(gs, confidence)
+
+
+def _rel(lo: float, hi: float, median: float) -> float:
+    return float((hi - lo) / 2 / median) if median > 0 else math.nan

@@ -58,10 +58,13 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     for col in INT_AXES:
         if col in df.columns:
             df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0).astype("int64")
-    for col in ("median_s", "iqr_s", "ci_low_s", "ci_high_s", "ci_rel", "peak_bytes", "gflops_per_s",
+    for col in ("median_s", "iqr_s", "ci_low_s", "ci_high_s", "ci_rel", "ci_within_rel", "peak_bytes", "gflops_per_s",
                 "peak_gflops_per_s", "frac_peak", "compile_s", "flops", "mean_s", "min_s", "max_s"):
         if col in df.columns:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    if "ci_rel" in df.columns:  # a run's own noise: its CI before the between-run term (older runs have only ci_rel)
+        within = df["ci_within_rel"] if "ci_within_rel" in df.columns else df["ci_rel"]
+        df["noise_rel"] = within.where(within.notna(), df["ci_rel"])
     if "samples_s" not in df.columns:
         df["samples_s"] = [[] for _ in range(len(df))]
     df["samples_s"] = df["samples_s"].apply(lambda v: [] if v is None or isinstance(v, str) else list(v))
@@ -205,7 +208,7 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
             cells = cells.sort_values("median_s")
             best = cells.iloc[0]
             notes = []
-            if best["ci_rel"] > NOISY_CI_REL:
+            if best["noise_rel"] > NOISY_CI_REL:
                 notes.append("noisy")
             if str(best.get("stability")) == "unstable":
                 notes.append("unstable")
@@ -350,16 +353,17 @@ def scaling(df: pd.DataFrame, column: str = "median_s", min_points: int = 3) -> 
 
 
 def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
-    """Successful cells whose median CI half-width exceeds ``limit`` of the median, or that were flagged
-    ``unstable`` (two modes; ``unstable`` holds the modes), noisiest first."""
+    """Successful cells whose within-run CI half-width (``noise_rel``: before the between-run term, which more
+    samples cannot shrink) exceeds ``limit`` of the median, or that were flagged ``unstable`` (two modes;
+    ``unstable`` holds the modes), noisiest first. ``ci`` is the reported CI, between-run term included."""
     ok = ok_rows(df)
     unstable = (ok["stability"].astype(str) == "unstable") if "stability" in ok else pd.Series(False, index=ok.index)
-    bad = ok[(ok["ci_rel"] > limit) | unstable].sort_values("ci_rel", ascending=False)
+    bad = ok[(ok["noise_rel"] > limit) | unstable].sort_values("noise_rel", ascending=False)
     return pd.DataFrame({
         "cell": [cell_label(r) for r in bad.itertuples()],
         "median": [fmt_time(v) for v in bad["median_s"]],
         "ci": [fmt_ci(lo, hi) for lo, hi in zip(bad["ci_low_s"], bad["ci_high_s"], strict=True)],
-        "ci_rel_pct": [f"±{100 * v:.1f}%" for v in bad["ci_rel"]],
+        "ci_rel_pct": [f"±{100 * v:.1f}%" for v in bad["noise_rel"]],
         "n": bad["n"].tolist() if "n" in bad else [],
         "unstable": [next((n for n in str(notes).split("; ") if n.startswith("unstable")), "") if flag else ""
                      for notes, flag in zip(bad["notes"], unstable[bad.index], strict=True)],

@@ -239,7 +239,7 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
                   for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
             ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], label=impl)
             ax.fill_between(r["seq_len"], lo, hi, color=st["color"], alpha=0.18, linewidth=0)
-            nz = r[r["ci_rel"] > an.NOISY_CI_REL]
+            nz = r[r["noise_rel"] > an.NOISY_CI_REL]
             if len(nz):
                 seen.marks.add("noisy")
                 ax.scatter(nz["seq_len"], nz["median_s"], s=110, facecolors="none", edgecolors="black",

@@ -94,7 +94,12 @@ def _env_value(value) -> str:
 def environment_rows(meta: dict, df: pd.DataFrame) -> list[tuple[str, str]]:
     """(label, value) pairs of the run's environment: the known keys first, then anything else in meta."""
     rows = [(label, _env_value(meta.get(key))) for key, label in ENV_KEYS if key in meta]
-    known = {k for k, _ in ENV_KEYS} | {"format"}
+    known = {k for k, _ in ENV_KEYS} | {"format", "drift"}
+    drift = meta.get("drift")
+    if isinstance(drift, dict) and drift:  # attnbench.measure.drift: what every CI of the run includes
+        rows.append(("between-run term in CIs (1 SD)", "; ".join(
+            f"{t}: ±{100 * float(d.get('rel', 0)):.1f}% ({d.get('source', '?')})" for t, d in drift.items()
+            if isinstance(d, dict))))
     for key, value in meta.items():
         if key not in known:
             text = value if isinstance(value, str) else json.dumps(value, default=str)

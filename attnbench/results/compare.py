@@ -4,7 +4,9 @@ Cells are matched on :data:`attnbench.results.schema.AXES`. For a cell timed suc
 effect is the ratio of medians ``B / A`` (> 1: B is slower), with a hierarchical bootstrap confidence
 interval and p-value: each run's raw per-call ``samples_s`` are resampled by their groups (rounds,
 processes: ``sample_groups``) first and within them second, the model of ``attnbench run``'s own CI,
-so drift between rounds and processes counts as uncertainty rather than as evidence. Seeded: the same
+so drift between rounds and processes counts as uncertainty rather than as evidence; and, as in that CI,
+the between-run term (``drift_rel``, :mod:`attnbench.measure.drift`) that two runs differ by even when
+nothing changed is added on the log scale (the larger of the two runs' values). Seeded: the same
 inputs give the same answer. A cell is a **significant slowdown** when
 ``p < alpha`` and the ratio exceeds ``1 + threshold`` and the interval's lower bound exceeds 1;
 ``attnbench compare`` exits 1 when any cell is one. Cells present in only one run, cells whose
@@ -22,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.errors import ResultsError
-from attnbench.measure.stats import bootstrap_medians
+from attnbench.measure.stats import bootstrap_medians, group_median
 from attnbench.results.schema import AXES, INT_AXES, fill_added_columns
 from attnbench.results.store import load_run
 
@@ -96,10 +98,21 @@ class CompareResult:
 # ---------------------------------------------------------------- statistics
 
 
-def _ratio_draws(a, b, resamples: int, seed: int) -> np.ndarray:
-    """Bootstrap draws of ``median(b) / median(a)``, each run resampled hierarchically on its own."""
+def _ratio_draws(a, b, resamples: int, seed: int, drift: float = 0.0) -> np.ndarray:
+    """Bootstrap draws of ``median(b) / median(a)``, each run resampled hierarchically on its own, times
+    ``exp(drift * Z)``: the between-run term (:mod:`attnbench.measure.drift`) that no resample of one run sees."""
     rng = np.random.default_rng(seed)
-    return bootstrap_medians(_groups_of(b), resamples, rng) / bootstrap_medians(_groups_of(a), resamples, rng)
+    draws = bootstrap_medians(_groups_of(b), resamples, rng) / bootstrap_medians(_groups_of(a), resamples, rng)
+    if drift:
+        draws = draws * np.exp(drift * rng.standard_normal(len(draws)))
+    return draws
+
+
+def _row_drift(ra: dict, rb: dict) -> float:
+    """The between-run term of a pair of rows: the larger of the two runs' ``drift_rel`` (0 for older runs)."""
+    values = [float(r.get("drift_rel")) for r in (ra, rb) if r.get("drift_rel") is not None]
+    values = [v for v in values if np.isfinite(v)]
+    return max(values, default=0.0)
 
 
 def _groups_of(x) -> list[np.ndarray]:
@@ -228,10 +241,10 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
                "p_value": float("nan"), "regression": False, "improvement": False, "change": "",
                "unstable": bool(unstable), "note": ""}
         if len(sa) >= 2 and len(sb) >= 2 and np.median(sa) > 0:
-            row["median_a"], row["median_b"] = float(np.median(sa)), float(np.median(sb))
+            row["median_a"], row["median_b"] = group_median(ga), group_median(gb)  # as `attnbench run` reports them
             row["ratio"] = row["median_b"] / row["median_a"]
             cell_seed = seed ^ zlib.crc32("|".join(map(str, key)).encode())
-            draws = _ratio_draws(ga, gb, resamples, cell_seed)
+            draws = _ratio_draws(ga, gb, resamples, cell_seed, _row_drift(ra, rb))
             lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
             row["ci_low"], row["ci_high"] = float(lo), float(hi)
             row["p_value"] = ratio_p_value(draws)

@@ -37,6 +37,8 @@ COLUMNS: dict[str, str] = {
     # timing (seconds per call)
     "median_s": "float64", "iqr_s": "float64", "mean_s": "float64", "std_s": "float64", "min_s": "float64",
     "max_s": "float64", "n": "int64", "ci_low_s": "float64", "ci_high_s": "float64", "ci_rel": "float64",
+    # the CI above = this run's own CI (ci_within_rel, relative half-width) widened by the between-run term
+    "ci_within_rel": "float64", "drift_rel": "float64",
     "calls_per_sample": "int64", "warmup_calls": "int64", "timer": "string", "samples_s": "object",
     # samples_s in groups (one per round and process, sizes in order) and whether they agree
     "sample_groups": "object", "stability": "string",
@@ -140,7 +142,7 @@ def fill_added_columns(df):
         df["window"] = float("nan")
     if "causal" not in df.columns:
         df["causal"] = True
-    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic"):
+    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel"):
         if name not in df.columns:
             df[name] = float("nan")
     return df

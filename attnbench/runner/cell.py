@@ -223,14 +223,17 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_pe
     row["notes"] = "; ".join(notes)
 
 
-def merge_rounds(rows: list[dict], processes: int = 1) -> dict:
+def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> dict:
     """One row from the rows of the same ok cell measured in several rounds (and processes): raw samples
     pooled, in groups (``sample_groups``) over which the CI is hierarchical; peak memory is the largest
     seen; compile time is the first round's. ``stability`` says whether the groups agree and the samples
-    have one mode (both modes go into ``notes`` when not). A single row only gets ``stability``."""
+    have one mode (both modes go into ``notes`` when not). A single row keeps its statistics and gets
+    ``stability``. Either way the CI is widened by the between-run term ``drift``
+    (:mod:`attnbench.measure.drift`; ``ci_within_rel`` keeps the CI before widening, ``drift_rel`` the term)."""
     merged = dict(rows[0])
     groups = [list(r["samples_s"]) for r in rows]
-    stats, modes = summarize_groups(groups, seed=zlib.crc32(str(merged.get("cell_id")).encode()))
+    stats, modes = summarize_groups(groups, seed=zlib.crc32(str(merged.get("cell_id")).encode()), drift=drift)
+    merged.update({k: stats[k] for k in ("ci_low_s", "ci_high_s", "ci_rel", "ci_within_rel", "drift_rel")})
     merged["sample_groups"] = [len(g) for g in groups]
     merged["stability"] = "unstable" if modes else "stable"
     notes = [modes.text()] if modes else []

@@ -17,6 +17,7 @@ import pandas as pd
 from attnbench import environment, registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
+from attnbench.measure import drift
 from attnbench.measure.cpu_env import OMP_BINDING, PINNED_THRESHOLD_BYTES, check_allocator, default_threads
 from attnbench.results.schema import AXES, INT_AXES, Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
@@ -121,6 +122,7 @@ def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str |
 def check_settings(settings: Settings, executor: str = "local") -> None:
     """One clear error for measurement settings that cannot work (before anything runs)."""
     check_allocator(settings.cpu_allocator)
+    drift.check_setting(settings.drift)
     if isinstance(settings.processes, bool) or not isinstance(settings.processes, int) or settings.processes < 1:
         raise SweepError(f"--processes must be a whole number >= 1, got {settings.processes!r}")
     if isinstance(settings.rounds, bool) or not isinstance(settings.rounds, int) or settings.rounds < 1:
@@ -191,6 +193,11 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     if resume is not None:
         run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
         store.meta["cpu_env"] = cpu_env_meta(sweep.settings)
+    # the between-run term of every CI, per device type (attnbench.measure.drift), decided once per run
+    drifts = {t: drift.resolve(sweep.settings.drift, t, sweep.settings.cpu_allocator)
+              for t in sorted({parse_device_type(d) for d in sweep.device})}
+    store.meta["drift"] = {t: d.as_meta() for t, d in drifts.items()}
+    store.write_meta()
     pending: dict[str, list[dict]] = {}  # ok rows of cells still owed more rounds
     finished: set[str] = set()
 
@@ -206,7 +213,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
                 if progress:
                     progress(counter["i"], total, cell, row)
                 return
-            row = merge_rounds(pending.pop(cell.cell_id), processes)
+            row = merge_rounds(pending.pop(cell.cell_id), processes, drifts[parse_device_type(cell.device)].rel)
         elif units > 1:  # a cell that fails in any round is recorded as it failed, and not run again
             earlier_ok = len(pending.pop(cell.cell_id, []))
             counter["i"] += units - earlier_ok - 1  # the rounds it will not run

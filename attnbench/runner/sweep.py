@@ -38,6 +38,7 @@ class Settings:
     processes: int = 1  # measuring worker processes; every cell is measured `rounds` times in each
     cpu_allocator: str = "pinned"  # pinned | system | jemalloc | tcmalloc (attnbench.measure.cpu_env)
     cpu_bind: bool = True  # OpenMP binding and wait policy in the measuring processes
+    drift: float | None = None  # between-run term added to every CI (None: calibrated or default; attnbench.measure.drift)
     seed: int = 0
     flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
 

@@ -18,7 +18,11 @@ with ``environment_type: existing`` the gate does it by hand:
    any benchmark is one when newly failing (``!``). ``track_*`` figures carry one number per run and
    no samples, so no test can tell a change from noise (GFLOP/s is time in disguise): the gate
    reports their changes (``track_gflops`` is higher-is-better, so its ``-`` is the worse one) but
-   does not fail on them.
+   does not fail on them;
+4. a timed benchmark found slower is measured again, on its own, in ``--confirm`` fresh alternating
+   rounds (new results): it fails the gate only if that comparison finds it slower too. A burst of load
+   from another process during the long first pass hits one side and does not repeat; a real slowdown
+   does. (asv's ``--bench`` regex matches ``name(param, ...)``, so exactly the flagged combinations rerun.)
 
 Every asv process measures under ``attnbench run``'s controlled CPU environment
 (:func:`attnbench.measure.cpu_env.process_env` with the ``pinned`` allocator and OpenMP binding),
@@ -74,6 +78,7 @@ class GateResult:
     regressions: list[str] = field(default_factory=list)
     reported: list[str] = field(default_factory=list)  # worse track_* figures: shown, not failing
     failed_runs: list[str] = field(default_factory=list)  # "sha: asv run exit 2" (some benchmarks failed)
+    unconfirmed: list[str] = field(default_factory=list)  # slower in the first pass only: not regressions
 
     @property
     def exit_code(self) -> int:
@@ -172,6 +177,14 @@ def _worse_rows(table: str) -> tuple[list[str], list[str]]:
     return bad, reported
 
 
+def confirm_regressions(regressions: list[str], again: str) -> tuple[list[str], list[str]]:
+    """``(regressions, unconfirmed)``: of the first pass's regression rows, the timed ones that the
+    confirmation table ``again`` does not find worse are unconfirmed; newly failing ones (``!``) stay."""
+    confirmed = {_cells(line)[-1] for line in _worse_rows(again)[0]}
+    unconfirmed = [line for line in regressions if _cells(line)[0] != "!" and _cells(line)[-1] not in confirmed]
+    return [line for line in regressions if line not in unconfirmed], unconfirmed
+
+
 def check_asv(python: str) -> None:
     """asv >= 0.6.5 must be importable by ``python`` (it applies ASV_PYTHONPATH to discovery as well)."""
     proc = _run([python, "-c", "import importlib.metadata as m; print(m.version('asv'))"], capture=True, check=False)
@@ -183,12 +196,14 @@ def check_asv(python: str) -> None:
 
 
 def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.2, bench: list[str] | None = None,
-             rounds: int = 2, python: str | None = None, config: str | Path | None = None,
+             rounds: int = 2, confirm: int = 2, python: str | None = None, config: str | Path | None = None,
              keep: str | Path | None = None, show_stderr: bool = False, log=_log) -> GateResult:
     """Benchmark ``base`` and ``head`` and compare them (see the module docstring)."""
     python = python or sys.executable
     if rounds < 1:
         raise GateError("--rounds must be at least 1")
+    if confirm < 0:
+        raise GateError("--confirm must be 0 (no confirmation) or more rounds")
     check_asv(python)
     repo = Path(_git(Path(repo).resolve(), "rev-parse", "--show-toplevel"))
     shas = {"base": resolve(repo, base), "head": resolve(repo, head)}
@@ -204,37 +219,57 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
             log(f"gate: installing {sha[:8]} into a private folder (pip --target)")
             sites[sha] = install_commit(python, export_commit(repo, sha, work / f"src-{sha[:12]}"),
                                         work / f"site-{sha[:12]}")
-        failed = []
-        for r in range(rounds):
-            for side in ("base", "head"):
-                sha = shas[side]
-                log(f"gate: round {r + 1}/{rounds}: asv run at {side} {sha[:8]}")
-                # asv strips PYTHONPATH from its benchmark processes; ASV_PYTHONPATH goes first on their sys.path
-                run_env = dict(env, ASV_PYTHONPATH=os.pathsep.join([str(sites[sha])] + (
-                    [os.environ["ASV_PYTHONPATH"]] if os.environ.get("ASV_PYTHONPATH") else [])))
-                cmd = [*asv, "run", f"--python={python}", "--set-commit-hash", sha, "--machine", MACHINE,
-                       "--record-samples", "-a", "rounds=1"]
-                if r or (side == "head" and shas["head"] == shas["base"]):
-                    cmd.append("--append-samples")
-                if show_stderr:
-                    cmd.append("--show-stderr")
-                for regex in bench or ():
-                    cmd += ["--bench", regex]
-                proc = _run(cmd, env=run_env, check=False)
-                if proc.returncode == 2:  # asv: some benchmarks failed; compare shows which ('!' at head)
-                    failed.append(f"{sha[:8]}: some benchmarks failed in round {r + 1}")
-                elif proc.returncode != 0:
-                    raise GateError(f"asv run at {sha[:8]} failed with exit status {proc.returncode} (the suite in "
-                                    f"{repo / 'benchmarks'} must import with that commit's attnbench)")
-        table = _run([*asv, "compare", shas["base"], shas["head"], "--factor", str(factor), "--split",
-                      "--machine", MACHINE], env=env, capture=True).stdout
+        failed: list[str] = []
+        table = _measure(asv, python, shas, sites, env, rounds, bench, show_stderr, factor, failed, log)
         regressions, reported = _worse_rows(table)
+        timed = [line for line in regressions if _cells(line)[0] != "!"]
+        if timed and confirm:
+            # a timed slowdown counts only if it shows again when measured afresh (new results, alternating):
+            # a burst of load from another process during the first pass does not repeat in the second
+            names = [_cells(line)[-1] for line in timed]
+            log(f"gate: {len(names)} timed benchmark(s) look slower; confirming with {confirm} fresh round(s) each")
+            (work / "confirm").mkdir()
+            conf2 = gate_config(repo, work / "confirm", Path(config).resolve() if config else None)
+            asv2 = [python, "-m", "asv", "--config", str(conf2)]
+            again = _measure(asv2, python, shas, sites, env, confirm, [f"^{re.escape(n)}$" for n in names],
+                             show_stderr, factor, failed, log, label="confirm")
+            regressions, unconfirmed = confirm_regressions(regressions, again)
+            table += "\n\nConfirmation (the slower timed benchmarks measured again):\n" + again
+            return GateResult(shas["base"], shas["head"], table, regressions, reported, failed, unconfirmed)
         return GateResult(shas["base"], shas["head"], table, regressions, reported, failed)
     finally:
         if keep and (work / "results").is_dir():
             shutil.copytree(work / "results", Path(keep) / "results", dirs_exist_ok=True)
             log(f"gate: asv results kept in {Path(keep) / 'results'}")
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(asv: list[str], python: str, shas: dict, sites: dict, env: dict, rounds: int, bench, show_stderr: bool,
+             factor: float, failed: list[str], log, label: str = "round") -> str:
+    """``rounds`` alternating asv runs of BASE and HEAD (samples appended), then ``asv compare``'s table."""
+    for r in range(rounds):
+        for side in ("base", "head"):
+            sha = shas[side]
+            log(f"gate: {label} {r + 1}/{rounds}: asv run at {side} {sha[:8]}")
+            # asv strips PYTHONPATH from its benchmark processes; ASV_PYTHONPATH goes first on their sys.path
+            run_env = dict(env, ASV_PYTHONPATH=os.pathsep.join([str(sites[sha])] + (
+                [os.environ["ASV_PYTHONPATH"]] if os.environ.get("ASV_PYTHONPATH") else [])))
+            cmd = [*asv, "run", f"--python={python}", "--set-commit-hash", sha, "--machine", MACHINE,
+                   "--record-samples", "-a", "rounds=1"]
+            if r or (side == "head" and shas["head"] == shas["base"]):
+                cmd.append("--append-samples")
+            if show_stderr:
+                cmd.append("--show-stderr")
+            for regex in bench or ():
+                cmd += ["--bench", regex]
+            proc = _run(cmd, env=run_env, check=False)
+            if proc.returncode == 2:  # asv: some benchmarks failed; compare shows which ('!' at head)
+                failed.append(f"{sha[:8]}: some benchmarks failed in {label} {r + 1}")
+            elif proc.returncode != 0:
+                raise GateError(f"asv run at {sha[:8]} failed with exit status {proc.returncode} (the benchmark "
+                                "suite must import with that commit's attnbench)")
+    return _run([*asv, "compare", shas["base"], shas["head"], "--factor", str(factor),
+                 "--split", "--machine", MACHINE], env=env, capture=True).stdout
 
 
 def _drop_unmeasured(table: str) -> str:
@@ -267,6 +302,11 @@ def report(result: GateResult, factor: float, log=_log) -> int:
     log(_drop_unmeasured(result.table).rstrip())
     for line in result.failed_runs:
         log(f"gate: warning: {line}")
+    if result.unconfirmed:
+        log(f"\ngate: {len(result.unconfirmed)} timed benchmark(s) were slower in the first pass but not when measured "
+            "again (transient load, not the code; they do not fail the gate):")
+        for line in result.unconfirmed:
+            log(f"  {line}")
     if result.reported:
         log(f"\ngate: {len(result.reported)} track_* figure(s) changed for the worse beyond x{factor:g} (reported; "
             "no samples, so they do not fail the gate):")
@@ -291,6 +331,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=float, default=1.2, help="ratio beyond which a change counts (default 1.2)")
     p.add_argument("--bench", "-b", action="append", help="asv benchmark regex (repeatable; default: all)")
     p.add_argument("--rounds", type=int, default=2, help="alternating BASE/HEAD asv runs per commit (default 2)")
+    p.add_argument("--confirm", type=int, default=2, help="fresh alternating rounds that must show a timed slowdown "
+                   "again before it fails the gate (default 2; 0: no confirmation)")
     p.add_argument("--python", help="the environment's interpreter (default: this one)")
     p.add_argument("--repo", default=".", help="the git repository (default: the current directory)")
     p.add_argument("--config", help="asv config (default: REPO/asv.conf.json)")
@@ -303,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         result = run_gate(args.base, args.head, repo=args.repo, factor=args.factor, bench=args.bench,
-                          rounds=args.rounds, python=args.python, config=args.config, keep=args.keep,
+                          rounds=args.rounds, confirm=args.confirm, python=args.python, config=args.config, keep=args.keep,
                           show_stderr=args.show_stderr)
     except GateError as exc:
         print(f"gate: error: {exc}", file=sys.stderr)

@@ -11,6 +11,12 @@ run 2 of each, ...) so that a slow phase of the machine hits all of them alike. 
 max/min ratio of the medians across runs, how often one run's 95% CI covered another run's median,
 whether the runs ranked every pair of implementations the same way, and whether any run flagged the
 cell unstable; then a summary per allocator (worst and mean max/min, coverage %, ranking agreement %).
+
+The CIs checked are the ones the runs report: their own (``ci_within_rel``) widened by the between-run
+term (:mod:`attnbench.measure.drift`); the coverage of the within-run CIs alone is printed next to it.
+Every summary also estimates that term from its runs; ``--calibrate`` stores the estimate as this machine's
+(per device type and allocator), which later runs use. Calibrate on one set of runs and check coverage on
+another: coverage measured on the calibration runs themselves is optimistic.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from attnbench.devices import parse_device_type
+from attnbench.measure import drift
 from attnbench.results.schema import AXES
 from attnbench.results.store import load_run
 
@@ -38,7 +46,9 @@ def run_once(args: argparse.Namespace, allocator: str, out: Path) -> Path:
     cmd = [sys.executable, "-m", "attnbench", "run", "--impl", args.impl, "--seq", args.seq, "--batch", args.batch,
            "--heads", args.heads, "--d-model", args.d_model, "--mode", args.mode, "--rounds", str(args.rounds),
            "--processes", str(args.processes), "--budget", str(args.budget), "--cpu-allocator", allocator,
-           "--out", str(out), "--json", "--no-report"]
+           "--device", args.device, "--out", str(out), "--json", "--no-report"]
+    if args.drift is not None:
+        cmd += ["--drift", args.drift]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -63,10 +73,13 @@ def agreement(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, dict]:
         med = g.median_s.to_numpy()
         covered = [lo <= m <= hi for (i, lo, hi), (j, m) in itertools.product(
             zip(g.run, g.ci_low_s, g.ci_high_s, strict=True), zip(g.run, g.median_s, strict=True)) if i != j]
+        i, j = np.nonzero(~np.eye(len(g), dtype=bool))  # ordered pairs: run i's own CI, run j's median
+        covered_within = drift.covers(g.iloc[i], med[j], 0.0)
         first = g.iloc[0]
         rows.append({**{a: first[a] for a in AXES}, "cell_id": cell_id, "runs": len(g),
                      "median_ms": 1e3 * float(np.median(med)), "max_min": float(med.max() / med.min()),
                      "ci_rel_pct": 100 * float(g.ci_rel.median()), "coverage": float(np.mean(covered)),
+                     "coverage_within": float(np.mean(covered_within)),
                      "unstable_runs": int((g.get("stability", pd.Series(dtype=str)).astype(str) == "unstable").sum())})
     cells = pd.DataFrame(rows)
     pairs, agreeing = 0, 0
@@ -80,6 +93,8 @@ def agreement(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, dict]:
     summary = {"cells": len(cells), "worst_max_min": float(cells.max_min.max()) if len(cells) else float("nan"),
                "mean_max_min": float(cells.max_min.mean()) if len(cells) else float("nan"),
                "coverage_pct": 100 * float(cells.coverage.mean()) if len(cells) else float("nan"),
+               "coverage_within_pct": 100 * float(cells.coverage_within.mean()) if len(cells) else float("nan"),
+               "drift_used": float(ok.drift_rel.max()) if "drift_rel" in ok and ok.drift_rel.notna().any() else 0.0,
                "ranking_agreement_pct": 100 * agreeing / pairs if pairs else float("nan"), "pairs": pairs,
                "unstable_cells": int((cells.unstable_runs > 0).sum()) if len(cells) else 0}
     return cells, summary
@@ -97,7 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--budget", type=float, default=1.0, help="sampling seconds per cell and round")
-    parser.add_argument("--threads", type=int, help="--threads of each run (default: torch's)")
+    parser.add_argument("--threads", type=int, help="--threads of each run (default: attnbench run's)")
+    parser.add_argument("--device", default="cpu", help="--device of each run (default cpu)")
+    parser.add_argument("--drift", help="--drift of each run (default: auto, the calibration or the default)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="store the between-run term estimated from these runs as this machine's "
+                             f"(file: ${drift.ENV_FILE} or ~/.cache/attnbench/drift.json)")
     parser.add_argument("--cpu-allocator", default="pinned", help="comma-separated; the runs are interleaved")
     parser.add_argument("--keep", metavar="DIR", help="keep the run folders here (default: a temporary folder)")
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON at the end")
@@ -114,18 +134,32 @@ def main(argv: list[str] | None = None) -> dict:
                 dirs[allocator].append(run_once(args, allocator, out / allocator))
         summaries = {}
         for allocator in allocators:
-            cells, summary = agreement([load_run(d)[0] for d in dirs[allocator]])
+            frames = [load_run(d)[0] for d in dirs[allocator]]
+            cells, summary = agreement(frames)
+            summary["drift_estimate"] = drift.estimate(frames)
             summaries[allocator] = summary
             print(f"\n--cpu-allocator {allocator}: {args.runs} runs, --rounds {args.rounds}, "
                   f"--processes {args.processes}")
             if len(cells):
                 shown = cells[["impl", "seq_len", "mode", "median_ms", "max_min", "ci_rel_pct", "coverage",
-                               "unstable_runs"]]
+                               "coverage_within", "unstable_runs"]]
                 print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
             print(f"max/min of a cell's median across runs: worst {summary['worst_max_min']:.3f}, mean "
                   f"{summary['mean_max_min']:.3f}; CI covered another run's median in {summary['coverage_pct']:.0f}% "
                   f"of pairs; pairwise rankings agreed in {summary['ranking_agreement_pct']:.0f}% of "
                   f"{summary['pairs']} pairs; {summary['unstable_cells']} cell(s) flagged unstable in some run")
+            est = summary["drift_estimate"]
+            print(f"CIs included a between-run term of ±{100 * summary['drift_used']:.2f}%; the within-run CIs alone "
+                  f"covered {summary['coverage_within_pct']:.0f}%. Between-run term calibrated on these runs "
+                  f"(95% of a rerun's medians inside the widened CI): ±{100 * est['rel']:.2f}%")
+            if args.calibrate:
+                device_type = parse_device_type(args.device)
+                key = drift.machine_key(device_type, allocator)
+                path = drift.save_calibration(key, drift.calibration_entry(
+                    est, args.runs, {"impl": args.impl, "seq": args.seq, "batch": args.batch, "heads": args.heads,
+                                     "d_model": args.d_model, "mode": args.mode, "rounds": args.rounds,
+                                     "processes": args.processes, "threads": args.threads, "device": args.device}))
+                print(f"calibrated: {key} -> ±{100 * est['rel']:.2f}% in {path}")
     if args.json:
         print(json.dumps(summaries))
     return summaries
