@@ -135,7 +135,8 @@ def test_bad_drift_option_is_a_one_line_error(text, fragment, capsys, tmp_path):
 def test_a_run_records_and_applies_its_term(tmp_path):
     df = attnbench.run(impl=["sdpa"], out=tmp_path / "a", settings={**FAST, "drift": 0.04}, **TINY)
     meta = json.loads((tmp_path / "a" / df.attrs["run_id"] / "meta.json").read_text())
-    assert meta["drift"] == {"cpu": {"rel": 0.04, "source": "--drift"}}
+    d = meta["drift"]["cpu"]
+    assert (d["rel"], d["source"], d["calibrated_rel"]) == (0.04, "--drift", 0.04)  # given: never rescaled
     row = df.iloc[0]
     assert row.drift_rel == 0.04 and row.ci_rel > row.ci_within_rel
     assert row.ci_low_s < row.median_s < row.ci_high_s
@@ -143,7 +144,9 @@ def test_a_run_records_and_applies_its_term(tmp_path):
     # the default: the documented CPU term, said where it came from; rounds are widened the same way
     df = attnbench.run(impl=["sdpa"], out=tmp_path / "b", settings={**FAST, "rounds": 2}, **TINY)
     meta = json.loads((tmp_path / "b" / df.attrs["run_id"] / "meta.json").read_text())
-    assert meta["drift"]["cpu"]["rel"] == drift.DEFAULT_CPU and df.iloc[0].drift_rel == drift.DEFAULT_CPU
+    d = meta["drift"]["cpu"]
+    assert d["calibrated_rel"] == drift.DEFAULT_CPU and d["round_sd"] == drift.DEFAULT_CPU_ROUND_SD
+    assert d["rel"] >= drift.DEFAULT_CPU and df.iloc[0].drift_rel == pytest.approx(d["rel"])  # scaled if noisier
     assert df.iloc[0].ci_rel > df.iloc[0].ci_within_rel
 
 
@@ -209,3 +212,56 @@ def test_a_disturbed_round_with_many_samples_does_not_decide_the_median():
     assert stats["ci_low_s"] <= stats["median_s"] <= stats["ci_high_s"]
     assert stats["ci_high_s"] > 1.1e-3  # the disturbed round still widens the interval
     assert group_median([[1.0, 2.0, 3.0]]) == 2.0 and group_median([[1.0], [3.0]]) == 2.0
+
+
+# ---------------------------------------------------------------- a run noisier than its calibration
+
+
+def test_rewiden_swaps_one_term_for_another():
+    lo, hi = drift.widen(1.0, 0.97, 1.05, 0.02)
+    assert drift.rewiden(1.0, lo, hi, 0.02, 0.05) == pytest.approx(drift.widen(1.0, 0.97, 1.05, 0.05))
+    assert drift.rewiden(1.0, 0.97, 1.05, 0.0, 0.0) == pytest.approx((0.97, 1.05))
+
+
+def test_round_spread_pools_the_rounds_of_every_cell():
+    def row(medians, status="ok"):
+        samples = [m for m in medians for _ in range(5)]
+        return {"samples_s": samples, "sample_groups": [5] * len(medians), "status": status}
+
+    rows = pd.DataFrame([row([1.0, 1.1]), row([2.0, 2.0, 2.0]), row([9.0, 1.0], "error"), row([3.0])])
+    expected = math.sqrt((np.var(np.log([1.0, 1.1]), ddof=1) + 0.0) / 2)
+    assert drift.round_spread(rows) == pytest.approx(expected)
+    assert drift.round_spread(pd.DataFrame([row([3.0])])) is None  # one round: no spread to see
+
+
+def test_a_noisier_run_scales_the_term_up_never_down():
+    base = drift.Drift(0.02, "calibrated", round_sd=0.03)
+    assert base.for_run(None) is base and base.for_run(0.01) is base
+    scaled = base.for_run(0.06)
+    assert scaled.rel == pytest.approx(0.04) and "scaled x2.00" in scaled.source and "6.0%" in scaled.source
+    assert drift.Drift(0.02, "--drift").for_run(0.5).rel == 0.02  # an explicit term is used as given
+
+
+def test_a_run_noisier_than_its_calibration_remakes_its_cis(tmp_path):
+    drift.save_calibration(drift.machine_key("cpu", "pinned"), {"rel": 0.01, "runs": 4, "round_sd": 1e-3})
+    df = attnbench.run(impl=["sdpa", "weight_split"], out=tmp_path, settings={**FAST, "rounds": 2}, **TINY)
+    meta = json.loads((tmp_path / df.attrs["run_id"] / "meta.json").read_text())
+    d = meta["drift"]["cpu"]
+    assert d["calibrated_rel"] == 0.01 and d["round_spread"] > 0 and d["rel"] > 0.01 and "scaled x" in d["source"]
+    for row in df.itertuples():
+        assert row.drift_rel == pytest.approx(d["rel"])
+        assert row.ci_low_s <= row.median_s <= row.ci_high_s
+        assert math.log(row.ci_high_s / row.median_s) >= drift.z_value() * d["rel"] * 0.999
+
+
+def test_a_machine_slower_than_when_calibrated_is_said_so(tmp_path):
+    ref = drift.Drift(0.02, "calibrated", 0.03, peak_gflops=100.0)
+    assert ref.speed_warning(95.0) is None and ref.speed_warning(None) is None
+    assert "ran 30% slower than when calibrated (peak GEMM 70 against 100 GFLOP/s)" in ref.speed_warning(70.0)
+    assert drift.Drift(0.02, "default").speed_warning(1.0) is None  # no reference, no claim
+    # a run on a machine far slower than its calibration (here: a calibration no CPU reaches)
+    drift.save_calibration(drift.machine_key("cpu", "pinned"), {"rel": 0.01, "runs": 4, "peak_gflops": 1e9})
+    df = attnbench.run(impl=["sdpa"], out=tmp_path, settings=FAST, **TINY)
+    meta = json.loads((tmp_path / df.attrs["run_id"] / "meta.json").read_text())
+    assert "slower than when calibrated" in meta["drift"]["cpu"]["warning"]
+    assert meta["drift"]["cpu"]["peak_gflops"] == 1e9

@@ -199,6 +199,8 @@ def _print_drift(run_dir: Path) -> None:
     for device_type, d in (read_meta(run_dir).get("drift") or {}).items():
         console.print(f"CIs on {device_type} include a between-run term of ±{100 * d['rel']:.1f}% (1 SD): {d['source']}",
                       markup=False)
+        if d.get("warning"):
+            console.print(f"warning: {device_type}: {d['warning']}", markup=False)
 
 
 def _print_unstable(df) -> None:

@@ -14,6 +14,12 @@ Every CI of a run is widened in quadrature on the log scale, ``h' = sqrt(h^2 + (
 each side's log half-width and ``z`` the normal quantile of the confidence; ``attnbench compare`` adds the
 same term to the ratio of two runs.
 
+A run noisier than the calibration runs needs more: the spread between the round medians of its cells
+(:func:`round_spread`, pooled over every cell with two or more rounds or processes, so dozens of cells
+give a stable figure where one cell's three rounds would not) is compared with the calibration runs'
+(``round_sd``); when it is larger, ``rel`` is scaled up by the ratio at the end of the run (never down), and
+the source says so. A run with one round per cell has no such spread and keeps the calibrated term.
+
 Where ``rel`` comes from, in order: ``--drift`` (a number, 0 turns the term off); this machine's
 calibration file (:func:`calibration_path`, one entry per host, CPU, device type and allocator);
 for CPU cells, :data:`DEFAULT_CPU`, measured on a 2-vCPU cloud VM like CI's; for other devices nothing
@@ -41,8 +47,14 @@ DEFAULT_CPU = 0.022
 """``rel`` for CPU cells on a machine without a calibration, measured on 2026-11-30 on a shared 2-vCPU cloud
 VM (the CI machine's class): 12 runs of ``python -m attnbench.tools.reproducibility`` (weight_split,
 fused_qkv, einsum, sdpa x T 256, 512, inference, ``--rounds 3``, pinned allocator, 1 bound thread) in two
-sets 20 minutes apart, calibrated over all of their pairs (2.9% within the first set, 1.7% within the
+sets 20 minutes apart, calibrated over all of their pairs (2.85% within the first set, 1.65% within the
 second). A quieter machine needs less, a busier one more: calibrate yours."""
+
+DEFAULT_CPU_ROUND_SD = 0.034
+"""The :func:`round_spread` of the runs :data:`DEFAULT_CPU` was calibrated on (their mean)."""
+
+SLOWER = 0.10
+"""A run whose peak GEMM is more than this fraction below the calibration runs' gets a warning."""
 
 ENV_FILE = "ATTNBENCH_DRIFT_FILE"
 """Environment variable naming the calibration file (default: ``~/.cache/attnbench/drift.json``)."""
@@ -54,9 +66,31 @@ class Drift:
 
     rel: float
     source: str
+    round_sd: float | None = None  # round_spread() of the calibration runs: a noisier run scales rel up
+    peak_gflops: float | None = None  # the calibration runs' peak GEMM (float32): a slower machine is said so
 
     def as_meta(self) -> dict:
-        return {"rel": self.rel, "source": self.source}
+        return {"rel": self.rel, "source": self.source, "round_sd": self.round_sd, "peak_gflops": self.peak_gflops}
+
+    def speed_warning(self, peak: float | None) -> str | None:
+        """A warning when this run's peak GEMM is more than :data:`SLOWER` below the calibration runs': the
+        whole machine is slower (another tenant of the host, say), which no within-run spread reveals when the
+        load is steady; None otherwise or without a reference."""
+        if not (self.peak_gflops and peak and peak < (1 - SLOWER) * self.peak_gflops):
+            return None
+        return (f"this machine ran {100 * (1 - peak / self.peak_gflops):.0f}% slower than when calibrated (peak GEMM "
+                f"{peak:.0f} against {self.peak_gflops:.0f} GFLOP/s): other load on the host; every timing is inflated, "
+                "and comparisons with runs made at another time are unreliable")
+
+    def for_run(self, spread: float | None) -> Drift:
+        """This term for a run whose :func:`round_spread` is ``spread``: scaled up by ``spread / round_sd``
+        when the run is noisier than the calibration runs, else unchanged."""
+        if not (self.rel and self.round_sd and spread and spread > self.round_sd):
+            return self
+        k = spread / self.round_sd
+        return Drift(self.rel * k, f"{self.source}; scaled x{k:.2f}: this run's round medians spread "
+                                   f"{100 * spread:.1f}% (1 SD) against {100 * self.round_sd:.1f}% in the calibration "
+                                   f"runs", self.round_sd, self.peak_gflops)
 
 
 def calibration_path() -> Path:
@@ -119,11 +153,16 @@ def resolve(setting: float | None, device_type: str, allocator: str) -> Drift:
     path = calibration_path()
     entry = load_calibrations(path).get(machine_key(device_type, allocator))
     if entry and isinstance(entry.get("rel"), int | float):
+        def positive(key: str) -> float | None:
+            value = entry.get(key)
+            return float(value) if isinstance(value, int | float) and value > 0 else None
+
         return Drift(float(entry["rel"]), f"calibrated on this machine {entry.get('date', '?')} from "
-                                          f"{entry.get('runs', '?')} runs ({path})")
+                                          f"{entry.get('runs', '?')} runs ({path})", positive("round_sd"),
+                     positive("peak_gflops"))
     if device_type == "cpu":
         return Drift(DEFAULT_CPU, "default for CPU (measured on a shared 2-vCPU VM); calibrate this machine with "
-                                  "`python -m attnbench.tools.reproducibility --calibrate`")
+                                  "`python -m attnbench.tools.reproducibility --calibrate`", DEFAULT_CPU_ROUND_SD)
     return Drift(0.0, f"uncalibrated on {device_type}: CIs cover this run's variance only; calibrate with "
                       f"`python -m attnbench.tools.reproducibility --calibrate --device {device_type}`")
 
@@ -143,6 +182,32 @@ def widen(median: float, lo: float, hi: float, rel: float, confidence: float = 0
     return median * math.exp(-down), median * math.exp(up)
 
 
+def rewiden(median: float, lo: float, hi: float, old: float, new: float,
+            confidence: float = 0.95) -> tuple[float, float]:
+    """``(lo, hi)`` that :func:`widen` made with the term ``old``, remade with ``new`` instead."""
+    if not (median > 0 and lo > 0 and hi > 0):
+        return lo, hi
+    z = z_value(confidence)
+    down = math.sqrt(max(0.0, math.log(median / lo) ** 2 - (z * old) ** 2) + (z * new) ** 2)
+    up = math.sqrt(max(0.0, math.log(hi / median) ** 2 - (z * old) ** 2) + (z * new) ** 2)
+    return median * math.exp(-down), median * math.exp(up)
+
+
+def round_spread(rows: pd.DataFrame) -> float | None:
+    """How far a run's round (and process) medians spread: the root of the mean, over its ``ok`` cells with
+    two or more sample groups, of the variance of their groups' log-medians. None without such cells."""
+    variances = []
+    for samples, sizes, status in zip(rows["samples_s"], rows["sample_groups"], rows["status"], strict=True):
+        sizes = [int(n) for n in (sizes if sizes is not None else [])]
+        if status != "ok" or len(sizes) < 2 or sum(sizes) != len(samples):
+            continue
+        groups = np.split(np.asarray(samples, dtype=float), np.cumsum(sizes)[:-1])
+        medians = np.array([np.median(g) for g in groups if len(g)])
+        if len(medians) >= 2 and (medians > 0).all():
+            variances.append(float(np.var(np.log(medians), ddof=1)))
+    return float(math.sqrt(np.mean(variances))) if variances else None
+
+
 def _within_half_width(rows: pd.DataFrame) -> np.ndarray:
     """Each row's log half-width of its CI before any between-run term (``ci_within_rel``; ``ci_rel``
     for runs measured without one)."""
@@ -160,8 +225,9 @@ def covers(rows: pd.DataFrame, other_medians: np.ndarray, rel: float, confidence
 
 def estimate(frames: list[pd.DataFrame], confidence: float = 0.95) -> dict:
     """The between-run term from several runs of one sweep (see the module docstring), over the ``ok``
-    cells measured in at least two runs: ``{"rel", "cells", "pairs", "covered_within"}`` (the last: the
-    share of ordered pairs the within-run CIs covered on their own)."""
+    cells measured in at least two runs: ``{"rel", "cells", "pairs", "covered_within", "round_sd"}``
+    (``covered_within``: the share of ordered pairs the within-run CIs covered on their own; ``round_sd``:
+    the runs' mean :func:`round_spread`, None with one round per cell)."""
     ok = pd.concat([f.assign(_run=i) for i, f in enumerate(frames)])
     ok = ok[(ok.status == "ok") & (ok.median_s > 0)]
     z = z_value(confidence)
@@ -176,10 +242,14 @@ def estimate(frames: list[pd.DataFrame], confidence: float = 0.95) -> dict:
     if not needed:
         raise SweepError("the drift estimate needs ok cells measured in at least two runs")
     needed = np.asarray(needed)
+    spreads = [s for s in (round_spread(f) for f in frames if "sample_groups" in f) if s is not None]
     return {"rel": float(np.quantile(needed, confidence)), "cells": cells, "pairs": len(needed),
-            "covered_within": float(np.mean(needed == 0))}
+            "covered_within": float(np.mean(needed == 0)),
+            "round_sd": float(np.mean(spreads)) if spreads else None}
 
 
-def calibration_entry(result: dict, runs: int, settings: dict) -> dict:
-    """What the calibration file keeps for one machine: the estimate, when, and what was run."""
-    return {**result, "runs": runs, "date": datetime.now().strftime("%Y-%m-%d %H:%M"), "settings": settings}
+def calibration_entry(result: dict, runs: int, settings: dict, peak_gflops: float | None = None) -> dict:
+    """What the calibration file keeps for one machine: the estimate, the runs' median peak GEMM (float32),
+    when, and what was run."""
+    return {**result, "peak_gflops": peak_gflops, "runs": runs, "date": datetime.now().strftime("%Y-%m-%d %H:%M"),
+            "settings": settings}

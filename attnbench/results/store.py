@@ -94,6 +94,20 @@ class RunStore:
         os.replace(tmp, target)
         return target
 
+    def rewrite_cells(self, fn) -> int:
+        """Replace every written cell's row with ``fn(row)`` when that returns a dict (None: unchanged), each
+        file atomically (a crash leaves every cell either as it was or rewritten); how many changed."""
+        changed = 0
+        for f in sorted((self.path / "cells").glob("*.parquet")):
+            row = _read_one(f).to_dict("records")[0]
+            new = fn(row)
+            if new is not None:
+                tmp = f.with_suffix(".tmp")
+                pq.write_table(_table([new]), tmp)
+                os.replace(tmp, f)
+                changed += 1
+        return changed
+
     def finalize(self, csv: bool = False) -> Path:
         """Consolidate ``cells/`` into ``results.parquet`` (and ``results.csv``); returns the parquet path."""
         df, _ = load_run(self.path)

@@ -139,6 +139,35 @@ def cpu_env_meta(settings: Settings) -> dict:
             "malloc_threshold_bytes": PINNED_THRESHOLD_BYTES if settings.cpu_allocator == "pinned" else None}
 
 
+def _scale_drift(store: RunStore, drifts: dict[str, drift.Drift]) -> None:
+    """At the end of a run: a device type whose cells' round medians spread more than the calibration runs'
+    gets its between-run term scaled up (:meth:`attnbench.measure.drift.Drift.for_run`), every ok row's CI
+    remade with it, and ``meta.json`` says so."""
+    df, _ = load_run(store.path)
+    if not len(df):
+        return
+    kinds = df["device"].astype(str).map(parse_device_type)
+    for kind, base in drifts.items():
+        rows = df[kinds == kind]
+        spread = drift.round_spread(rows) if len(rows) else None
+        scaled = base.for_run(spread)
+        store.meta["drift"][kind] = {**scaled.as_meta(), "calibrated_rel": base.rel, "round_spread": spread}
+        fp32 = rows[(rows["status"] == "ok") & (rows["dtype"].astype(str) == "float32")]["peak_gflops_per_s"].dropna()
+        warning = base.speed_warning(float(fp32.median()) if len(fp32) else None)
+        if warning:
+            store.meta["drift"][kind]["warning"] = warning
+
+        def remake(row: dict, kind=kind, new=scaled.rel) -> dict | None:
+            old = row.get("drift_rel")
+            old = 0.0 if old is None or old != old else float(old)  # NaN: measured before the term existed
+            if row["status"] != "ok" or parse_device_type(str(row["device"])) != kind or old == new:
+                return None  # (a resumed run's earlier rows are remade with this session's term too)
+            lo, hi = drift.rewiden(row["median_s"], row["ci_low_s"], row["ci_high_s"], old, new)
+            return {**row, "ci_low_s": lo, "ci_high_s": hi, "ci_rel": (hi - lo) / 2 / row["median_s"], "drift_rel": new}
+
+        store.rewrite_cells(remake)
+
+
 def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str | Path | None = None,
         executor: str = "local", ray_address: str | None = None, run_id: str | None = None,
         argv: list[str] | None = None, csv: bool = False, profile: bool = False,
@@ -245,6 +274,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         if hasattr(run_exec, "environment") and run_exec.environment():
             store.meta["cpu_env"]["measured"] = run_exec.environment()
             store.meta["torch_threads"] = run_exec.environment()[0]["threads"]
+        _scale_drift(store, drifts)
         store.meta["wall_s"] = store.meta.get("wall_s", 0.0) + time.perf_counter() - started
         store.meta["interrupted"] = interrupted
         store.meta["load_average_1m_end"] = environment.load_average()

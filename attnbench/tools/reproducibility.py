@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.runs < 2:
         parser.error("--runs must be at least 2 (agreement needs two runs)")
+    if args.calibrate and args.runs < 4:
+        parser.error("--calibrate needs --runs 4 or more: the term is the 95th percentile of what reruns differ by, "
+                     "and fewer runs would understate it")
     allocators = [a.strip() for a in args.cpu_allocator.split(",") if a.strip()]
     with tempfile.TemporaryDirectory(prefix="attnbench-repro-") as tmp:
         out = Path(args.keep or tmp)
@@ -134,7 +137,10 @@ def main(argv: list[str] | None = None) -> dict:
                 dirs[allocator].append(run_once(args, allocator, out / allocator))
         summaries = {}
         for allocator in allocators:
-            frames = [load_run(d)[0] for d in dirs[allocator]]
+            loaded = [load_run(d) for d in dirs[allocator]]
+            frames = [df for df, _ in loaded]
+            peaks = [m.get("peak_gflops", {}).get(f"{args.device}/float32") for _, m in loaded]
+            peaks = [p for p in peaks if isinstance(p, int | float)]
             cells, summary = agreement(frames)
             summary["drift_estimate"] = drift.estimate(frames)
             summaries[allocator] = summary
@@ -155,10 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
             if args.calibrate:
                 device_type = parse_device_type(args.device)
                 key = drift.machine_key(device_type, allocator)
-                path = drift.save_calibration(key, drift.calibration_entry(
-                    est, args.runs, {"impl": args.impl, "seq": args.seq, "batch": args.batch, "heads": args.heads,
-                                     "d_model": args.d_model, "mode": args.mode, "rounds": args.rounds,
-                                     "processes": args.processes, "threads": args.threads, "device": args.device}))
+                settings = {"impl": args.impl, "seq": args.seq, "batch": args.batch, "heads": args.heads,
+                            "d_model": args.d_model, "mode": args.mode, "rounds": args.rounds,
+                            "processes": args.processes, "threads": args.threads, "device": args.device}
+                peak = float(np.median(peaks)) if peaks else None
+                path = drift.save_calibration(key, drift.calibration_entry(est, args.runs, settings, peak))
                 print(f"calibrated: {key} -> ±{100 * est['rel']:.2f}% in {path}")
     if args.json:
         print(json.dumps(summaries))
