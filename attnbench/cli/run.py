@@ -213,7 +213,9 @@ def _print_unstable(df) -> None:
         console.print(f"  {r.cell_id}: {modes}", markup=False)
     if len(unstable):
         console.print(f"note: {len(unstable)} cell(s) are unstable (two modes); their medians depend on the run. "
-                      "See `--cpu-allocator` in the README", markup=False)
+                      "Causes: the allocator (`--cpu-allocator`) or, when many cells are and the between-run term "
+                      "above was scaled up, other load on the machine. See \"How trustworthy are the numbers?\" in "
+                      "the README", markup=False)
 
 
 def _warn_if_busy(run_dir: Path) -> None:
