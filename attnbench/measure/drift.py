@@ -174,12 +174,7 @@ def z_value(confidence: float = 0.95) -> float:
 def widen(median: float, lo: float, hi: float, rel: float, confidence: float = 0.95) -> tuple[float, float]:
     """``(lo, hi)`` around ``median`` widened by the between-run term: each side's log half-width ``h``
     becomes ``sqrt(h^2 + (z * rel)^2)``. Unchanged when ``rel`` is 0 or the inputs are not positive."""
-    if not rel or not (median > 0 and lo > 0 and hi > 0):
-        return lo, hi
-    z = z_value(confidence)
-    down = math.sqrt(math.log(median / lo) ** 2 + (z * rel) ** 2)
-    up = math.sqrt(math.log(hi / median) ** 2 + (z * rel) ** 2)
-    return median * math.exp(-down), median * math.exp(up)
+    return rewiden(median, lo, hi, 0.0, rel, confidence) if rel else (lo, hi)
 
 
 def rewiden(median: float, lo: float, hi: float, old: float, new: float,
@@ -196,13 +191,13 @@ def rewiden(median: float, lo: float, hi: float, old: float, new: float,
 def round_spread(rows: pd.DataFrame) -> float | None:
     """How far a run's round (and process) medians spread: the root of the mean, over its ``ok`` cells with
     two or more sample groups, of the variance of their groups' log-medians. None without such cells."""
+    from attnbench.measure.stats import split_groups
+
     variances = []
     for samples, sizes, status in zip(rows["samples_s"], rows["sample_groups"], rows["status"], strict=True):
-        sizes = [int(n) for n in (sizes if sizes is not None else [])]
-        if status != "ok" or len(sizes) < 2 or sum(sizes) != len(samples):
+        if status != "ok":
             continue
-        groups = np.split(np.asarray(samples, dtype=float), np.cumsum(sizes)[:-1])
-        medians = np.array([np.median(g) for g in groups if len(g)])
+        medians = np.array([np.median(g) for g in split_groups(samples, sizes) if len(g)])
         if len(medians) >= 2 and (medians > 0).all():
             variances.append(float(np.var(np.log(medians), ddof=1)))
     return float(math.sqrt(np.mean(variances))) if variances else None

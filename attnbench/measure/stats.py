@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from attnbench.measure.drift import widen
+
 
 def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free confidence interval of the median from order statistics.
@@ -57,6 +59,16 @@ def _as_groups(groups: Sequence[Sequence[float]]) -> list[np.ndarray]:
     out = [np.asarray(g, dtype=float) for g in groups]
     out = [g[np.isfinite(g)] for g in out]
     return [g for g in out if len(g)]
+
+
+def split_groups(samples: Sequence[float], sizes) -> list[np.ndarray]:
+    """``samples`` split into consecutive groups of ``sizes`` (a row's ``samples_s`` and ``sample_groups``);
+    one group when ``sizes`` is absent, has fewer than two entries, or does not add up to the samples."""
+    x = np.asarray(samples, dtype=float)
+    sizes = [int(n) for n in sizes] if isinstance(sizes, list | tuple | np.ndarray) else []
+    if len(sizes) < 2 or sum(sizes) != len(x):
+        return [x]
+    return list(np.split(x, np.cumsum(sizes)[:-1]))
 
 
 def group_median(groups: Sequence[Sequence[float]]) -> float:
@@ -220,8 +232,6 @@ def summarize_groups(groups: Sequence[Sequence[float]], confidence: float = 0.95
     ``drift`` is the between-run term (:mod:`attnbench.measure.drift`): the CI is widened by it, and the
     result also carries ``ci_within_rel`` (the CI this run alone supports) and ``drift_rel``.
     """
-    from attnbench.measure.drift import widen
-
     gs = _as_groups(groups)
     pooled = np.concatenate(gs) if gs else np.array([])
     out = summarize(pooled, confidence)

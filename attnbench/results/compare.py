@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.errors import ResultsError
-from attnbench.measure.stats import bootstrap_medians, group_median
+from attnbench.measure.stats import bootstrap_medians, group_median, split_groups
 from attnbench.results.schema import AXES, INT_AXES, fill_added_columns
 from attnbench.results.store import load_run
 
@@ -138,15 +138,6 @@ def ratio_p_value(draws: np.ndarray) -> float:
     return float(min(1.0, (2 * min(below, above) + 1) / (len(draws) + 1)))
 
 
-def _row_groups(row: dict, samples: np.ndarray) -> list[np.ndarray]:
-    """``samples`` split by the row's ``sample_groups`` (one group when absent or inconsistent)."""
-    value = row.get("sample_groups")
-    sizes = [int(s) for s in value] if isinstance(value, list | tuple | np.ndarray) else []
-    if len(sizes) < 2 or sum(sizes) != len(samples):
-        return [samples]
-    return [np.asarray(g) for g in np.split(samples, np.cumsum(sizes)[:-1])]
-
-
 def _unstable_note(row: dict) -> str:
     """The row's ``unstable: ... modes ...`` note, or "" for a stable cell."""
     if str(row.get("stability")) != "unstable":
@@ -232,7 +223,7 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
                             "error_a": str(ra.get("error") or ""), "error_b": str(rb.get("error") or "")})
             continue
         sa, sb = np.asarray(ra["samples_s"], dtype=float), np.asarray(rb["samples_s"], dtype=float)
-        ga, gb = _row_groups(ra, sa), _row_groups(rb, sb)
+        ga, gb = split_groups(sa, ra.get("sample_groups")), split_groups(sb, rb.get("sample_groups"))
         ga, gb = [g[np.isfinite(g)] for g in ga], [g[np.isfinite(g)] for g in gb]
         sa, sb = sa[np.isfinite(sa)], sb[np.isfinite(sb)]
         unstable = "; ".join(f"{side}: {n}" for side, n in (("A", _unstable_note(ra)), ("B", _unstable_note(rb))) if n)

@@ -157,11 +157,18 @@ def _scale_drift(store: RunStore, drifts: dict[str, drift.Drift]) -> None:
         if warning:
             store.meta["drift"][kind]["warning"] = warning
 
-        def remake(row: dict, kind=kind, new=scaled.rel) -> dict | None:
+        # rows whose CI was widened with another term (NaN: measured before the term existed); usually none,
+        # and then no cell file is read again. A resumed run's earlier rows are remade with this session's term.
+        stale = rows[(rows["status"] == "ok") & (rows["drift_rel"].fillna(0.0) != scaled.rel)]
+        if not len(stale):
+            continue
+        stale_ids = set(stale["cell_id"])
+
+        def remake(row: dict, new=scaled.rel, stale_ids=stale_ids) -> dict | None:
+            if row["status"] != "ok" or row["cell_id"] not in stale_ids:
+                return None
             old = row.get("drift_rel")
-            old = 0.0 if old is None or old != old else float(old)  # NaN: measured before the term existed
-            if row["status"] != "ok" or parse_device_type(str(row["device"])) != kind or old == new:
-                return None  # (a resumed run's earlier rows are remade with this session's term too)
+            old = 0.0 if old is None or old != old else float(old)
             lo, hi = drift.rewiden(row["median_s"], row["ci_low_s"], row["ci_high_s"], old, new)
             return {**row, "ci_low_s": lo, "ci_high_s": hi, "ci_rel": (hi - lo) / 2 / row["median_s"], "drift_rel": new}
 
