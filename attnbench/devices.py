@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import platform
+from pathlib import Path
+
 import torch
 
 from attnbench.errors import SweepError, UnavailableError
@@ -81,6 +85,16 @@ def device_name(device: torch.device) -> str:
     """A human name of the hardware behind ``device``."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from attnbench.environment import cpu_model
-
     return cpu_model()
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import socket
@@ -13,17 +12,8 @@ from pathlib import Path
 
 import torch
 
-
-@functools.cache
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from attnbench import version
+from attnbench.devices import cpu_model, cuda_available
 
 
 def load_average() -> float | None:
@@ -75,13 +65,11 @@ def git_commit(path: str | Path | None = None) -> str | None:
 
 def collect(argv: list[str] | None = None) -> dict:
     """Run metadata: timestamp, command line, commit, versions, CPU, GPUs and driver, threads, hostname."""
-    import attnbench
-
     meta = {
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(argv if argv is not None else sys.argv),
         "git_commit": git_commit(),
-        "attnbench_version": attnbench.__version__,
+        "attnbench_version": version.__version__,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
@@ -95,8 +83,6 @@ def collect(argv: list[str] | None = None) -> dict:
         "gpus": [],
         "cuda_driver": None,
     }
-    from attnbench.devices import cuda_available
-
     if cuda_available():
         meta["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         try:

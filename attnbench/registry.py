@@ -29,7 +29,7 @@ from torch import nn
 from attnbench import plugins
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError, PluginLoadError, UnknownImplementationError
-from attnbench.resolve import Ready, Skip, resolve
+from attnbench.resolve import Ready, Skip, resolve, set_name_lookup, variant_skip_reason  # noqa: F401  (re-exported)
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, adapter_for, load_weights
 
@@ -106,28 +106,6 @@ class Implementation:
         if self.transform is not None:
             module = self.transform(module)
         return module
-
-
-def variant_skip_reason(impl: Implementation, spec: AttnSpec, mode: str = "inference") -> str | None:
-    """Why ``impl`` cannot compute ``spec``'s variant in ``mode``, or ``None`` when it can.
-
-    The one rule for attention variants and decoding, from the capabilities the implementation
-    declares (``gqa``, ``sliding_window``, ``non_causal``, ``kv_cache``); used by ``attnbench run``,
-    ``attnbench check``, ``attnbench profile`` and the asv suite.
-    """
-    missing = []
-    if spec.kv_heads != spec.num_heads and not impl.gqa:
-        missing.append(f"grouped/multi-query attention (num_kv_heads={spec.kv_heads} < num_heads={spec.num_heads})")
-    if spec.window is not None and not impl.sliding_window:
-        missing.append(f"sliding windows (window={spec.window})")
-    if not spec.causal and not impl.non_causal:
-        missing.append("non-causal attention")
-    if mode == "decode":
-        if not impl.kv_cache:
-            missing.append("a KV cache (decode mode)")
-        elif not spec.causal:
-            return "decode needs causal attention: a token being generated cannot see later tokens"
-    return f"does not support {' or '.join(missing)}" if missing else None
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -310,3 +288,6 @@ def available(device: str = "cpu", dtype: str | None = None) -> list[str]:
 def check_adapter(impl: Implementation, spec: AttnSpec) -> None:
     """Build ``impl`` on CPU and resolve its weight adapter (raises :class:`PluginLoadError` if it has none)."""
     adapter_for(impl.build(spec, "cpu", torch.float32))
+
+
+set_name_lookup(get)  # resolve() accepts names: looked up here, without resolve importing this module

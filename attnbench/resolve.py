@@ -203,11 +203,31 @@ def kv_heads_rule(impl, req: Request) -> str | None:
     return None
 
 
+def variant_skip_reason(impl, spec, mode: str = "inference") -> str | None:
+    """Why ``impl`` cannot compute ``spec``'s variant in ``mode``, or ``None`` when it can.
+
+    The one rule for attention variants and decoding, from the capabilities the implementation
+    declares (``gqa``, ``sliding_window``, ``non_causal``, ``kv_cache``); used by ``attnbench run``,
+    ``attnbench check``, ``attnbench profile`` and the asv suite.
+    """
+    missing = []
+    if spec.kv_heads != spec.num_heads and not impl.gqa:
+        missing.append(f"grouped/multi-query attention (num_kv_heads={spec.kv_heads} < num_heads={spec.num_heads})")
+    if spec.window is not None and not impl.sliding_window:
+        missing.append(f"sliding windows (window={spec.window})")
+    if not spec.causal and not impl.non_causal:
+        missing.append("non-causal attention")
+    if mode == "decode":
+        if not impl.kv_cache:
+            missing.append("a KV cache (decode mode)")
+        elif not spec.causal:
+            return "decode needs causal attention: a token being generated cannot see later tokens"
+    return f"does not support {' or '.join(missing)}" if missing else None
+
+
 def variant_rule(impl, req: Request) -> str | None:
     """GQA/MQA, sliding windows, non-causal attention and decode (a KV cache): what the implementation declares
-    (:func:`attnbench.registry.variant_skip_reason`)."""
-    from attnbench.registry import variant_skip_reason
-
+    (:func:`variant_skip_reason`)."""
     heads = req.num_heads or 1
     asked = types.SimpleNamespace(num_heads=heads, kv_heads=req.num_kv_heads or heads, window=req.window,
                                   causal=req.causal)
@@ -223,6 +243,17 @@ _ERRORS = {sizes_rule: InvalidSpecError, kv_heads_rule: InvalidSpecError}
 
 
 # ---------------------------------------------------------------- resolve
+
+_name_lookup: Callable = None  # type: ignore[assignment]
+"""Name -> Implementation: :func:`attnbench.registry.get`, installed by the registry (which imports this module; this
+module never imports it back, so the import graph has no cycle)."""
+
+
+def set_name_lookup(lookup: Callable) -> None:
+    """Install the function :func:`resolve` uses to look up an implementation given by name."""
+    global _name_lookup
+    _name_lookup = lookup
+
 
 
 def request_for(target=None, **given) -> Request:
@@ -265,9 +296,7 @@ def resolve(impl, target=None, **given) -> Ready | Skip:
     modes raise their :class:`~attnbench.errors.AttnbenchError` instead.
     """
     if isinstance(impl, str):
-        from attnbench import registry
-
-        impl = registry.get(impl)
+        impl = _name_lookup(impl)
     req = request_for(target, **given)
     for rule in RULES:
         reason = rule(impl, req)

@@ -100,19 +100,19 @@ def test_a_calibrated_term_covers_reruns_as_often_as_it_says():
 
 def test_resolve_prefers_the_option_then_the_calibration_then_the_default(tmp_path, monkeypatch):
     monkeypatch.setenv(drift.ENV_FILE, str(tmp_path / "drift.json"))
-    assert drift.resolve(0.0, "cpu", "pinned") == drift.Drift(0.0, "--drift")
-    default = drift.resolve(None, "cpu", "pinned")
+    assert drift.term_for(0.0, "cpu", "pinned") == drift.Drift(0.0, "--drift")
+    default = drift.term_for(None, "cpu", "pinned")
     assert default.rel == drift.DEFAULT_CPU and "default" in default.source and "--calibrate" in default.source
-    cuda = drift.resolve(None, "cuda", "pinned")
+    cuda = drift.term_for(None, "cuda", "pinned")
     assert cuda.rel == 0.0 and "uncalibrated on cuda" in cuda.source
     drift.save_calibration(drift.machine_key("cpu", "pinned"), {"rel": 0.011, "runs": 6, "date": "2026-11-30"})
-    got = drift.resolve(None, "cpu", "pinned")
+    got = drift.term_for(None, "cpu", "pinned")
     assert got.rel == 0.011 and "calibrated on this machine 2026-11-30 from 6 runs" in got.source
-    assert drift.resolve(None, "cpu", "system").rel == drift.DEFAULT_CPU  # calibrated per allocator
-    assert drift.resolve(0.05, "cpu", "pinned").rel == 0.05
+    assert drift.term_for(None, "cpu", "system").rel == drift.DEFAULT_CPU  # calibrated per allocator
+    assert drift.term_for(0.05, "cpu", "pinned").rel == 0.05
     (tmp_path / "drift.json").write_text("{not json")
     with pytest.raises(SweepError, match="cannot read the drift calibration"):
-        drift.resolve(None, "cpu", "pinned")
+        drift.term_for(None, "cpu", "pinned")
 
 
 @pytest.mark.parametrize("bad", [-0.01, 1.5, float("nan"), "2%", True])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import glob
 import os
 import platform
 import sys
@@ -119,7 +120,7 @@ def process_env(env: CpuEnv, base: dict[str, str] | None = None) -> dict[str, st
         out.update(OMP_BINDING)
     if env.threads:
         out["OMP_NUM_THREADS"] = str(env.threads)
-    out["ATTNBENCH_CPU_ALLOCATOR"] = env.allocator  # read back by describe()
+    out[ALLOCATOR_VAR] = env.allocator  # read back by requested_allocator()
     return out
 
 
@@ -243,6 +244,39 @@ def thread_affinities() -> list[str]:
     return out
 
 
+ALLOCATOR_VAR = "ATTNBENCH_CPU_ALLOCATOR"
+"""Set by :func:`process_env` in every measuring process: the allocator asked for (read back by :func:`requested_allocator`)."""
+
+
+def requested_allocator() -> str | None:
+    """The allocator the measuring environment of this process asked for, or None outside such an environment."""
+    return os.environ.get(ALLOCATOR_VAR)
+
+
+def measuring_threads(threads: int | None, cpu_bind: bool) -> int:
+    """The intra-op thread count of a CPU measurement: ``threads`` (``--threads``) when given, else every usable core
+    but one under the controlled environment (:func:`default_threads`), else the count torch picks by itself
+    (:func:`torch_default_threads`). The one place this default is decided, for local runs and Ray workers alike."""
+    if threads:
+        return threads
+    return default_threads() if cpu_bind else torch_default_threads()
+
+
+@functools.cache
+def torch_default_threads() -> int:
+    """The intra-op thread count torch picks by itself (physical cores, else logical CPUs): what a measurement
+    outside the controlled environment gets (a Ray worker's ``OMP_NUM_THREADS`` of 1 is not that)."""
+    logical = os.cpu_count() or 1
+    cores = set()
+    for topo in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
+        try:
+            with open(os.path.join(topo, "physical_package_id")) as f1, open(os.path.join(topo, "core_id")) as f2:
+                cores.add((f1.read().strip(), f2.read().strip()))
+        except OSError:
+            continue
+    return len(cores) if 0 < len(cores) < logical else logical
+
+
 def describe(torch_loaded_before_env: bool = False) -> dict[str, str]:
     """What holds in this process: the ``cpu_allocator``, ``cpu_binding`` and ``cpu_affinity`` row columns.
 
@@ -251,7 +285,7 @@ def describe(torch_loaded_before_env: bool = False) -> dict[str, str]:
     ``cpu_binding`` is the OpenMP binding in force (``close/cores/active``), or ``unpinned`` when it was not
     set before torch loaded OpenMP (``torch_loaded_before_env``) or is not set at all.
     """
-    requested = os.environ.get("ATTNBENCH_CPU_ALLOCATOR", "")
+    requested = requested_allocator() or ""
     mapped = _mapped_allocator()
     if mapped:
         allocator = mapped

@@ -39,9 +39,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from attnbench.devices import cpu_model
 from attnbench.errors import SweepError
+from attnbench.measure.stats import rewiden, split_groups, widen, z_value  # noqa: F401  (widen: drift.widen)
 
 DEFAULT_CPU = 0.022
 """``rel`` for CPU cells on a machine without a calibration, measured on 2026-11-30 on a shared 2-vCPU cloud
@@ -104,8 +105,6 @@ def calibration_path() -> Path:
 
 def machine_key(device_type: str, allocator: str) -> str:
     """The calibration entry a run on this machine uses: host, CPU model and count, device type, allocator."""
-    from attnbench.environment import cpu_model
-
     return f"{socket.gethostname()}|{cpu_model()}|{os.cpu_count()}|{device_type}|{allocator}"
 
 
@@ -145,7 +144,7 @@ def check_setting(value) -> None:
         raise SweepError(f"--drift {value} is a fraction: 0.02 means 2% (got a value >= 1)")
 
 
-def resolve(setting: float | None, device_type: str, allocator: str) -> Drift:
+def term_for(setting: float | None, device_type: str, allocator: str) -> Drift:
     """The between-run term for cells on ``device_type`` (see the module docstring for the order)."""
     check_setting(setting)
     if setting is not None:
@@ -167,32 +166,9 @@ def resolve(setting: float | None, device_type: str, allocator: str) -> Drift:
                       f"`python -m attnbench.tools.reproducibility --calibrate --device {device_type}`")
 
 
-def z_value(confidence: float = 0.95) -> float:
-    return float(stats.norm.ppf(0.5 + confidence / 2))
-
-
-def widen(median: float, lo: float, hi: float, rel: float, confidence: float = 0.95) -> tuple[float, float]:
-    """``(lo, hi)`` around ``median`` widened by the between-run term: each side's log half-width ``h``
-    becomes ``sqrt(h^2 + (z * rel)^2)``. Unchanged when ``rel`` is 0 or the inputs are not positive."""
-    return rewiden(median, lo, hi, 0.0, rel, confidence) if rel else (lo, hi)
-
-
-def rewiden(median: float, lo: float, hi: float, old: float, new: float,
-            confidence: float = 0.95) -> tuple[float, float]:
-    """``(lo, hi)`` that :func:`widen` made with the term ``old``, remade with ``new`` instead."""
-    if not (median > 0 and lo > 0 and hi > 0):
-        return lo, hi
-    z = z_value(confidence)
-    down = math.sqrt(max(0.0, math.log(median / lo) ** 2 - (z * old) ** 2) + (z * new) ** 2)
-    up = math.sqrt(max(0.0, math.log(hi / median) ** 2 - (z * old) ** 2) + (z * new) ** 2)
-    return median * math.exp(-down), median * math.exp(up)
-
-
 def round_spread(rows: pd.DataFrame) -> float | None:
     """How far a run's round (and process) medians spread: the root of the mean, over its ``ok`` cells with
     two or more sample groups, of the variance of their groups' log-medians. None without such cells."""
-    from attnbench.measure.stats import split_groups
-
     variances = []
     for samples, sizes, status in zip(rows["samples_s"], rows["sample_groups"], rows["status"], strict=True):
         if status != "ok":

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from attnbench.measure.drift import widen
-
 
 def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free confidence interval of the median from order statistics.
@@ -252,3 +250,27 @@ def summarize_groups(groups: Sequence[Sequence[float]], confidence: float = 0.95
 
 def _rel(lo: float, hi: float, median: float) -> float:
     return float((hi - lo) / 2 / median) if median > 0 else math.nan
+
+
+# ---------------------------------------------------------------- the between-run term (attnbench.measure.drift)
+
+
+def z_value(confidence: float = 0.95) -> float:
+    return float(stats.norm.ppf(0.5 + confidence / 2))
+
+
+def widen(median: float, lo: float, hi: float, rel: float, confidence: float = 0.95) -> tuple[float, float]:
+    """``(lo, hi)`` around ``median`` widened by the between-run term: each side's log half-width ``h``
+    becomes ``sqrt(h^2 + (z * rel)^2)``. Unchanged when ``rel`` is 0 or the inputs are not positive."""
+    return rewiden(median, lo, hi, 0.0, rel, confidence) if rel else (lo, hi)
+
+
+def rewiden(median: float, lo: float, hi: float, old: float, new: float,
+            confidence: float = 0.95) -> tuple[float, float]:
+    """``(lo, hi)`` that :func:`widen` made with the term ``old``, remade with ``new`` instead."""
+    if not (median > 0 and lo > 0 and hi > 0):
+        return lo, hi
+    z = z_value(confidence)
+    down = math.sqrt(max(0.0, math.log(median / lo) ** 2 - (z * old) ** 2) + (z * new) ** 2)
+    up = math.sqrt(max(0.0, math.log(hi / median) ** 2 - (z * old) ** 2) + (z * new) ** 2)
+    return median * math.exp(-down), median * math.exp(up)

@@ -230,7 +230,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
         store.meta["cpu_env"] = cpu_env_meta(sweep.settings)
     # the between-run term of every CI, per device type (attnbench.measure.drift), decided once per run
-    drifts = {t: drift.resolve(sweep.settings.drift, t, sweep.settings.cpu_allocator)
+    drifts = {t: drift.term_for(sweep.settings.drift, t, sweep.settings.cpu_allocator)
               for t in sorted({parse_device_type(d) for d in sweep.device})}
     store.meta["drift"] = {t: d.as_meta() for t, d in drifts.items()}
     store.write_meta()

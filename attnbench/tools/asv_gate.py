@@ -102,7 +102,7 @@ def _git(repo: Path, *args: str) -> str:
         raise GateError(f"git {' '.join(args)} in {repo}: {exc}") from None
 
 
-def resolve(repo: Path, rev: str) -> str:
+def resolve_commit(repo: Path, rev: str) -> str:
     """The full commit hash of ``rev`` (a branch, tag, ``HEAD~1``, short hash ...)."""
     try:
         return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
@@ -206,7 +206,7 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
         raise GateError("--confirm must be 0 (no confirmation) or more rounds")
     check_asv(python)
     repo = Path(_git(Path(repo).resolve(), "rev-parse", "--show-toplevel"))
-    shas = {"base": resolve(repo, base), "head": resolve(repo, head)}
+    shas = {"base": resolve_commit(repo, base), "head": resolve_commit(repo, head)}
     work = Path(tempfile.mkdtemp(prefix="attnbench-gate-"))
     try:
         conf = gate_config(repo, work, Path(config).resolve() if config else None)

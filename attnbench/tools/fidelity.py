@@ -14,7 +14,6 @@ it (``--cpu-allocator``, default ``pinned``).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -61,9 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-allocator", default="pinned", help="the measuring environment (as attnbench run's)")
     parser.add_argument("--no-cpu-bind", action="store_true", help="no OpenMP binding (as attnbench run's)")
     args = parser.parse_args(argv)
-    if os.environ.get("ATTNBENCH_CPU_ALLOCATOR") is None:  # not yet in the measuring environment: start in it
-        from attnbench.measure import cpu_env
+    from attnbench.measure import cpu_env
 
+    if cpu_env.requested_allocator() is None:  # not yet in the measuring environment: start in it
         env = cpu_env.process_env(cpu_env.CpuEnv(cpu_env.check_allocator(args.cpu_allocator), not args.no_cpu_bind))
         raise SystemExit(subprocess.run([sys.executable, "-m", "attnbench.tools.fidelity",
                                          *(argv if argv is not None else sys.argv[1:])], env=env).returncode)

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import glob
 import os
 import socket
 import time
@@ -159,25 +157,6 @@ def check_resources(cells: Iterable[Cell], nodes: list[dict]) -> None:
 _NODE_ENV: dict | None = None
 
 
-@functools.cache
-def torch_default_threads() -> int:
-    """The intra-op thread count torch picks by itself (physical cores, else logical CPUs).
-
-    Ray sets ``OMP_NUM_THREADS`` to a task's CPU request (1) in its workers; a CPU cell holds the
-    whole node, so it gets the count a local run would use, unless ``--threads`` says otherwise (this count
-    without the controlled environment, :func:`attnbench.measure.cpu_env.default_threads` with it).
-    """
-    logical = os.cpu_count() or 1
-    cores = set()
-    for topo in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
-        try:
-            with open(os.path.join(topo, "physical_package_id")) as f1, open(os.path.join(topo, "core_id")) as f2:
-                cores.add((f1.read().strip(), f2.read().strip()))
-        except OSError:
-            continue
-    return len(cores) if 0 < len(cores) < logical else logical
-
-
 def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
     """Set up this worker like a local run and say where the cell runs (sent to the driver first)."""
     global _NODE_ENV
@@ -196,7 +175,7 @@ def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
     with contextlib.suppress(Exception):  # built-ins and the plug-in; run_cell reports a failure as the row
         registry.get(cell.impl)
     # as a local run: --threads, else every usable core of this node but one under the controlled environment
-    torch.set_num_threads(settings.threads or (cpu_env.default_threads() if settings.cpu_bind else torch_default_threads()))
+    torch.set_num_threads(cpu_env.measuring_threads(settings.threads, settings.cpu_bind))
     if settings.cpu_allocator == "pinned":
         cpu_env.pin_glibc_malloc()  # the task's runtime_env set it at the worker's start too
     a = torch.randn(256, 256)

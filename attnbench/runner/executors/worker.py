@@ -44,7 +44,7 @@ def _serve(label: str) -> None:
     os.dup2(2, 1)  # prints of implementations go to stderr
     from attnbench.measure import cpu_env
 
-    if os.environ.get("ATTNBENCH_CPU_ALLOCATOR") == "pinned":
+    if cpu_env.requested_allocator() == "pinned":
         cpu_env.pin_glibc_malloc()  # before any cell allocates (the environment did it at exec already)
     import torch
 
