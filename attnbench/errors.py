@@ -42,3 +42,7 @@ class SweepError(AttnbenchError, ValueError):
 
 class ResultsError(AttnbenchError, OSError):
     """A results folder is missing, corrupt, or belongs to another run."""
+
+
+class RowError(ResultsError, ValueError):
+    """A results row has a key that is not a column, or a value of the wrong type for its column."""

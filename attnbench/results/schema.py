@@ -6,7 +6,13 @@ its timing columns are NaN, never zero.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import difflib
+from dataclasses import asdict, dataclass, field, make_dataclass
+
+import numpy as np
+import pandas as pd
+
+from attnbench.errors import RowError
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
 """``ok`` timed; ``oom`` out of memory; ``error`` the implementation raised (or its worker died);
@@ -115,36 +121,100 @@ class Cell:
         return asdict(self)
 
 
+SCHEMA_VERSION = 2
+"""Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
+and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
+
+_MISSING = {"float64": float("nan"), "int64": 0, "string": None, "bool": True, "object": None}
+
+
+def _type_error(name: str, kind: str, value) -> str | None:
+    """Why ``value`` cannot be stored in the column ``name`` of pandas dtype ``kind``, or None when it can."""
+    if value is None:
+        return None
+    if kind == "float64":
+        ok = isinstance(value, float | int | np.floating | np.integer) and not isinstance(value, bool | np.bool_)
+    elif kind == "int64":
+        ok = (isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)) or (
+            isinstance(value, float | np.floating) and float(value).is_integer())
+    elif kind == "string":
+        ok = isinstance(value, str) or value is pd.NA or (isinstance(value, float) and value != value)
+    elif kind == "bool":
+        ok = isinstance(value, bool | np.bool_)
+    else:  # object: a list of numbers
+        ok = isinstance(value, list | tuple | np.ndarray)
+    return None if ok else f"column {name!r} holds {kind} values, got {type(value).__name__} {value!r:.80}"
+
+
+def check_row(row: dict) -> dict:
+    """``row`` if every key is a column of :data:`COLUMNS` and every value fits its column's type; else a
+    :class:`~attnbench.errors.RowError` naming the key (a misspelt key would otherwise be dropped silently when
+    the table is built, and its value lost)."""
+    unknown = [k for k in row if k not in COLUMNS]
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, COLUMNS, n=1) for k in unknown}
+        said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+        raise RowError(f"unknown result column {said}: every key of a row must be one of "
+                       "attnbench.results.schema.COLUMNS (add a new column there)")
+    for name, value in row.items():
+        problem = _type_error(name, COLUMNS[name], value)
+        if problem:
+            raise RowError(f"bad result row: {problem}")
+    return row
+
+
+Row = make_dataclass("Row", [(name, object, field(default_factory=lambda kind=kind: _MISSING[kind]))
+                             for name, kind in COLUMNS.items()])
+Row.__doc__ = """One results row: a field per column of :data:`COLUMNS` (pandas dtype there), missing values as
+NaN (numbers), None (text, samples) or 0 (counts). Rows travel as dicts (:meth:`Row.as_dict`); building a Row
+from a dict (``Row.of(d)``) checks it with :func:`check_row`."""
+Row.of = classmethod(lambda cls, d: cls(**check_row(dict(d))))
+Row.as_dict = lambda self: asdict(self)
+
+
 def empty_row(cell: Cell, run_id: str = "") -> dict:
-    """A row for ``cell`` with every column present and measurement columns NaN/empty."""
-    row: dict = {}
-    for name, kind in COLUMNS.items():
-        row[name] = float("nan") if kind == "float64" else (None if kind in ("string", "object") else 0)
-    row.update(cell.as_dict())
-    row.update(num_kv_heads=cell.kv_heads, window=float("nan") if cell.window is None else cell.window)
+    """A row for ``cell`` with every column present and measurement columns NaN/empty (status ``error`` until the
+    cell says otherwise)."""
     from attnbench.plugins.loading import split_display_name
 
+    row = Row(**cell.as_dict()).as_dict()
+    row.update(num_kv_heads=cell.kv_heads, window=float("nan") if cell.window is None else cell.window)
     row["impl"] = split_display_name(cell.impl)[0] or cell.impl  # NAME=target: tables and figures show NAME
     row.update(run_id=run_id, cell_id=cell.cell_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
                warmup_calls=0, threads=0, status="error", error="", notes="")
     return row
 
 
-ADDED_COLUMNS = ("num_kv_heads", "window", "causal", "kv_cache_bytes", "kv_cache_bytes_analytic")
-"""Columns newer than the first results format: filled by :func:`fill_added_columns` in older tables."""
+def failed_row(cell: Cell, run_id: str, status: str, error: str, **where) -> dict:
+    """The row of a cell that did not produce a timing: ``status`` (not ``ok``) and ``error``, every measurement
+    column missing, plus where it ran (``host``, ``worker``, ``cpu_*``, ``started_at``, ``duration_s``, ...).
+    The one builder of such rows for every executor (a worker that died, a timeout, a Ray failure)."""
+    if status not in STATUSES or status == "ok":
+        raise ValueError(f"failed_row needs a failure status, got {status!r}")
+    row = empty_row(cell, run_id)
+    row.update(check_row(where), status=status, error=error)
+    return row
+
+
+REQUIRED_COLUMNS = ("cell_id", "impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "status",
+                    "median_s")
+"""What every results table of any version has; any other column an older table lacks is filled in."""
 
 
 def fill_added_columns(df):
-    """``df`` (a results DataFrame) with the columns older runs lack filled in: MHA, full, causal attention."""
-    if "num_kv_heads" not in df.columns and "num_heads" in df.columns:
-        df["num_kv_heads"] = df["num_heads"]
-    if "window" not in df.columns:
-        df["window"] = float("nan")
-    if "causal" not in df.columns:
-        df["causal"] = True
-    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel"):
-        if name not in df.columns:
-            df[name] = float("nan")
+    """``df`` (a results DataFrame) with the columns an older run lacks filled in, in place: MHA (``num_kv_heads``
+    = ``num_heads``), full causal attention, and every other missing column at its missing value (NaN, None,
+    0). ``df.attrs["filled_columns"]`` names what was filled (empty for a current table)."""
+    filled = [name for name in COLUMNS if name not in df.columns and name not in REQUIRED_COLUMNS]
+    for name in filled:
+        kind = COLUMNS[name]
+        if name == "num_kv_heads" and "num_heads" in df.columns:
+            df[name] = df["num_heads"]
+        elif kind == "object":
+            df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)
+        else:
+            df[name] = _MISSING[kind]
+    df.attrs["filled_columns"] = filled
     return df
 
 

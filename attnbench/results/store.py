@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from attnbench.errors import ResultsError
-from attnbench.results.schema import COLUMNS, fill_added_columns
+from attnbench.results.schema import COLUMNS, SCHEMA_VERSION, check_row, fill_added_columns
 
 FORMAT = "attnbench-results/1"
 
@@ -35,7 +35,9 @@ def new_run_id() -> str:
 
 
 def _table(rows: list[dict]) -> pa.Table:
-    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    """Rows as an Arrow table of :data:`COLUMNS` (each row checked first: an unknown key or a wrong type is a
+    :class:`~attnbench.errors.RowError` naming it, never a silently dropped value)."""
+    df = pd.DataFrame([check_row(r) for r in rows], columns=list(COLUMNS))
     for name, kind in COLUMNS.items():
         if kind == "object":
             df[name] = df[name].apply(lambda v: [float(x) for x in v] if v is not None else [])
@@ -71,7 +73,7 @@ class RunStore:
             self.path = self.root / self.run_id
             if self.path.exists() and any(self.path.iterdir()):
                 raise ResultsError(f"{self.path} already exists and is not empty; pick another --out or use --resume")
-            self.meta = {"format": FORMAT, "run_id": self.run_id, **(meta or {})}
+            self.meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "run_id": self.run_id, **(meta or {})}
         (self.path / "cells").mkdir(parents=True, exist_ok=True)
         self.write_meta()
 
@@ -102,14 +104,18 @@ class RunStore:
             row = _read_one(f).to_dict("records")[0]
             new = fn(row)
             if new is not None:
-                tmp = f.with_suffix(".tmp")
-                pq.write_table(_table([new]), tmp)
-                os.replace(tmp, f)
+                self.rewrite(f, new)
                 changed += 1
         return changed
 
-    def finalize(self, csv: bool = False) -> Path:
-        """Consolidate ``cells/`` into ``results.parquet`` (and ``results.csv``); returns the parquet path."""
+    def rewrite(self, path: Path, row: dict) -> None:
+        """Replace the row of the cell file ``path`` (one written by :meth:`append`) atomically."""
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(_table([{**row, "run_id": self.run_id}]), tmp)
+        os.replace(tmp, path)
+
+    def consolidate(self, csv: bool = False) -> pd.DataFrame:
+        """Read ``cells/`` once, write it as ``results.parquet`` (and ``results.csv``), and return it."""
         df, _ = load_run(self.path)
         out = self.path / "results.parquet"
         tmp = out.with_suffix(".tmp")
@@ -117,7 +123,12 @@ class RunStore:
         os.replace(tmp, out)
         if csv:
             df.drop(columns=["samples_s"]).to_csv(self.path / "results.csv", index=False)
-        return out
+        return df
+
+    def finalize(self, csv: bool = False) -> Path:
+        """Consolidate ``cells/`` into ``results.parquet`` (and ``results.csv``); returns the parquet path."""
+        self.consolidate(csv)
+        return self.path / "results.parquet"
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -161,6 +172,12 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=k if k != "string" else "string") for c, k in COLUMNS.items()}), meta
     df = pd.concat(frames, ignore_index=True)
+    filled = sorted({c for f in frames for c in f.attrs.get("filled_columns", ())})
+    df.attrs["filled_columns"] = filled
+    if filled:
+        version = meta.get("schema_version", 1) if meta else "unknown"
+        df.attrs["schema_note"] = (f"results written with row schema {version} (this attnbench writes "
+                                   f"{SCHEMA_VERSION}); filled in: {', '.join(filled)}")
     return df, meta
 
 
@@ -170,8 +187,9 @@ def _read_one(f: Path) -> pd.DataFrame:
     except Exception as exc:
         raise ResultsError(f"{f} is not a readable results file ({type(exc).__name__}: {exc}); "
                            "move it away or start a new run") from exc
-    df = fill_added_columns(df)
-    missing = [c for c in COLUMNS if c not in df.columns and not (c == "samples_s" and f.suffix == ".csv")]
+    filled = fill_added_columns(df).attrs["filled_columns"]
+    df.attrs["filled_columns"] = [c for c in filled if not (c == "samples_s" and f.suffix == ".csv")]
+    missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ResultsError(f"{f} is not an attnbench results file: missing columns {missing[:5]}")
     if "samples_s" in df.columns:
