@@ -24,7 +24,8 @@ from attnbench.errors import (  # noqa: E402
 from attnbench.registry import Implementation, get, register  # noqa: E402
 from attnbench.registry import names as list_implementations
 from attnbench.spec import AttnSpec  # noqa: E402
-from attnbench.version import __version__  # noqa: E402, F401
+
+__version__ = "0.1.0"
 from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_weights, random_weights  # noqa: E402
 
 

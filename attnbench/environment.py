@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import socket
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from attnbench import version
 from attnbench.devices import cpu_model, cuda_available
 
 
@@ -49,6 +49,14 @@ def cpu_busy_fraction(window_s: float = 0.5) -> float | None:
     return round(1 - idle / total, 3) if total > 0 else None
 
 
+def installed_version() -> str:
+    """attnbench's version as installed (the package metadata; read without importing the package's API)."""
+    try:
+        return importlib.metadata.version("attnbench")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def git_commit(path: str | Path | None = None) -> str | None:
     """The commit of the git checkout containing ``path`` (default: the working directory), with ``-dirty``."""
     cwd = Path(path) if path else Path.cwd()
@@ -69,7 +77,7 @@ def collect(argv: list[str] | None = None) -> dict:
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(argv if argv is not None else sys.argv),
         "git_commit": git_commit(),
-        "attnbench_version": version.__version__,
+        "attnbench_version": installed_version(),
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),

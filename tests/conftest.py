@@ -68,6 +68,17 @@ def _restore_torch_threads():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _shared_measuring_workers():
+    """Runs in the test session share their measuring worker processes (attnbench.runner.executors.local.WorkerPool):
+    each run would otherwise start its own and import torch again (seconds each). Tests about isolation use
+    ``isolate`` (never shared) or start ``WorkerProcess`` themselves."""
+    from attnbench.runner.executors.local import shared_workers
+
+    with shared_workers():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_drift_calibration(tmp_path_factory, monkeypatch):
     """No test reads or writes this machine's drift calibration (~/.cache/attnbench/drift.json): each sees an

@@ -201,6 +201,7 @@ def test_failing_and_crashing_implementations(ray_local, plugin, tmp_path):
 @pytest.mark.slow
 def test_timeouts(ray_local, plugin):
     """A Python-level hang stops at the cell's own alarm; a hang it cannot stop is killed from the driver."""
+    from attnbench.runner.executors.base import WorkUnit
     from attnbench.runner.executors.ray import RayExecutor
 
     path, _ = plugin
@@ -216,7 +217,9 @@ def test_timeouts(ray_local, plugin):
         rows[cell.impl.rsplit(":", 1)[-1]] = row
 
     t0 = time.perf_counter()
-    RayExecutor(settings, "t", kill_grace_s=2.0).execute(cells, on_row, lambda c: events.append(("start", c.cell_id)))
+    executor = RayExecutor(settings, "t", kill_grace_s=2.0)
+    executor.execute([WorkUnit((c,)) for c in cells], on_row, lambda c: events.append(("start", c.cell_id)))
+    executor.close()
     wall = time.perf_counter() - t0
     assert rows["Sleeps"]["status"] == "timeout" and "timeout of 2 s" in rows["Sleeps"]["error"]
     assert rows["Stuck"]["status"] == "timeout" and "worker was killed" in rows["Stuck"]["error"]
@@ -253,13 +256,15 @@ def test_interrupt_then_resume(ray_local, tmp_path):
 def test_ray_client_path_without_streaming(ray_local, monkeypatch):
     """Through Ray Client (no streaming generators) each task returns its start and row together."""
     from attnbench.runner.executors import ray as executors_ray
+    from attnbench.runner.executors.base import WorkUnit
 
     monkeypatch.setattr(executors_ray, "_client_mode", lambda: True)
     cells = [Cell("sdpa", seq_len=s, num_heads=2, d_model=32, batch=1) for s in (32, 64)]
     events = []
     ex = executors_ray.RayExecutor(Settings(**FAST, threads=1), "t")
-    ex.execute(cells, lambda c, r: events.append(("row", c.cell_id, r["status"])),
+    ex.execute([WorkUnit((c,)) for c in cells], lambda c, r: events.append(("row", c.cell_id, r["status"])),
                lambda c: events.append(("start", c.cell_id)))
+    ex.close()
     assert sorted(e for e in events if e[0] == "row") == sorted(("row", c.cell_id, "ok") for c in cells)
     for c in cells:
         assert events.index(("start", c.cell_id)) == events.index(("row", c.cell_id, "ok")) - 1

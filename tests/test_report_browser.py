@@ -25,8 +25,8 @@ from attnbench.results.schema import Cell
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome",
                                                         "google-chrome-stable")) if p), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium) for the "
-                                "browser rendering test")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium) "
+                                                  "for the browser rendering test")]
 
 PROBE = """
 <script>

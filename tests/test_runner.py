@@ -275,6 +275,7 @@ def test_isolate_with_rounds(tmp_path):
 def test_isolate_measures_the_peak_once_per_device_and_dtype(monkeypatch):
     from attnbench.results.schema import Cell, empty_row
     from attnbench.runner.executors import local
+    from attnbench.runner.executors.base import WorkUnit
     from attnbench.runner.sweep import Settings
 
     asked = []
@@ -303,7 +304,7 @@ def test_isolate_measures_the_peak_once_per_device_and_dtype(monkeypatch):
     monkeypatch.setattr(local, "WorkerProcess", FakeWorker)
     executor = local.WorkerExecutor(Settings(isolate=True), "run")
     cells = [Cell("bad:x"), Cell("a:x"), Cell("b:x"), Cell("a:x", dtype="float64"), Cell("b:x", dtype="float64")]
-    executor.execute(cells, lambda cell, row: None)
+    executor.execute([WorkUnit((c,)) for c in cells], lambda cell, row: None)
     assert asked == [("bad:x", "float32", None), ("a:x", "float32", None), ("b:x", "float32", 100.0),
                      ("a:x", "float64", None), ("b:x", "float64", 50.0)]
 

@@ -1,27 +1,27 @@
-"""``attnbench run``: expand a sweep, execute its cells, store each row as it finishes.
+"""``attnbench run``: make a sweep, then start (or resume) a run session, measure it and finish it.
 
-The engine behind the CLI, the Python API (``attnbench.run``), the asv suite and the Ray executor.
+The engine behind the CLI, the Python API (``attnbench.run``), the asv suite and the Ray executor. What a run
+does between the sweep and its table is :class:`~attnbench.runner.session.RunSession`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from attnbench import environment, registry
+from attnbench import registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
 from attnbench.measure import drift
-from attnbench.measure.cpu_env import OMP_BINDING, PINNED_THRESHOLD_BYTES, check_allocator, default_threads
+from attnbench.measure.cpu_env import check_allocator
 from attnbench.results.schema import AXES, INT_AXES, Cell
-from attnbench.results.store import RunStore, load_run, new_run_id
-from attnbench.runner.cell import merge_rounds, torch_threads
+from attnbench.runner.cell import torch_threads
+from attnbench.runner.executors.base import Executor
+from attnbench.runner.session import RunSession, cpu_env_meta, sweep_from_meta, sweep_to_dict  # noqa: F401  (public here)
 from attnbench.runner.sweep import Settings, Sweep, load_preset, parse_axis, parse_strs, sweep_from_dict
 
 
@@ -89,23 +89,14 @@ def _available_on(device: str, local: bool = True) -> list[str]:
     return registry.available(device)
 
 
-def sweep_to_dict(sweep: Sweep) -> dict:
-    """A JSON-able description of the sweep (stored in ``meta.json``, used by ``--resume``)."""
-    d = dataclasses.asdict(sweep)
-    d["settings"] = dataclasses.asdict(sweep.settings)
-    return d
-
-
-def sweep_from_meta(meta: dict) -> Sweep:
-    """The sweep a run was started with (for ``--resume``)."""
-    data = dict(meta["sweep"])
-    settings = Settings(**data.pop("settings"))
-    return Sweep(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}, settings=settings)
-
-
-def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str | None = None):
-    """The executor called ``kind`` (``local``: measuring worker processes on this machine; ``ray``)."""
+def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str | None = None) -> Executor:
+    """The executor called ``kind`` (``local``: measuring worker processes on this machine; ``inprocess``: this
+    process, outside the controlled environment; ``ray``)."""
     check_settings(settings, kind)
+    if kind == "inprocess":
+        from attnbench.runner.executors.local import InProcessExecutor
+
+        return InProcessExecutor(settings, run_id)
     if kind == "local":
         from attnbench.runner.executors.local import WorkerExecutor
 
@@ -116,7 +107,7 @@ def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str |
         except ImportError as exc:
             raise AttnbenchError(f"--executor ray needs Ray: pip install 'attnbench[ray]' ({exc})") from exc
         return RayExecutor(settings, run_id, address=ray_address)
-    raise SweepError(f"unknown executor {kind!r}; use local or ray")
+    raise SweepError(f"unknown executor {kind!r}; use local, inprocess or ray")
 
 
 def check_settings(settings: Settings, executor: str = "local") -> None:
@@ -129,50 +120,6 @@ def check_settings(settings: Settings, executor: str = "local") -> None:
         raise SweepError(f"--rounds must be a whole number >= 1, got {settings.rounds!r}")
     if executor == "ray" and settings.processes > 1:
         raise SweepError("--processes applies to local runs; on Ray use --rounds (each task runs in a Ray worker)")
-
-
-def cpu_env_meta(settings: Settings) -> dict:
-    """The measuring environment asked for, as recorded in ``meta.json`` (what held is added after the run)."""
-    return {"allocator": settings.cpu_allocator, "bind": settings.cpu_bind,
-            "omp": dict(OMP_BINDING) if settings.cpu_bind else {}, "threads": settings.threads,
-            "processes": settings.processes, "rounds": settings.rounds,
-            "malloc_threshold_bytes": PINNED_THRESHOLD_BYTES if settings.cpu_allocator == "pinned" else None}
-
-
-def _scale_drift(store: RunStore, drifts: dict[str, drift.Drift]) -> None:
-    """At the end of a run: a device type whose cells' round medians spread more than the calibration runs'
-    gets its between-run term scaled up (:meth:`attnbench.measure.drift.Drift.for_run`), every ok row's CI
-    remade with it, and ``meta.json`` says so."""
-    df, _ = load_run(store.path)
-    if not len(df):
-        return
-    kinds = df["device"].astype(str).map(parse_device_type)
-    for kind, base in drifts.items():
-        rows = df[kinds == kind]
-        spread = drift.round_spread(rows) if len(rows) else None
-        scaled = base.for_run(spread)
-        store.meta["drift"][kind] = {**scaled.as_meta(), "calibrated_rel": base.rel, "round_spread": spread}
-        fp32 = rows[(rows["status"] == "ok") & (rows["dtype"].astype(str) == "float32")]["peak_gflops_per_s"].dropna()
-        warning = base.speed_warning(float(fp32.median()) if len(fp32) else None)
-        if warning:
-            store.meta["drift"][kind]["warning"] = warning
-
-        # rows whose CI was widened with another term (NaN: measured before the term existed); usually none,
-        # and then no cell file is read again. A resumed run's earlier rows are remade with this session's term.
-        stale = rows[(rows["status"] == "ok") & (rows["drift_rel"].fillna(0.0) != scaled.rel)]
-        if not len(stale):
-            continue
-        stale_ids = set(stale["cell_id"])
-
-        def remake(row: dict, new=scaled.rel, stale_ids=stale_ids) -> dict | None:
-            if row["status"] != "ok" or row["cell_id"] not in stale_ids:
-                return None
-            old = row.get("drift_rel")
-            old = 0.0 if old is None or old != old else float(old)
-            lo, hi = drift.rewiden(row["median_s"], row["ci_low_s"], row["ci_high_s"], old, new)
-            return {**row, "ci_low_s": lo, "ci_high_s": hi, "ci_rel": (hi - lo) / 2 / row["median_s"], "drift_rel": new}
-
-        store.rewrite_cells(remake)
 
 
 def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str | Path | None = None,
@@ -188,123 +135,37 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     ``settings`` overrides measurement settings (``budget_s``, ``threads``, ``rounds``, ``processes``,
     ``cpu_allocator``, ``isolate``, ...). Cells are measured in worker processes started with the controlled
     CPU environment (:mod:`attnbench.measure.cpu_env`), never in the calling process (except implementations
-    registered only there), so calling this from a notebook measures like ``attnbench run``.
+    registered only there), so calling this from a notebook measures like ``attnbench run``;
+    ``executor="inprocess"`` measures here instead (for debugging), ``"ray"`` on a Ray cluster.
     ``resume`` continues the run folder it names, skipping cells already recorded.
     ``progress(i, n, cell, row)`` is called before (row None) and after each cell.
 
     The returned DataFrame has ``attrs["run_dir"]``, ``attrs["run_id"]`` and ``attrs["interrupted"]``
     (True after Ctrl-C: every finished cell is kept and the results are consolidated before returning).
     """
+    def executor_for(kind: str, run_settings: Settings, rid: str):
+        return make_executor(kind, run_settings, rid, ray_address)
+
     if resume is not None:
-        store = RunStore(resume, resume=True)
-        if sweep is None:
-            sweep = sweep_from_meta(store.meta)
-        if settings:  # measurement settings may change on resume (e.g. a longer --cell-timeout); axes may not
-            sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
-        done = store.done_cell_ids()
+        session = RunSession.resume(resume, executor=executor, make_executor=executor_for, sweep=sweep,
+                                    settings=settings, progress=progress)
     else:
         if sweep is None:
             sweep = make_sweep(preset=preset, file=file, settings=settings, executor=executor, **axes)
         elif settings:
             sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
-        if (sweep.settings.threads is None and sweep.settings.cpu_bind and executor == "local"
-                and any(parse_device_type(d) == "cpu" for d in sweep.device)):
-            # the controlled environment leaves one core to the driver and the OS (cpu_env.default_threads)
-            sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, threads=default_threads()))
-        meta = environment.collect(argv)
-        meta["sweep"] = sweep_to_dict(sweep)
-        meta["executor"] = executor
-        meta["cpu_env"] = cpu_env_meta(sweep.settings)
-        run_id = run_id or new_run_id()
-        run_exec = make_executor(executor, sweep.settings, run_id, ray_address)  # fails before any folder exists
-        store = RunStore(out, run_id=run_id, meta=meta)
-        done = set()
-    if sweep.settings.threads:  # set in the measuring processes (and recorded on every row)
-        store.meta["torch_threads"] = sweep.settings.threads
-    cells = [c for c in sweep.cells() if c.cell_id not in done]
-    rounds, processes = sweep.settings.rounds, sweep.settings.processes
-    units = rounds * processes  # every cell is measured once per round in each process
-    total = len(cells) * units
-    counter = {"i": 0}
-    if resume is not None:
-        run_exec = make_executor(executor, sweep.settings, store.run_id, ray_address)
-        store.meta["cpu_env"] = cpu_env_meta(sweep.settings)
-    # the between-run term of every CI, per device type (attnbench.measure.drift), decided once per run
-    drifts = {t: drift.term_for(sweep.settings.drift, t, sweep.settings.cpu_allocator)
-              for t in sorted({parse_device_type(d) for d in sweep.device})}
-    store.meta["drift"] = {t: d.as_meta() for t, d in drifts.items()}
-    store.write_meta()
-    pending: dict[str, list[dict]] = {}  # ok rows of cells still owed more rounds
-    finished: set[str] = set()
-
-    def on_start(cell: Cell) -> None:
-        if progress:
-            progress(counter["i"], total, cell, None)
-
-    def on_row(cell: Cell, row: dict) -> None:
-        counter["i"] += 1
-        if row["status"] == "ok":
-            pending.setdefault(cell.cell_id, []).append(row)
-            if len(pending[cell.cell_id]) < units:
-                if progress:
-                    progress(counter["i"], total, cell, row)
-                return
-            row = merge_rounds(pending.pop(cell.cell_id), processes, drifts[parse_device_type(cell.device)].rel)
-        elif units > 1:  # a cell that fails in any round is recorded as it failed, and not run again
-            earlier_ok = len(pending.pop(cell.cell_id, []))
-            counter["i"] += units - earlier_ok - 1  # the rounds it will not run
-            if earlier_ok:
-                row = {**row, "notes": f"failed in round {earlier_ok + 1} of {units} after {earlier_ok} ok round(s); "
-                                       + (row.get("notes") or "")}
-        finished.add(cell.cell_id)
-        store.append(row)
-        if progress:
-            progress(counter["i"], total, cell, row)
-
-    interrupted = False
-    started = time.perf_counter()
+        session = RunSession.start(sweep, out=out, executor=executor, make_executor=executor_for, run_id=run_id,
+                                   argv=argv, progress=progress)
     try:
-        for r in range(rounds):
-            for p in _process_order(r, processes):  # interleaved: a slow phase hits every process alike
-                todo = [c for c in cells if c.cell_id not in finished]
-                if units > 1:  # a fresh order each round, so slow phases of the machine hit every cell alike
-                    todo = random.Random(sweep.settings.seed * 1000 + r * processes + p).sample(todo, len(todo))
-                if processes > 1:
-                    run_exec.execute(todo, on_row, on_start, process=p)
-                else:
-                    run_exec.execute(todo, on_row, on_start)
+        session.measure()
     except KeyboardInterrupt:
-        interrupted = True
+        session.interrupted = True
     finally:
-        if hasattr(run_exec, "close"):
-            run_exec.close()
-        if hasattr(run_exec, "environment") and run_exec.environment():
-            store.meta["cpu_env"]["measured"] = run_exec.environment()
-            store.meta["torch_threads"] = run_exec.environment()[0]["threads"]
-        _scale_drift(store, drifts)
-        store.meta["wall_s"] = store.meta.get("wall_s", 0.0) + time.perf_counter() - started
-        store.meta["interrupted"] = interrupted
-        store.meta["load_average_1m_end"] = environment.load_average()
-        df, _ = load_run(store.path)
-        store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
-                                     df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
-        if hasattr(run_exec, "node_environments"):  # merged by node, so a resumed run keeps earlier nodes
-            nodes = {n.get("ray_node_id"): n for n in store.meta.get("nodes", [])}
-            nodes.update({n.get("ray_node_id"): n for n in run_exec.node_environments()})
-            store.meta["nodes"] = list(nodes.values())
-        store.write_meta()
-        store.finalize(csv=csv)
-    if profile and not interrupted:
-        with torch_threads(sweep.settings.threads):
-            _profile_cells(df, store.path)
-    df, _ = load_run(store.path)
-    df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=interrupted)
+        df = session.finish(csv=csv)
+    if profile and not session.interrupted:
+        with torch_threads(session.sweep.settings.threads):
+            _profile_cells(df, session.store.path)
     return df
-
-
-def _process_order(round_index: int, processes: int) -> list[int]:
-    """The processes of one round, rotated each round so that no process always measures first."""
-    return [(round_index + i) % processes for i in range(processes)]
 
 
 def _profile_cells(df: pd.DataFrame, run_dir: Path) -> None:

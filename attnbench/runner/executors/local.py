@@ -1,13 +1,16 @@
-"""Executors run cells and hand back rows: here, in measuring worker processes under a controlled environment.
+"""Executors on this machine: in this process, or in measuring worker processes under a controlled environment.
 
-The Ray executor (``attnbench.runner.executors.ray``) has the same interface: ``execute(cells, on_row,
-on_start)`` calls ``on_row(cell, row)`` as each cell finishes and returns when all are done or the run
-is interrupted.
+Both have the interface of :mod:`attnbench.runner.executors.base` (as the Ray executor does):
+``execute(units, on_row, on_start)`` calls ``on_row(cell, row)`` as each cell finishes and returns when all
+are done or the run is interrupted; ``close()``; ``environment()``.
+
+:class:`InProcessExecutor` measures in the calling process, outside the controlled environment (for cells of
+implementations registered only there, and for tests and debugging).
 
 :class:`WorkerExecutor` (what ``attnbench run`` uses) measures in worker processes started with the
 controlled CPU environment (:mod:`attnbench.measure.cpu_env`): torch is imported once per process and
 the process serves many cells. With ``processes=N`` it keeps N of them and the runner measures every
-cell in each (``execute(..., process=p)``), one process at a time: the others are stopped
+cell in each (a unit's ``process``), one process at a time: the others are stopped
 (``SIGSTOP``), so their spinning OpenMP threads cannot take cores from the one measuring. With
 ``isolate`` every cell gets a fresh process. A crash (segfault, abort, ``os._exit``) becomes an
 ``error`` row naming the signal or exit code and the next cell gets a new process; a cell past
@@ -16,6 +19,7 @@ cell in each (``execute(..., process=p)``), one process at a time: the others ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,16 +28,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict
 
 from attnbench.errors import AttnbenchError
 from attnbench.measure import cpu_env
-from attnbench.results.schema import Cell, empty_row, normalise_row
+from attnbench.results.schema import Cell, failed_row, normalise_row
 from attnbench.runner.cell import run_cell
+from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
 from attnbench.runner.sweep import Settings
 
-OnRow = Callable[[Cell, dict], None]
 STARTUP_TIMEOUT_S = 600.0
 """Longest wait for a worker to import torch and say it is ready (a loaded machine can take minutes)."""
 KILL_GRACE_S = 10.0
@@ -144,11 +148,101 @@ class WorkerProcess:
         self._stderr.close()
 
 
+class WorkerPool:
+    """Idle measuring workers kept for the next run in this process, by measuring environment and label.
+
+    Off by default (every run starts its own workers, so nothing an earlier run imported or cached can reach it).
+    Inside :func:`shared_workers` (the test suite; a notebook making many small runs) a run takes a live idle
+    worker of the same environment instead of starting one, which saves the seconds of importing torch, and gives
+    its workers back at the end. Runs with ``isolate`` never share: each of their cells gets a fresh process.
+    """
+
+    def __init__(self) -> None:
+        self.idle: dict[tuple, list[WorkerProcess]] = {}
+
+    def take(self, key: tuple) -> WorkerProcess | None:
+        """A live idle worker for ``key``, or None."""
+        while self.idle.get(key):
+            worker = self.idle[key].pop()
+            if worker.proc.poll() is None:
+                return worker
+            worker.close()
+        return None
+
+    def give(self, key: tuple, worker: WorkerProcess) -> None:
+        """Keep ``worker`` (alive, resumed) for a later run."""
+        worker.resume()
+        if worker.proc.poll() is None:
+            self.idle.setdefault(key, []).append(worker)
+        else:
+            worker.close()
+
+    def close(self) -> None:
+        """End every idle worker."""
+        for workers in self.idle.values():
+            for worker in workers:
+                worker.close()
+        self.idle.clear()
+
+
+_SHARED: WorkerPool | None = None
+
+
+@contextlib.contextmanager
+def shared_workers():
+    """Within the block, runs in this process share their measuring worker processes (:class:`WorkerPool`)."""
+    global _SHARED
+    outer, _SHARED = _SHARED, WorkerPool()
+    try:
+        yield _SHARED
+    finally:
+        _SHARED.close()
+        _SHARED = outer
+
+
 def resolvable(name: str, names: Iterable[str]) -> bool:
     """Can a fresh process resolve the implementation ``name``? (Not one registered in this process only.)"""
     if name.startswith("compiled:"):
         return resolvable(name[len("compiled:"):].partition("@")[0], names)
     return ":" in name or name in set(names)
+
+
+class InProcessExecutor:
+    """Cells measured in this process, one after another, outside the controlled CPU environment (glibc's malloc
+    is still pinned when asked; OpenMP binding can no longer apply once torch is loaded). Every row says so."""
+
+    name = "inprocess"
+    NOTE = "measured in the calling process, outside the controlled CPU environment"
+
+    def __init__(self, settings: Settings, run_id: str, note: str = NOTE):
+        self.settings, self.run_id, self.note = settings, run_id, note
+        self.reports: list[dict] = []
+
+    def execute(self, units: Iterable[WorkUnit], on_row: OnRow, on_start: OnStart | None = None) -> None:
+        for unit in units:
+            for cell in unit.cells:
+                if on_start:
+                    on_start(cell)
+                on_row(cell, self.run_one(cell))
+
+    def run_one(self, cell: Cell) -> dict:
+        """Measure ``cell`` here and return its row."""
+        if self.settings.cpu_allocator == "pinned":
+            cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
+        row = run_cell(cell, self.settings, self.run_id)
+        described = cpu_env.describe(torch_loaded_before_env=True)
+        row.update(described)
+        report = {**described, "threads": row["threads"]}
+        if report not in self.reports:
+            self.reports.append(report)
+        row["notes"] = "; ".join(n for n in (row.get("notes"), self.note) if n)
+        return row
+
+    def close(self) -> None:
+        pass
+
+    def environment(self) -> dict:
+        return {"workers": list(self.reports), "nodes": []}
 
 
 class WorkerExecutor:
@@ -160,16 +254,22 @@ class WorkerExecutor:
         self.settings, self.run_id = settings, run_id
         self.env = cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, settings.threads)
         self.env_vars = cpu_env.process_env(self.env)  # a missing library fails here, before anything runs
+        self.pool = None if settings.isolate else _SHARED
         self.workers: dict[int, WorkerProcess] = {}
         self.reports: list[dict] = []  # what each worker found in itself
         # (device, dtype) -> GFLOP/s measured by the first ok cell, passed on so that later workers
         # (a fresh one per cell with isolate, or per process) do not measure it again
         self.peaks: dict[tuple[str, str], float] = {}
         self._warned = False
+        self._here = InProcessExecutor(settings, run_id, note="measured in the calling process (the implementation "
+                                       "is registered there only), outside the controlled CPU environment")
+
+    def _pool_key(self, process: int) -> tuple:
+        return (self.env, process)
 
     def _start(self, process: int) -> WorkerProcess:
         label = "subprocess" if self.settings.isolate else f"process{process}"
-        worker = WorkerProcess(self.env_vars, label)
+        worker = (self.pool.take(self._pool_key(process)) if self.pool else None) or WorkerProcess(self.env_vars, label)
         info = {k: worker.info[k] for k in ("cpu_allocator", "cpu_binding", "cpu_affinity", "threads")}
         if info not in self.reports:
             self.reports.append(info)
@@ -187,18 +287,18 @@ class WorkerExecutor:
             worker = self.workers[process] = self._start(process)
         return worker
 
-    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None,
-                process: int = 0) -> None:
-        for cell in cells:
-            if on_start:
-                on_start(cell)
-            on_row(cell, self.run_one(cell, process))
+    def execute(self, units: Iterable[WorkUnit], on_row: OnRow, on_start: OnStart | None = None) -> None:
+        for unit in units:
+            for cell in unit.cells:
+                if on_start:
+                    on_start(cell)
+                on_row(cell, self.run_one(cell, unit.process))
 
     def run_one(self, cell: Cell, process: int = 0) -> dict:
         """Measure ``cell`` in worker ``process`` (a fresh one with ``isolate``) and return its row."""
         worker = self._worker(process)
         if not resolvable(cell.impl, worker.info["names"]):
-            return self._in_this_process(cell)
+            return self._here.run_one(cell)
         deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
         key = (cell.device, cell.dtype)
         answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id,
@@ -211,27 +311,15 @@ class WorkerExecutor:
             if self.settings.isolate:
                 self._drop(process)
             return row
-        row = empty_row(cell, self.run_id)
-        row.update(worker=f"{worker.label} pid{worker.pid}", cpu_allocator=worker.info["cpu_allocator"],
-                   cpu_binding=worker.info["cpu_binding"], cpu_affinity=worker.info["cpu_affinity"])
+        where = dict(worker=f"{worker.label} pid{worker.pid}", cpu_allocator=worker.info["cpu_allocator"],
+                     cpu_binding=worker.info["cpu_binding"], cpu_affinity=worker.info["cpu_affinity"])
         if isinstance(answer, _Timeout):
             worker.proc.kill()
-            row.update(status="timeout", error=f"cell exceeded its timeout of {self.settings.cell_timeout_s:g} s and "
-                                               "did not stop (stuck in native code?); the worker process was killed")
+            row = failed_row(cell, self.run_id, "timeout", f"cell exceeded its timeout of {self.settings.cell_timeout_s:g} "
+                             "s and did not stop (stuck in native code?); the worker process was killed", **where)
         else:
-            row.update(status="error", error=worker.death())
+            row = failed_row(cell, self.run_id, "error", worker.death(), **where)
         self._drop(process)
-        return row
-
-    def _in_this_process(self, cell: Cell) -> dict:
-        """A cell of an implementation registered in this process only: a worker cannot build it."""
-        if self.env.allocator == "pinned":
-            cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
-        row = run_cell(cell, self.settings, self.run_id)
-        row.update(cpu_env.describe(torch_loaded_before_env=True))
-        note = ("measured in the calling process (the implementation is registered there only), outside the "
-                "controlled CPU environment")
-        row["notes"] = "; ".join(n for n in (row.get("notes"), note) if n)
         return row
 
     def _drop(self, process: int) -> None:
@@ -240,11 +328,14 @@ class WorkerExecutor:
             worker.close()
 
     def close(self) -> None:
-        """End every worker process."""
+        """End every worker process (or, inside :func:`shared_workers`, give them back for the next run)."""
         for p in list(self.workers):
-            self._drop(p)
+            if self.pool is not None:
+                self.pool.give(self._pool_key(p), self.workers.pop(p))
+            else:
+                self._drop(p)
 
-    def environment(self) -> list[dict]:
-        """What the workers found in themselves (distinct reports): for ``meta.json``."""
-        return list(self.reports)
+    def environment(self) -> dict:
+        """What the worker processes found in themselves (distinct reports): for ``meta.json``."""
+        return {"workers": list(self.reports), "nodes": []}
 

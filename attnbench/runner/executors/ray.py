@@ -1,8 +1,8 @@
 """Run a sweep's cells as Ray tasks: on a private Ray instance on this machine, or across a Ray cluster.
 
-``RayExecutor`` has the interface of the local executors (``execute(cells, on_row, on_start)``), so
-the runner stores each row as soon as its cell finishes, wherever it ran. Each cell is one task that
-holds its device exclusively, so no two timed cells ever share one:
+``RayExecutor`` has the interface of every executor (:mod:`attnbench.runner.executors.base`), so
+the runner stores each row as soon as its cell finishes, wherever it ran. Each work unit (a comparison
+group, or one cell) is one task that holds its device exclusively, so no two timed cells ever share one:
 
 * a CPU cell needs all of the custom resource ``attnbench_cpu_slot`` of its node; each node
   advertises exactly one (``ray start --resources='{"attnbench_cpu_slot": 1}'``; the local instance
@@ -31,7 +31,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 # Ray first: without it, this ImportError is what the runner turns into "pip install 'attnbench[ray]'".
@@ -40,7 +40,8 @@ import ray.exceptions
 
 from attnbench.errors import AttnbenchError
 from attnbench.measure import cpu_env
-from attnbench.results.schema import Cell, empty_row
+from attnbench.results.schema import Cell, failed_row
+from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
 from attnbench.runner.sweep import Settings
 
 CPU_SLOT = "attnbench_cpu_slot"
@@ -51,8 +52,6 @@ KILL_GRACE_S = 10.0
 """Seconds past ``cell_timeout_s`` after which the driver kills a cell that its own alarm did not stop."""
 POLL_S = 1.0
 """Longest wait for a result before checking deadlines (and letting Ctrl-C through)."""
-
-OnRow = Callable[[Cell, dict], None]
 
 _RESUBMIT = (ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError, ray.exceptions.ObjectLostError,
              ray.exceptions.RaySystemError)
@@ -157,31 +156,19 @@ def check_resources(cells: Iterable[Cell], nodes: list[dict]) -> None:
 _NODE_ENV: dict | None = None
 
 
-def _prepare(cell: Cell, settings: Settings, driver_cwd: str) -> dict:
-    """Set up this worker like a local run and say where the cell runs (sent to the driver first)."""
+def _prepare(cells: tuple[Cell, ...], settings: Settings, driver_cwd: str) -> dict:
+    """Set up this worker like a local run and say where the unit runs (sent to the driver first)."""
     global _NODE_ENV
     if driver_cwd and os.path.isdir(driver_cwd):
         os.chdir(driver_cwd)  # relative plug-in paths resolve as on the driver, where that folder exists here
-    import torch
+    from attnbench.runner.executors.warmup import warm_cells, warm_process
 
-    # What run_cell would import on its first call, imported before the start is reported (the driver's
-    # clock for killing a stuck cell starts then) and outside the cell's own alarm.
-    import attnbench.runner.cell  # noqa: F401
-    import attnbench.runner.workload  # noqa: F401
-    from attnbench import registry
-
-    with contextlib.suppress(ImportError):
-        import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
-    with contextlib.suppress(Exception):  # built-ins and the plug-in; run_cell reports a failure as the row
-        registry.get(cell.impl)
-    # as a local run: --threads, else every usable core of this node but one under the controlled environment
-    torch.set_num_threads(cpu_env.measuring_threads(settings.threads, settings.cpu_bind))
-    if settings.cpu_allocator == "pinned":
-        cpu_env.pin_glibc_malloc()  # the task's runtime_env set it at the worker's start too
-    a = torch.randn(256, 256)
-    (a @ a).sum().item()  # the OpenMP threads exist and are placed before describe()
+    # The same warm-up as a local worker, before the start is reported (the driver's clock for killing a stuck
+    # cell starts then) and outside the cell's own alarm: --threads, else every usable core of this node but one.
+    warm_process(cpu_env.measuring_threads(settings.threads, settings.cpu_bind), pinned=settings.cpu_allocator == "pinned")
+    warm_cells(cells)
     node_id = ray.get_runtime_context().get_node_id()
-    gpus = [str(g) for g in ray.get_gpu_ids()] if cell.device.startswith("cuda") else []
+    gpus = [str(g) for g in ray.get_gpu_ids()] if cells[0].device.startswith("cuda") else []
     if _NODE_ENV is None:
         from attnbench import environment
 
@@ -209,40 +196,41 @@ def _measure(cell: Cell, settings: Settings, run_id: str, info: dict) -> dict:
     return row
 
 
-def _cell_stream(cell: Cell, settings: Settings, run_id: str, driver_cwd: str):
-    info = _prepare(cell, settings, driver_cwd)
+def _unit_stream(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str):
+    info = _prepare(cells, settings, driver_cwd)
     yield info
-    yield _measure(cell, settings, run_id, info)
+    for cell in cells:
+        yield _measure(cell, settings, run_id, info)
 
 
-def _cell_once(cell: Cell, settings: Settings, run_id: str, driver_cwd: str) -> tuple[dict, dict]:
-    info = _prepare(cell, settings, driver_cwd)
-    return info, _measure(cell, settings, run_id, info)
+def _unit_once(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str) -> tuple[dict, list[dict]]:
+    info = _prepare(cells, settings, driver_cwd)
+    return info, [_measure(cell, settings, run_id, info) for cell in cells]
 
 
 # Distinct functions per device kind: Ray fixes max_calls per function (1 for GPU tasks: a fresh
 # process, hence a fresh CUDA context that sees exactly the GPU Ray assigned). Retries are ours.
-def _cpu_cell_stream(cell, settings, run_id, driver_cwd):
-    yield from _cell_stream(cell, settings, run_id, driver_cwd)
+def _cpu_unit_stream(cells, settings, run_id, driver_cwd):
+    yield from _unit_stream(cells, settings, run_id, driver_cwd)
 
 
-def _gpu_cell_stream(cell, settings, run_id, driver_cwd):
-    yield from _cell_stream(cell, settings, run_id, driver_cwd)
+def _gpu_unit_stream(cells, settings, run_id, driver_cwd):
+    yield from _unit_stream(cells, settings, run_id, driver_cwd)
 
 
-def _cpu_cell_once(cell, settings, run_id, driver_cwd):
-    return _cell_once(cell, settings, run_id, driver_cwd)
+def _cpu_unit_once(cells, settings, run_id, driver_cwd):
+    return _unit_once(cells, settings, run_id, driver_cwd)
 
 
-def _gpu_cell_once(cell, settings, run_id, driver_cwd):
-    return _cell_once(cell, settings, run_id, driver_cwd)
+def _gpu_unit_once(cells, settings, run_id, driver_cwd):
+    return _unit_once(cells, settings, run_id, driver_cwd)
 
 
 _TASKS = {
-    ("cpu", True): ray.remote(num_cpus=1, max_retries=0)(_cpu_cell_stream),
-    ("cuda", True): ray.remote(num_cpus=1, num_gpus=1, max_calls=1, max_retries=0)(_gpu_cell_stream),
-    ("cpu", False): ray.remote(num_cpus=1, max_retries=0)(_cpu_cell_once),
-    ("cuda", False): ray.remote(num_cpus=1, num_gpus=1, max_calls=1, max_retries=0)(_gpu_cell_once),
+    ("cpu", True): ray.remote(num_cpus=1, max_retries=0)(_cpu_unit_stream),
+    ("cuda", True): ray.remote(num_cpus=1, num_gpus=1, max_calls=1, max_retries=0)(_gpu_unit_stream),
+    ("cpu", False): ray.remote(num_cpus=1, max_retries=0)(_cpu_unit_once),
+    ("cuda", False): ray.remote(num_cpus=1, num_gpus=1, max_calls=1, max_retries=0)(_gpu_unit_once),
 }
 
 
@@ -261,24 +249,30 @@ def _first_line(exc: BaseException, limit: int = 400) -> str:
 
 @dataclasses.dataclass
 class _Job:
-    cell: Cell
-    ref: object  # an ObjectRefGenerator (start, then row) or, through Ray Client, an ObjectRef of (start, row)
+    unit: WorkUnit
+    ref: object  # an ObjectRefGenerator (start, then a row per cell) or, through Ray Client, an ObjectRef of (start, rows)
     attempt: int = 1
     info: dict | None = None
-    started: float | None = None  # driver clock when the worker reported the start
+    started: float | None = None  # driver clock when the worker reported the start, or the last row came
     killed: bool = False
     retry_note: str = ""
+    done: int = 0  # cells of the unit whose rows came back
+
+    @property
+    def cell(self) -> Cell:
+        """The cell being measured now (the first whose row has not come back)."""
+        return self.unit.cells[min(self.done, len(self.unit.cells) - 1)]
 
 
 class RayExecutor:
-    """Cells as Ray tasks, each holding its device exclusively; rows come back as cells finish.
+    """Work units as Ray tasks, each holding its device exclusively; rows come back as cells finish.
 
     A Ray this process is already connected to (``ray.init`` in a notebook) is used as it is and left
-    connected. Otherwise ``address=None`` starts a private local instance (:func:`start_local`) and
-    shuts it down when ``execute`` returns; any other address (``auto``, ``host:6379``,
-    ``ray://host:10001``) joins that cluster, and leaving only disconnects this driver.
+    connected. Otherwise ``address=None`` starts a private local instance (:func:`start_local`) on the
+    first ``execute`` and shuts it down on :meth:`close`; any other address (``auto``, ``host:6379``,
+    ``ray://host:10001``) joins that cluster, and closing only disconnects this driver.
     ``on_start(cell)`` is called when a worker starts the cell (through Ray Client, which cannot
-    stream, just before its row). :meth:`node_environments` describes every node that ran a cell.
+    stream, just before its row). :meth:`environment` describes every node that ran a cell.
     """
 
     name = "ray"
@@ -288,26 +282,31 @@ class RayExecutor:
         self.settings, self.run_id, self.address = settings, run_id, address
         self.kill_grace_s = kill_grace_s
         self._nodes: dict[str, dict] = {}
+        self._owned = False  # this executor connected (or started Ray), so close() disconnects
         # The measuring environment goes into the environment each worker process starts with (a Ray worker
         # keeps one runtime_env for life). A preloaded allocator must be at the same path on every node.
         self.env_vars = cpu_env.process_env(cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, settings.threads),
                                             base={})
 
-    def node_environments(self) -> list[dict]:
-        """One ``attnbench.environment.collect()`` dict per node that ran cells (plus its Ray node id and IP)."""
-        return list(self._nodes.values())
+    def environment(self) -> dict:
+        """``nodes``: one ``attnbench.environment.collect()`` dict per node that ran cells (plus its Ray node id and
+        IP). Each row records what its worker found in itself (``cpu_*`` columns)."""
+        return {"workers": [], "nodes": list(self._nodes.values())}
 
-    def execute(self, cells: Iterable[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None = None) -> None:
-        cells = list(cells)
-        if not cells:
+    def execute(self, units: Iterable[WorkUnit], on_row: OnRow, on_start: OnStart | None = None) -> None:
+        units = list(units)
+        if not units:
             return
-        owned = self._connect()
-        try:
-            check_resources(cells, ray.nodes())
-            self._run(cells, on_row, on_start)
-        finally:
-            if owned:
-                ray.shutdown()
+        if not ray.is_initialized():
+            self._owned = self._connect()
+        check_resources([c for u in units for c in u.cells], ray.nodes())
+        self._run(units, on_row, on_start)
+
+    def close(self) -> None:
+        """Disconnect from Ray (and stop the private instance) when :meth:`execute` connected."""
+        if self._owned:
+            self._owned = False
+            ray.shutdown()
 
     def _connect(self) -> bool:
         """Connect (or start) as configured; True when this call did, so ``execute`` disconnects after."""
@@ -323,21 +322,31 @@ class RayExecutor:
                                  f"{type(exc).__name__}: {_first_line(exc)}") from exc
         return True
 
-    def _run(self, cells: list[Cell], on_row: OnRow, on_start: Callable[[Cell], None] | None) -> None:
+    def _run(self, units: list[WorkUnit], on_row: OnRow, on_start: OnStart | None) -> None:
         streaming = not _client_mode()
         cwd = os.getcwd()
         jobs: dict = {}
         env_vars = self.env_vars
 
-        def submit(cell: Cell, attempt: int = 1, retry_note: str = "") -> None:
-            cuda = cell.device.startswith("cuda")
+        def submit(unit: WorkUnit, attempt: int = 1, retry_note: str = "") -> None:
+            cuda = unit.cells[0].device.startswith("cuda")
             task = _TASKS[("cuda" if cuda else "cpu", streaming)]
             ref = task.options(resources={CPU_SLOT: GPU_CELL_SLOT if cuda else 1},
-                               runtime_env={"env_vars": env_vars}).remote(cell, self.settings, self.run_id, cwd)
-            jobs[ref] = _Job(cell, ref, attempt, retry_note=retry_note)
+                               runtime_env={"env_vars": env_vars}).remote(unit.cells, self.settings, self.run_id, cwd)
+            jobs[ref] = _Job(unit, ref, attempt, retry_note=retry_note)
 
-        for cell in cells:
-            submit(cell)
+        def deliver(job: _Job, row: dict) -> None:
+            if job.retry_note:
+                _add_note(row, job.retry_note)
+            cell = job.cell
+            job.done += 1
+            job.started = time.perf_counter()  # the next cell of the unit gets its own time window
+            if job.done < len(job.unit.cells) and on_start:
+                on_start(job.cell)
+            on_row(cell, row)
+
+        for unit in units:
+            submit(unit)
         try:
             while jobs:
                 ready, _ = ray.wait(list(jobs), num_returns=1, timeout=self._wait_s(jobs))
@@ -348,23 +357,28 @@ class RayExecutor:
                             item = ray.get(next(job.ref))
                             if job.info is None:
                                 self._started(job, item, on_start)
-                                jobs[ref] = job  # its row comes next
-                                continue
-                            row = item
-                        else:
-                            info, row = ray.get(job.ref)
-                            self._started(job, info, on_start)
+                            else:
+                                deliver(job, item)
+                            if job.done < len(job.unit.cells):
+                                jobs[ref] = job  # more rows come
+                            continue
+                        info, rows = ray.get(job.ref)
+                        self._started(job, info, on_start)
+                        for row in rows:
+                            deliver(job, row)
+                        continue
                     except StopIteration:
                         row = self._status_row(job, "error", "the Ray task ended without returning a row")
                     except Exception as exc:
                         row = self._failure_row(job, exc)
-                        if row is None:  # the cluster lost the cell: once more
-                            submit(job.cell, job.attempt + 1,
+                        if row is None:  # the cluster lost the unit: what is left of it, once more
+                            submit(dataclasses.replace(job.unit, cells=job.unit.cells[job.done:]), job.attempt + 1,
                                    f"resubmitted once after {type(exc).__name__}: {_first_line(exc, 200)}")
                             continue
-                    if job.retry_note:
-                        _add_note(row, job.retry_note)
-                    on_row(job.cell, row)
+                    rest = job.unit.cells[job.done + 1:]
+                    deliver(job, row)
+                    if rest:  # the unit's other cells never ran: measured again without the one that failed
+                        submit(dataclasses.replace(job.unit, cells=rest), job.attempt, job.retry_note)
                 self._kill_overdue(jobs)
         except BaseException:  # Ctrl-C, or on_row failed: nothing may keep running for this sweep
             for ref in list(jobs):
@@ -372,7 +386,7 @@ class RayExecutor:
                     ray.cancel(ref, force=True)
             raise
 
-    def _started(self, job: _Job, info: dict, on_start: Callable[[Cell], None] | None) -> None:
+    def _started(self, job: _Job, info: dict, on_start: OnStart | None) -> None:
         job.info, job.started = info, time.perf_counter()
         self._nodes.setdefault(info["node_id"], info["env"])
         if on_start:
@@ -400,12 +414,10 @@ class RayExecutor:
                     ray.cancel(job.ref, force=True)
 
     def _status_row(self, job: _Job, status: str, error: str) -> dict:
-        row = empty_row(job.cell, self.run_id)
         info = job.info or {}
-        row.update(status=status, error=error, host=info.get("host"), worker=info.get("worker") or "ray",
-                   started_at=info.get("started_at"),
-                   duration_s=time.perf_counter() - job.started if job.started else float("nan"))
-        return row
+        return failed_row(job.cell, self.run_id, status, error, host=info.get("host"),
+                          worker=info.get("worker") or "ray", started_at=info.get("started_at"),
+                          duration_s=time.perf_counter() - job.started if job.started else float("nan"))
 
     def _failure_row(self, job: _Job, exc: Exception) -> dict | None:
         """The row for a cell whose task failed, or None to resubmit it (a cluster failure, first time)."""

@@ -22,46 +22,20 @@ import os
 import sys
 
 
-def _prepare(cell, peak_known: bool) -> None:
-    """Once-per-process costs, paid before the cell's clock (``cell_timeout_s``) starts, as on Ray: the
-    implementation's import and, unless the runner passed it on, the machine's peak GFLOP/s for the
-    cell's device and dtype (cached)."""
-    import contextlib
-
-    from attnbench import registry
-    from attnbench.measure import peak_gflops
-
-    with contextlib.suppress(Exception):  # run_cell reports any failure as the cell's row
-        registry.get(cell.impl)
-        if cell.impl.startswith("compiled:"):
-            import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
-        if not peak_known:
-            peak_gflops(cell.device, cell.dtype)
-
-
 def _serve(label: str) -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # prints of implementations go to stderr
     from attnbench.measure import cpu_env
+    from attnbench.runner.executors.warmup import warm_cells, warm_process
 
-    if cpu_env.requested_allocator() == "pinned":
-        cpu_env.pin_glibc_malloc()  # before any cell allocates (the environment did it at exec already)
+    warm_process(int(os.environ.get("OMP_NUM_THREADS") or 0), pinned=cpu_env.requested_allocator() == "pinned")
     import torch
 
     from attnbench import registry
-    from attnbench.measure import peak_memory
     from attnbench.results.schema import Cell
-    from attnbench.runner import workload  # noqa: F401  (what run_cell imports on its first call)
     from attnbench.runner.cell import run_cell
     from attnbench.runner.sweep import Settings
 
-    threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
-    if threads:
-        torch.set_num_threads(threads)
-    a = torch.randn(256, 256)
-    (a @ a).sum().item()  # one parallel region: the OpenMP threads exist and are placed before describe()
-    # The profiler (peak memory) imports seconds of modules on first use: here, not inside the first cell's clock.
-    peak_memory(lambda: a @ a, torch.device("cpu"))
     described = cpu_env.describe()
     worker = f"{label} pid{os.getpid()}"
 
@@ -81,7 +55,7 @@ def _serve(label: str) -> None:
             continue
         cell = Cell(**request["cell"])
         peak = request.get("peak_gflops_per_s")
-        _prepare(cell, peak is not None)
+        warm_cells([cell], peak_known=peak is not None)
         row = run_cell(cell, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak)
         row.update(described, worker=worker)
         send({"row": row})

@@ -1,0 +1,50 @@
+"""The warm-up every measuring process does, whoever started it (a local worker or a Ray worker).
+
+Costs paid once per process are paid here, before a cell's clock (``cell_timeout_s``) starts and outside any
+timed region: torch's threads created and placed, the modules :func:`~attnbench.runner.cell.run_cell` imports
+on its first call, the profiler (peak memory) imported, and per cell the implementation's import, Dynamo's
+counters for compiled cells and the machine's peak GFLOP/s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from attnbench.measure import cpu_env
+from attnbench.results.schema import Cell
+
+
+def warm_process(threads: int | None, pinned: bool) -> None:
+    """Prepare this process to measure: glibc's malloc pinned (``pinned``), ``threads`` intra-op threads (when
+    given) created and placed by one parallel region, and the first-use imports done."""
+    if pinned:
+        cpu_env.pin_glibc_malloc()  # before any cell allocates (the environment did it at exec already)
+    import torch
+
+    import attnbench.runner.cell  # noqa: F401  (what run_cell imports on its first call)
+    import attnbench.runner.workload  # noqa: F401
+    from attnbench.measure import peak_memory
+
+    if threads:
+        torch.set_num_threads(threads)
+    a = torch.randn(256, 256)
+    (a @ a).sum().item()  # one parallel region: the OpenMP threads exist and are placed before describe()
+    # The profiler (peak memory) imports seconds of modules on first use: here, not inside the first cell's clock.
+    peak_memory(lambda: a @ a, torch.device("cpu"))
+
+
+def warm_cells(cells: Iterable[Cell], peak_known: bool = False) -> None:
+    """Once-per-process costs of ``cells``: each implementation's import, Dynamo's counters for ``compiled:``
+    cells, and (unless ``peak_known``) the peak GFLOP/s of each device and dtype (cached). A failure here is
+    left for the cell to report as its row."""
+    from attnbench import registry
+    from attnbench.measure import peak_gflops
+
+    for cell in cells:
+        with contextlib.suppress(Exception):
+            registry.get(cell.impl)
+            if cell.impl.startswith("compiled:"):
+                import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
+            if not peak_known:
+                peak_gflops(cell.device, cell.dtype)

@@ -1,0 +1,243 @@
+"""One run of a sweep, from its folder to its results: started or resumed, scheduled, merged and finished.
+
+:class:`RunSession` owns what ``attnbench.run`` does between the sweep and the table:
+
+* **start / resume**: the run folder (:class:`~attnbench.results.store.RunStore`), ``meta.json``, the executor
+  (:mod:`attnbench.runner.executors.base`) and the between-run term of every CI (:mod:`attnbench.measure.drift`);
+* **schedule**: every unit of work once per round and measuring process, in a fresh seeded order each round,
+  with the processes rotated so that no process always measures first;
+* **merge**: the rows of a cell measured in several rounds and processes become one row
+  (:func:`~attnbench.runner.cell.merge_rounds`), stored as soon as the cell is complete; a cell that fails in
+  any round is stored as it failed and not run again;
+* **finish**: the between-run term scaled for a run noisier than its calibration, the measuring environment and
+  timings in ``meta.json``, and the folder consolidated. The rows stored by this session are kept in memory, so
+  the folder is read once at the end (to consolidate it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench import environment
+from attnbench.devices import parse_device_type
+from attnbench.measure import cpu_env, drift
+from attnbench.results.schema import Cell
+from attnbench.results.store import RunStore, load_run, new_run_id
+from attnbench.runner.cell import merge_rounds
+from attnbench.runner.executors.base import Executor, WorkUnit
+from attnbench.runner.sweep import Settings, Sweep
+
+Progress = Callable[[int, int, Cell, dict | None], None]
+
+
+def sweep_to_dict(sweep: Sweep) -> dict:
+    """A JSON-able description of the sweep (stored in ``meta.json``, used by ``--resume``)."""
+    d = dataclasses.asdict(sweep)
+    d["settings"] = dataclasses.asdict(sweep.settings)
+    return d
+
+
+def sweep_from_meta(meta: dict) -> Sweep:
+    """The sweep a run was started with (for ``--resume``)."""
+    data = dict(meta["sweep"])
+    settings = Settings(**data.pop("settings"))
+    return Sweep(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}, settings=settings)
+
+
+def cpu_env_meta(settings: Settings) -> dict:
+    """The measuring environment asked for, as recorded in ``meta.json`` (what held is added after the run)."""
+    return {"allocator": settings.cpu_allocator, "bind": settings.cpu_bind,
+            "omp": dict(cpu_env.OMP_BINDING) if settings.cpu_bind else {}, "threads": settings.threads,
+            "processes": settings.processes, "rounds": settings.rounds,
+            "malloc_threshold_bytes": cpu_env.PINNED_THRESHOLD_BYTES if settings.cpu_allocator == "pinned" else None}
+
+
+def with_measuring_threads(sweep: Sweep, executor: str) -> Sweep:
+    """``sweep`` with its measuring threads decided (:func:`attnbench.measure.cpu_env.measuring_threads`) for a local
+    run of CPU cells under the controlled environment: the spare core takes the driver and the OS. Ray workers
+    decide on their own node, other runs keep torch's default."""
+    s = sweep.settings
+    if s.threads is None and s.cpu_bind and executor == "local" and any(parse_device_type(d) == "cpu" for d in sweep.device):
+        return dataclasses.replace(sweep, settings=dataclasses.replace(s, threads=cpu_env.measuring_threads(None, True)))
+    return sweep
+
+
+class RunSession:
+    """One session of a run: :meth:`start` or :meth:`resume`, then :meth:`measure`, then :meth:`finish`."""
+
+    def __init__(self, sweep: Sweep, store: RunStore, executor: Executor, done: set[str],
+                 progress: Progress | None = None):
+        self.sweep, self.store, self.executor, self.progress, self.done = sweep, store, executor, progress, done
+        settings = sweep.settings
+        if settings.threads:  # set in the measuring processes (and recorded on every row)
+            store.meta["torch_threads"] = settings.threads
+        self.cells = [c for c in sweep.cells() if c.cell_id not in done]
+        self.units_per_cell = settings.rounds * settings.processes  # every cell once per round in each process
+        self.total = len(self.cells) * self.units_per_cell
+        # the between-run term of every CI, per device type, decided once per run
+        self.drifts = {t: drift.term_for(settings.drift, t, settings.cpu_allocator)
+                       for t in sorted({parse_device_type(d) for d in sweep.device})}
+        store.meta["drift"] = {t: d.as_meta() for t, d in self.drifts.items()}
+        store.write_meta()
+        self.count = 0
+        self.pending: dict[str, list[dict]] = {}  # ok rows of cells still owed more rounds
+        self.stored: dict[str, tuple[dict, Path]] = {}  # cell_id -> (row, its cell file), this session's
+        self.interrupted = False
+        self._started = time.perf_counter()
+
+    # ------------------------------------------------------------------ start or resume
+
+    @classmethod
+    def start(cls, sweep: Sweep, *, out: str | Path, executor: str, make_executor, run_id: str | None = None,
+              argv: list[str] | None = None, progress: Progress | None = None) -> RunSession:
+        """A new run folder under ``out`` for ``sweep``; the executor is made before the folder exists, so a setting
+        that cannot work leaves nothing behind."""
+        sweep = with_measuring_threads(sweep, executor)
+        meta = environment.collect(argv)
+        meta.update(sweep=sweep_to_dict(sweep), executor=executor, cpu_env=cpu_env_meta(sweep.settings))
+        run_id = run_id or new_run_id()
+        run_exec = make_executor(executor, sweep.settings, run_id)
+        return cls(sweep, RunStore(out, run_id=run_id, meta=meta), run_exec, set(), progress)
+
+    @classmethod
+    def resume(cls, path: str | Path, *, executor: str, make_executor, sweep: Sweep | None = None,
+               settings: dict | None = None, progress: Progress | None = None) -> RunSession:
+        """Continue the run in ``path``, skipping the cells it has; measurement ``settings`` may change (a longer
+        ``--cell-timeout``), the axes may not."""
+        store = RunStore(path, resume=True)
+        sweep = sweep or sweep_from_meta(store.meta)
+        if settings:
+            sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
+        done = store.done_cell_ids()
+        run_exec = make_executor(executor, sweep.settings, store.run_id)
+        store.meta["cpu_env"] = cpu_env_meta(sweep.settings)
+        return cls(sweep, store, run_exec, done, progress)
+
+    # ------------------------------------------------------------------ schedule and merge
+
+    def schedule(self) -> Iterator[list[WorkUnit]]:
+        """The units of each (round, process) pass, in measuring order; cells finished (failed) earlier in the run
+        are left out of later passes."""
+        settings = self.sweep.settings
+        rounds, processes = settings.rounds, settings.processes
+        for r in range(rounds):
+            for p in _process_order(r, processes):  # interleaved: a slow phase hits every process alike
+                todo = [c for c in self.cells if c.cell_id not in self.stored]
+                if self.units_per_cell > 1:  # a fresh order each round, so slow phases of the machine hit every cell alike
+                    todo = random.Random(settings.seed * 1000 + r * processes + p).sample(todo, len(todo))
+                yield [WorkUnit((c,), process=p, round=r) for c in todo]
+
+    def measure(self) -> None:
+        """Execute every pass of the schedule (Ctrl-C propagates; every finished cell is kept)."""
+        for units in self.schedule():
+            self.executor.execute(units, self.on_row, self.on_start)
+
+    def on_start(self, cell: Cell) -> None:
+        if self.progress:
+            self.progress(self.count, self.total, cell, None)
+
+    def on_row(self, cell: Cell, row: dict) -> None:
+        """One round's row of ``cell``: held until the cell's last round, then merged and stored."""
+        self.count += 1
+        units = self.units_per_cell
+        if row["status"] == "ok":
+            self.pending.setdefault(cell.cell_id, []).append(row)
+            if len(self.pending[cell.cell_id]) < units:
+                if self.progress:
+                    self.progress(self.count, self.total, cell, row)
+                return
+            row = merge_rounds(self.pending.pop(cell.cell_id), self.sweep.settings.processes,
+                               self.drifts[parse_device_type(cell.device)].rel)
+        elif units > 1:  # a cell that fails in any round is recorded as it failed, and not run again
+            earlier_ok = len(self.pending.pop(cell.cell_id, []))
+            self.count += units - earlier_ok - 1  # the rounds it will not run
+            if earlier_ok:
+                row = {**row, "notes": f"failed in round {earlier_ok + 1} of {units} after {earlier_ok} ok round(s); "
+                                       + (row.get("notes") or "")}
+        self.stored[cell.cell_id] = (row, self.store.append(row))
+        if self.progress:
+            self.progress(self.count, self.total, cell, row)
+
+    # ------------------------------------------------------------------ finish
+
+    def finish(self, csv: bool = False) -> pd.DataFrame:
+        """Close the executor, complete ``meta.json``, consolidate the folder; the run's table."""
+        store, meta = self.store, self.store.meta
+        self.executor.close()
+        env = self.executor.environment()
+        if env["workers"]:
+            meta["cpu_env"]["measured"] = env["workers"]
+            meta["torch_threads"] = env["workers"][0]["threads"]
+        if env["nodes"]:  # merged by node, so a resumed run keeps earlier nodes
+            nodes = {n.get("ray_node_id"): n for n in meta.get("nodes", [])}
+            nodes.update({n.get("ray_node_id"): n for n in env["nodes"]})
+            meta["nodes"] = list(nodes.values())
+        self._scale_drift()
+        meta["wall_s"] = meta.get("wall_s", 0.0) + time.perf_counter() - self._started
+        meta["interrupted"] = self.interrupted
+        meta["load_average_1m_end"] = environment.load_average()
+        store.write_meta()
+        df = store.consolidate(csv=csv)
+        store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
+                                     df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
+        store.write_meta()
+        df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=self.interrupted)
+        return df
+
+    def _scale_drift(self) -> None:
+        """A device type whose cells' round medians spread more than the calibration runs' gets its between-run term
+        scaled up (:meth:`attnbench.measure.drift.Drift.for_run`), every ok row's CI remade with it, and
+        ``meta.json`` says so. Reads rows this session stored from memory; a resumed run's earlier rows from the
+        folder, only when some of them need remaking."""
+        rows = [r for r, _ in self.stored.values()]
+        if self.done:  # a resumed run: its earlier sessions' rows count too
+            old, _ = load_run(self.store.path)
+            rows += [r for r in old.to_dict("records") if r["cell_id"] not in self.stored]
+        if not rows:
+            return
+        df = pd.DataFrame(rows)
+        kinds = df["device"].astype(str).map(parse_device_type)
+        for kind, base in self.drifts.items():
+            of_kind = df[kinds == kind]
+            spread = drift.round_spread(of_kind) if len(of_kind) else None
+            scaled = base.for_run(spread)
+            self.store.meta["drift"][kind] = {**scaled.as_meta(), "calibrated_rel": base.rel, "round_spread": spread}
+            fp32 = of_kind[(of_kind["status"] == "ok") & (of_kind["dtype"].astype(str) == "float32")]["peak_gflops_per_s"]
+            fp32 = fp32.dropna()
+            warning = base.speed_warning(float(fp32.median()) if len(fp32) else None)
+            if warning:
+                self.store.meta["drift"][kind]["warning"] = warning
+            # rows whose CI was widened with another term (NaN: measured before the term existed); usually none.
+            # A resumed run's earlier rows are remade with this session's term.
+            stale = of_kind[(of_kind["status"] == "ok") & (of_kind["drift_rel"].fillna(0.0) != scaled.rel)]
+            if len(stale):
+                self._remake(set(stale["cell_id"]), scaled.rel)
+
+    def _remake(self, stale_ids: set[str], new: float) -> None:
+        def remake(row: dict) -> dict | None:
+            if row["status"] != "ok" or row["cell_id"] not in stale_ids:
+                return None
+            old = row.get("drift_rel")
+            old = 0.0 if old is None or old != old else float(old)
+            lo, hi = drift.rewiden(row["median_s"], row["ci_low_s"], row["ci_high_s"], old, new)
+            return {**row, "ci_low_s": lo, "ci_high_s": hi, "ci_rel": (hi - lo) / 2 / row["median_s"], "drift_rel": new}
+
+        for cell_id in stale_ids & set(self.stored):
+            row, path = self.stored[cell_id]
+            new_row = remake(row)
+            self.store.rewrite(path, new_row)
+            self.stored[cell_id] = (new_row, path)
+        if stale_ids - set(self.stored):  # rows of an earlier session of a resumed run: found in the folder
+            mine = set(self.stored)
+            self.store.rewrite_cells(lambda row: None if row["cell_id"] in mine else remake(row))
+
+
+def _process_order(round_index: int, processes: int) -> list[int]:
+    """The processes of one round, rotated each round so that no process always measures first."""
+    return [(round_index + i) % processes for i in range(processes)]
