@@ -55,6 +55,13 @@ COLUMNS: dict[str, str] = {
     "cpu_allocator": "string", "cpu_binding": "string", "cpu_affinity": "string",
     # outcome
     "status": "string", "error": "string", "notes": "string",
+    # paired speed-up against the comparison group's baseline (cells that differ only in impl share group_id):
+    # baseline time / this time (>1: faster), from per-cycle ratios of interleaved bursts; 1.0 on the baseline's
+    # own row; NaN when it could not be paired (notes say why). cycle_s: this member's per-call time in each burst
+    # cycle, aligned across the group's members (NaN where it did not run); cycle_groups: sizes of its
+    # consecutive groups of cycles (one per round and process), like sample_groups for samples_s
+    "group_id": "string", "baseline": "string", "speedup": "float64", "speedup_ci_low": "float64",
+    "speedup_ci_high": "float64", "cycle_s": "object", "cycle_groups": "object",
     # where and when
     "host": "string", "worker": "string", "started_at": "string", "duration_s": "float64",
 }
@@ -105,9 +112,15 @@ class Cell:
     @property
     def cell_id(self) -> str:
         """A readable key that identifies the cell across runs (for ``--resume`` and ``compare``)."""
+        return f"{self.impl}|{self.group_id}"
+
+    @property
+    def group_id(self) -> str:
+        """The :attr:`cell_id` without the implementation: the key of the cell's comparison group (the cells
+        that differ only in ``impl``, timed together in alternation and paired for speed-ups)."""
         variant = ((f"|kv{self.num_kv_heads}" if self.num_kv_heads is not None else "")
                    + (f"|w{self.window}" if self.window is not None else "") + ("" if self.causal else "|noncausal"))
-        return (f"{self.impl}|{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
+        return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
     def as_dict(self) -> dict:
@@ -125,12 +138,13 @@ def empty_row(cell: Cell, run_id: str = "") -> dict:
     from attnbench.plugins.loading import split_display_name
 
     row["impl"] = split_display_name(cell.impl)[0] or cell.impl  # NAME=target: tables and figures show NAME
-    row.update(run_id=run_id, cell_id=cell.cell_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
+    row.update(run_id=run_id, cell_id=cell.cell_id, group_id=cell.group_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
                warmup_calls=0, threads=0, status="error", error="", notes="")
     return row
 
 
-ADDED_COLUMNS = ("num_kv_heads", "window", "causal", "kv_cache_bytes", "kv_cache_bytes_analytic")
+ADDED_COLUMNS = ("num_kv_heads", "window", "causal", "kv_cache_bytes", "kv_cache_bytes_analytic", "group_id", "baseline",
+                 "speedup", "speedup_ci_low", "speedup_ci_high", "cycle_s", "cycle_groups")
 """Columns newer than the first results format: filled by :func:`fill_added_columns` in older tables."""
 
 
@@ -142,9 +156,17 @@ def fill_added_columns(df):
         df["window"] = float("nan")
     if "causal" not in df.columns:
         df["causal"] = True
-    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel"):
+    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel", "speedup", "speedup_ci_low",
+                 "speedup_ci_high"):
         if name not in df.columns:
             df[name] = float("nan")
+    if "group_id" not in df.columns and "cell_id" in df.columns:  # runs before comparison groups: the same key
+        df["group_id"] = df["cell_id"].map(lambda c: str(c).split("|", 1)[-1])
+    if "baseline" not in df.columns:
+        df["baseline"] = None
+    for name in ("cycle_s", "cycle_groups"):  # timed one cell at a time: no burst cycles
+        if name not in df.columns:
+            df[name] = [[] for _ in range(len(df))]
     return df
 
 
