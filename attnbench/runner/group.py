@@ -10,7 +10,6 @@ status row, as :func:`attnbench.runner.cell.run_cell` would record it, and the o
 
 from __future__ import annotations
 
-import contextlib
 import time
 import zlib
 from collections.abc import Callable
@@ -158,7 +157,7 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         notify(cid)
 
     def guard(cid: str):
-        return deadline(settings.cell_timeout_s) if settings.cell_timeout_s else contextlib.nullcontext()
+        return deadline(settings.cell_timeout_s)  # each warm-up and burst: a member past it is dropped as `timeout`
 
     t0 = time.perf_counter()
     timing = time_interleaved(
