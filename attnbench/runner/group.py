@@ -10,6 +10,7 @@ status row, as :func:`attnbench.runner.cell.run_cell` would record it, and the o
 
 from __future__ import annotations
 
+import itertools
 import time
 import zlib
 from collections.abc import Callable
@@ -38,6 +39,9 @@ from attnbench.runner.cell import (
 )
 from attnbench.runner.sweep import Settings, display_name
 
+_GROUPS_MEASURED = itertools.count()
+"""Groups measured by this process so far: the default shuffle differs between the rounds a process measures."""
+
 MIN_CYCLES = 6
 """Cycles before a group of two or more may stop on its CIs: fewer ratios give no distribution-free CI."""
 
@@ -50,9 +54,10 @@ def run_group(cells: list[Cell], settings: Settings, run_id: str, *, baseline: s
     to ``--impl``; rows say why when it cannot be paired, e.g. the baseline failed).
 
     Each member's sampling gets ``settings.budget_s`` (the group: that times its members). ``cell_timeout_s``
-    applies to each member's build and first call, warm-up, each burst and its memory pass. ``on_member(cell_id)``
-    is called before each of these steps, so a caller can attribute a death of the process. ``seed`` shuffles
-    the bursts (default: from ``settings.seed`` and the group). torch's thread count is restored afterwards.
+    applies to each member's build and first call, warm-up, each burst, its memory pass and its FLOP count.
+    ``on_member(cell_id)`` is called before each of these steps, so a caller can attribute a death of the process.
+    ``seed`` shuffles the bursts (default: from ``settings.seed``, the group and the groups this process measured
+    before). torch's thread count is restored afterwards.
     """
     with torch_threads(settings.threads):
         return _run_group(cells, settings, run_id, baseline, peak_gflops_per_s, on_member, seed)
@@ -92,6 +97,7 @@ def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str
         # module, so every member's compiled code is run (timing, memory) before any member is counted
         for i in list(built):
             t0 = time.perf_counter()
+            notify(ids[i])
             if not _step(rows[i], settings, lambda i=i: record_work(built[i], settings, rows[i], peak_gflops_per_s))[0]:
                 del built[i]
             own_s[i] += time.perf_counter() - t0
@@ -102,6 +108,12 @@ def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str
         built.clear()
         release(device)
     return add_speedups(rows, baseline)
+
+
+def _default_seed(cell: Cell, settings: Settings) -> int:
+    """The shuffle's seed: from the settings' seed, the group, and how many groups this process has measured (a
+    later round gets other orders; a fresh process repeats them)."""
+    return zlib.crc32(cell.group_id.encode()) + 1_000_003 * settings.seed + next(_GROUPS_MEASURED)
 
 
 def _step(row: dict, settings: Settings, step: Callable[[], object]) -> tuple[bool, object]:
@@ -164,7 +176,7 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         fns, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
         target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
         min_cycles=MIN_CYCLES if len(fns) > 1 else 1, max_cycles=settings.max_samples,
-        budget_s=settings.budget_s * len(fns), seed=zlib.crc32(cell.group_id.encode()) + settings.seed if seed is None else seed,
+        budget_s=settings.budget_s * len(fns), seed=_default_seed(cell, settings) if seed is None else seed,
         l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard)
     charge()
     share_s = (time.perf_counter() - t0) / len(fns)
