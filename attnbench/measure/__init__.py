@@ -5,6 +5,7 @@ the asv suite, a test and a notebook all call the same primitives.
 """
 
 from attnbench.measure.flops import analytic_flops, attention_pairs, counted_flops, dense_flops, peak_gflops
+from attnbench.measure.interleave import InterleavedTiming, time_interleaved
 from attnbench.measure.memory import (
     MemoryResult,
     kv_cache_bytes_analytic,
@@ -12,9 +13,9 @@ from attnbench.measure.memory import (
     retained_bytes,
     storage_bytes,
 )
-from attnbench.measure.stats import median_ci, summarize
+from attnbench.measure.stats import median_ci, paired_speedup, summarize
 from attnbench.measure.timing import Timing, time_fn
 
-__all__ = ["MemoryResult", "Timing", "analytic_flops", "attention_pairs", "counted_flops", "dense_flops",
-           "kv_cache_bytes_analytic", "median_ci", "peak_gflops", "peak_memory", "retained_bytes", "storage_bytes",
-           "summarize", "time_fn"]
+__all__ = ["InterleavedTiming", "MemoryResult", "Timing", "analytic_flops", "attention_pairs", "counted_flops",
+           "dense_flops", "kv_cache_bytes_analytic", "median_ci", "paired_speedup", "peak_gflops", "peak_memory",
+           "retained_bytes", "storage_bytes", "summarize", "time_fn", "time_interleaved"]

@@ -274,3 +274,35 @@ def rewiden(median: float, lo: float, hi: float, old: float, new: float,
     down = math.sqrt(max(0.0, math.log(median / lo) ** 2 - (z * old) ** 2) + (z * new) ** 2)
     up = math.sqrt(max(0.0, math.log(hi / median) ** 2 - (z * old) ** 2) + (z * new) ** 2)
     return median * math.exp(-down), median * math.exp(up)
+
+
+# ---------------------------------------------------------------- paired speed-ups (interleaved members)
+
+def paired_speedup(base_groups: Sequence[Sequence[float]], member_groups: Sequence[Sequence[float]],
+                   confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """``(speedup, ci_low, ci_high)`` of a member against the baseline: baseline time / member time, from
+    per-cycle ratios.
+
+    ``base_groups[g][i]`` and ``member_groups[g][i]`` are the two per-call times of cycle ``i`` of group ``g``
+    (one round in one process) of an interleaved measurement (:func:`attnbench.measure.interleave.time_interleaved`):
+    measured moments apart, so a drift of the machine hits both and cancels in their ratio. Cycles where
+    either is NaN (did not run) are dropped pairwise. The estimate is the :func:`group_median` of the log
+    ratios (every group weighs the same) and the CI is :func:`hierarchical_median_ci` of them (groups drawn
+    first, then cycles; one group: the distribution-free interval), both mapped back from the log scale.
+    All NaN when no cycle has both times.
+    """
+    if len(base_groups) != len(member_groups):
+        raise ValueError(f"{len(base_groups)} baseline groups against {len(member_groups)} member groups: not aligned")
+    log_ratios = []
+    for base, member in zip(base_groups, member_groups, strict=True):
+        b, m = np.asarray(base, dtype=float), np.asarray(member, dtype=float)
+        if b.shape != m.shape:
+            raise ValueError(f"a group of {len(b)} baseline cycles against {len(m)} member cycles: not aligned")
+        both = np.isfinite(b) & np.isfinite(m) & (b > 0) & (m > 0)
+        log_ratios.append(np.log(b[both] / m[both]))
+    gs = _as_groups(log_ratios)
+    if not gs:
+        return math.nan, math.nan, math.nan
+    centre = group_median(gs)
+    lo, hi = hierarchical_median_ci(gs, confidence, resamples=resamples, seed=seed)
+    return math.exp(centre), math.exp(min(lo, centre)), math.exp(max(hi, centre))

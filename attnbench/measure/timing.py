@@ -35,7 +35,7 @@ class Timing:
         return summarize(self.samples_s)
 
 
-def _l2_flusher(device: torch.device) -> Callable[[], None]:
+def l2_flusher(device: torch.device) -> Callable[[], None]:
     """A function that evicts the GPU's L2 cache by writing a buffer twice its size."""
     size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
     buffer = torch.empty(2 * size, dtype=torch.int8, device=device)
@@ -94,20 +94,25 @@ def _converged(samples: list[float], min_samples: int, target_rel_ci: float) -> 
     return ci_rel == ci_rel and ci_rel <= target_rel_ci
 
 
+def cuda_graph_replay(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """``fn`` captured once in a CUDA graph: the returned function replays it (no launch overhead)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):  # warm the side stream before capture, as the CUDA-graph docs require
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph) -> Timing:
-    flush = _l2_flusher(device) if l2_flush else None
+    flush = l2_flusher(device) if l2_flush else None
     timer = "cuda_event"
     call = fn
     if cuda_graph:
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm the side stream before capture, as the CUDA-graph docs require
-            fn()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        call, timer = graph.replay, "cuda_graph"
+        call, timer = cuda_graph_replay(fn, device), "cuda_graph"
     samples: list[float] = []
     stopped_by = "max_samples"
     sampling_start = time.perf_counter()

@@ -61,6 +61,13 @@ COLUMNS: dict[str, str] = {
     "cpu_allocator": "string", "cpu_binding": "string", "cpu_affinity": "string",
     # outcome
     "status": "string", "error": "string", "notes": "string",
+    # paired speed-up against the comparison group's baseline (cells that differ only in impl share group_id):
+    # baseline time / this time (>1: faster), from per-cycle ratios of interleaved bursts; 1.0 on the baseline's
+    # own row; NaN when it could not be paired (notes say why). cycle_s: this member's per-call time in each burst
+    # cycle, aligned across the group's members (NaN where it did not run); cycle_groups: sizes of its
+    # consecutive groups of cycles (one per round and process), like sample_groups for samples_s
+    "group_id": "string", "baseline": "string", "speedup": "float64", "speedup_ci_low": "float64",
+    "speedup_ci_high": "float64", "cycle_s": "object", "cycle_groups": "object",
     # where and when
     "host": "string", "worker": "string", "started_at": "string", "duration_s": "float64",
 }
@@ -111,9 +118,15 @@ class Cell:
     @property
     def cell_id(self) -> str:
         """A readable key that identifies the cell across runs (for ``--resume`` and ``compare``)."""
+        return f"{self.impl}|{self.group_id}"
+
+    @property
+    def group_id(self) -> str:
+        """The :attr:`cell_id` without the implementation: the key of the cell's comparison group (the cells
+        that differ only in ``impl``, timed together in alternation and paired for speed-ups)."""
         variant = ((f"|kv{self.num_kv_heads}" if self.num_kv_heads is not None else "")
                    + (f"|w{self.window}" if self.window is not None else "") + ("" if self.causal else "|noncausal"))
-        return (f"{self.impl}|{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
+        return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
     def as_dict(self) -> dict:
@@ -180,8 +193,25 @@ def empty_row(cell: Cell, run_id: str = "") -> dict:
     row = Row(**cell.as_dict()).as_dict()
     row.update(num_kv_heads=cell.kv_heads, window=float("nan") if cell.window is None else cell.window)
     row["impl"] = split_display_name(cell.impl)[0] or cell.impl  # NAME=target: tables and figures show NAME
-    row.update(run_id=run_id, cell_id=cell.cell_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
+    row.update(run_id=run_id, cell_id=cell.cell_id, group_id=cell.group_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
                warmup_calls=0, threads=0, status="error", error="", notes="")
+    return row
+
+
+KEPT_ON_FAILURE = frozenset({
+    "run_id", "cell_id", "group_id", "impl", "device", "device_name", "dtype", "batch", "seq_len", "num_heads",
+    "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "baseline",
+    "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
+    "cpu_affinity"})
+"""What a row that is not ``ok`` keeps: what the cell is, what happened, and where and when it ran. Every other
+column (any measurement, including columns added later) goes back to missing: a failed cell never reports one."""
+
+
+def clear_measurements(row: dict) -> dict:
+    """``row`` (not ``ok``), in place, with every column outside :data:`KEPT_ON_FAILURE` missing (NaN, 0, no samples)."""
+    for name, kind in COLUMNS.items():
+        if name not in KEPT_ON_FAILURE:
+            row[name] = [] if kind == "object" else _MISSING[kind]
     return row
 
 
@@ -210,6 +240,8 @@ def fill_added_columns(df):
         kind = COLUMNS[name]
         if name == "num_kv_heads" and "num_heads" in df.columns:
             df[name] = df["num_heads"]
+        elif name == "group_id" and "cell_id" in df.columns:  # runs before comparison groups: the same key
+            df[name] = df["cell_id"].map(lambda c: str(c).split("|", 1)[-1])
         elif kind == "object":
             df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)
         else:

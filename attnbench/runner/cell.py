@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import math
 import os
 import signal
@@ -18,8 +19,11 @@ import threading
 import time
 import traceback
 import zlib
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from attnbench.devices import device_name, synchronize
@@ -32,11 +36,14 @@ from attnbench.measure import (
     peak_memory,
     time_fn,
 )
-from attnbench.measure.stats import summarize_groups
-from attnbench.resolve import Skip, resolve
-from attnbench.results.schema import Cell, empty_row
+from attnbench.measure.stats import paired_speedup, summarize, summarize_groups
+from attnbench.resolve import Ready, Skip, resolve
+from attnbench.results.schema import Cell, clear_measurements, empty_row
 from attnbench.results.text import fmt_time
-from attnbench.runner.sweep import Settings
+from attnbench.runner.sweep import Settings, display_name
+
+if TYPE_CHECKING:
+    from attnbench.runner.workload import Workload
 
 
 class CellTimeout(Exception):
@@ -44,7 +51,7 @@ class CellTimeout(Exception):
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float | None):
+def deadline(seconds: float | None):
     """Raise :class:`CellTimeout` in this (main) thread after ``seconds``.
 
     In-process this interrupts Python-level hangs; a hang inside one native kernel call is only
@@ -85,7 +92,8 @@ def _is_oom(exc: BaseException) -> bool:
     return "out of memory" in text.lower() or "can't allocate memory" in text or "DefaultCPUAllocator" in text
 
 
-def _release(device: torch.device) -> None:
+def release(device: torch.device) -> None:
+    """Forget what the cells measured here left behind (Dynamo's state, garbage, the CUDA cache)."""
     # Cells must not interact through torch.compile's in-memory state: FlopCounterMode over an eager
     # FlexAttention call (which compiles internally) leaves Dynamo unable to trace the next one, and a
     # compiled cell's caches would make the next cell's compile time look shorter.
@@ -119,91 +127,127 @@ def run_cell(cell: Cell, settings: Settings = Settings(), run_id: str = "", peak
 
 
 def _run_cell(cell: Cell, settings: Settings, run_id: str, peak_gflops_per_s: float | None) -> dict:
-    row = empty_row(cell, run_id)
-    row.update(host=socket.gethostname(), worker=f"pid{os.getpid()}",
-               started_at=datetime.now(UTC).isoformat(timespec="microseconds"))
+    row = start_row(cell, run_id)
     t_start = time.perf_counter()
-    row["threads"] = torch.get_num_threads()
-    try:
-        outcome = resolve(cell.impl, cell)
-    except AttnbenchError:
-        outcome = None  # an unknown name or mode: build_workload raises it again, into a row with its status
+    outcome = resolve_row(cell, row)
     if isinstance(outcome, Skip):
-        row.update(status="skipped", error=outcome.reason)
         row["duration_s"] = time.perf_counter() - t_start
         return row
     device = outcome.device if outcome else torch.device("cpu")
-    workload = None
+    built = None
     try:
-        with _deadline(settings.cell_timeout_s):
-            row["device_name"] = device_name(device)
-            from attnbench.runner.workload import build_workload
-
-            workload = build_workload(cell, seed=settings.seed, ready=outcome)
-            _measure(workload, cell, settings, row, peak_gflops_per_s)
-    except CellTimeout as exc:
-        row.update(status="timeout", error=str(exc))
-    except (UnavailableError, InvalidSpecError, SweepError) as exc:
-        row.update(status="skipped", error=str(exc))
+        with deadline(settings.cell_timeout_s):  # one deadline for the whole cell
+            built = build_and_check(cell, settings, row, outcome)
+            if built is not None:
+                _measure(built, settings, row, peak_gflops_per_s)
     except Exception as exc:
-        if _is_oom(exc):
-            row.update(status="oom", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-        else:
-            where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-            at = f" (at {os.path.basename(where.filename)}:{where.lineno})" if where else ""
-            first = str(exc).splitlines()[0][:500] if str(exc) else ""
-            row.update(status="error", error=f"{type(exc).__name__}: {first}{at}")
+        record_failure(row, exc)
     finally:
-        if row["status"] != "ok":
-            for key in ("median_s", "iqr_s", "mean_s", "std_s", "min_s", "max_s", "ci_low_s", "ci_high_s", "ci_rel",
-                        "gflops_per_s", "frac_peak"):
-                row[key] = math.nan
-            row["samples_s"] = []
-            row["n"] = 0
-        del workload
-        _release(device)
+        close_row(row)
+        del built
+        release(device)
     row["duration_s"] = time.perf_counter() - t_start
     return row
 
 
-def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_per_s: float | None = None) -> None:
-    device = workload.device
+# ---------------------------------------------------------------- the steps of measuring a cell
+# run_cell runs them for one cell under one deadline; attnbench.runner.group runs them for every member of a
+# comparison group, each step under the member's own deadline, with the timing interleaved between members.
+
+@dataclass
+class Built:
+    """A cell built and called once with a valid output: ready to time. ``notes`` collect what the row's notes say."""
+
+    cell: Cell
+    workload: Workload
+    first_call_s: float  # the first call (compiles compiled: cells)
+    graphs_before: int | None  # Dynamo's graph count before the first call (compiled cells only)
+    graphs_after_first: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the cell is a ``compiled:`` one (its compile time and recompiles are recorded)."""
+        return self.cell.impl.startswith("compiled:")
+
+
+def start_row(cell: Cell, run_id: str) -> dict:
+    """A fresh row for ``cell`` with where and when it is measured (status ``error`` until a step says otherwise)."""
+    row = empty_row(cell, run_id)
+    row.update(host=socket.gethostname(), worker=f"pid{os.getpid()}",
+               started_at=datetime.now(UTC).isoformat(timespec="microseconds"))
+    row["threads"] = torch.get_num_threads()
+    return row
+
+
+def resolve_row(cell: Cell, row: dict) -> Ready | Skip | None:
+    """:func:`attnbench.resolve.resolve` of ``cell``; a :class:`Skip` also marks the row ``skipped`` with the reason.
+    None for an unknown name or mode (building the cell raises it again, into a row with its status)."""
+    try:
+        outcome = resolve(cell.impl, cell)
+    except AttnbenchError:
+        return None
+    if isinstance(outcome, Skip):
+        row.update(status="skipped", error=outcome.reason)
+    return outcome
+
+
+def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | None) -> Built | None:
+    """Build ``cell``'s workload, call it once and check the output. None when the output is invalid (the row
+    says why, status ``invalid``); raises for every other failure (:func:`record_failure` turns it into the row)."""
+    from attnbench.runner.workload import build_workload
+
+    row["device_name"] = device_name(ready.device if ready else torch.device("cpu"))
+    workload = build_workload(cell, seed=settings.seed, ready=ready)
     compiled = cell.impl.startswith("compiled:")
     # Importing torch._dynamo costs seconds: only compiled cells count graphs.
-    graphs_before = _compiled_graphs() if compiled else None
+    graphs_before = compiled_graphs() if compiled else None
     t0 = time.perf_counter()
     out = workload.step()  # the first call: compiles compiled: cells, checks the output
-    synchronize(device)
+    synchronize(workload.device)
     first_call_s = time.perf_counter() - t0
     problem = workload.check_output(out)
     del out
     if problem:
         row.update(status="invalid", error=problem)
-        return
-    graphs_after_first = _compiled_graphs() if compiled else None
-    timing = time_fn(workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
-                     target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
-                     max_samples=settings.max_samples, budget_s=settings.budget_s,
-                     l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
-    graphs_after_timing = _compiled_graphs() if compiled else None
-    stats = timing.stats()
+        return None
+    return Built(cell, workload, first_call_s, graphs_before, compiled_graphs() if compiled else None)
+
+
+def record_timing(built: Built, row: dict, samples_s, *, calls_per_sample: int, warmup_calls: int, timer: str,
+                  stopped_by: str, recompiled: int | None) -> dict[str, float]:
+    """The timing columns of ``row`` from a cell's samples (and its compile time and recompiles); the statistics.
+
+    ``warmup_calls`` excludes the first call (counted here); ``recompiled``: graphs Dynamo compiled during
+    warm-up and timing (None when not counted)."""
+    stats = summarize(samples_s)
     row.update(stats)
-    row.update(samples_s=list(timing.samples_s), calls_per_sample=timing.calls_per_sample,
-               warmup_calls=timing.warmup_calls + 1, timer=timing.timer)
-    notes = [f"sampling stopped by {timing.stopped_by}"]
-    if compiled:
-        row["compile_s"] = max(first_call_s - stats["median_s"], 0.0)
-        if graphs_before is None or graphs_after_first is None or graphs_after_timing is None:
-            notes.append("recompiles not counted: this torch has no torch._dynamo.utils.counters")
+    row.update(samples_s=list(samples_s), calls_per_sample=calls_per_sample, warmup_calls=warmup_calls + 1, timer=timer)
+    built.notes.append(f"sampling stopped by {stopped_by}")
+    if built.compiled:
+        row["compile_s"] = max(built.first_call_s - stats["median_s"], 0.0)
+        if built.graphs_before is None or built.graphs_after_first is None or recompiled is None:
+            built.notes.append("recompiles not counted: this torch has no torch._dynamo.utils.counters")
         else:
-            row["recompiles"] = float(graphs_after_timing - graphs_after_first)
-            if graphs_after_first - graphs_before > 1:
-                notes.append(f"{graphs_after_first - graphs_before} graphs compiled on the first call (graph breaks)")
-            if graphs_after_timing > graphs_after_first:
-                notes.append(f"RECOMPILED {graphs_after_timing - graphs_after_first}x during warm-up/timing: "
-                             "timings include compilation")
-    mem = peak_memory(workload.step, device)
+            row["recompiles"] = float(recompiled)
+            if built.graphs_after_first - built.graphs_before > 1:
+                built.notes.append(f"{built.graphs_after_first - built.graphs_before} graphs compiled on the first call "
+                                   "(graph breaks)")
+            if recompiled > 0:
+                built.notes.append(f"RECOMPILED {recompiled}x during warm-up/timing: timings include compilation")
+    return stats
+
+
+def record_memory(built: Built, row: dict) -> None:
+    """Peak memory of one step, measured on its own (never while another cell runs)."""
+    mem = peak_memory(built.workload.step, built.workload.device)
     row.update(peak_bytes=mem.peak_bytes, peak_reserved_bytes=mem.peak_reserved_bytes, memory_method=mem.method)
+
+
+def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: float | None = None) -> None:
+    """FLOPs (the model, and counted unless compiled), throughput against the machine's peak, the KV cache of decode
+    cells; then the row is ``ok`` with its notes."""
+    cell, workload = built.cell, built.workload
     flops = analytic_flops(cell.batch, cell.seq_len, cell.d_model, cell.d_model, cell.mode, num_heads=cell.num_heads,
                            num_kv_heads=cell.num_kv_heads, window=cell.window, causal=cell.causal)
     row["flops"] = flops
@@ -211,16 +255,54 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_pe
         row["kv_cache_bytes"] = workload.kv_cache_bytes
         row["kv_cache_bytes_analytic"] = kv_cache_bytes_analytic(cell.batch, cell.seq_len, cell.kv_heads, cell.head_dim,
                                                                  cell.window, workload.x.element_size())
-    if settings.flop_check and not compiled:
+    if settings.flop_check and not built.compiled:
         # Under FlopCounterMode a compiled module recompiles (the mode fails its guards): counting
         # would cost a compile and measure the counter's trace, so compiled cells keep the model only.
         row["flops_counted"] = counted_flops(workload.step)
-    row["gflops_per_s"] = flops / stats["median_s"] / 1e9
-    peak = peak_gflops_per_s or peak_gflops(str(device), cell.dtype)
+    row["gflops_per_s"] = flops / row["median_s"] / 1e9
+    peak = peak_gflops_per_s or peak_gflops(str(workload.device), cell.dtype)
     row["peak_gflops_per_s"] = peak
     row["frac_peak"] = row["gflops_per_s"] / peak
     row["status"] = "ok"
-    row["notes"] = "; ".join(notes)
+    row["notes"] = "; ".join(built.notes)
+
+
+def record_failure(row: dict, exc: BaseException) -> None:
+    """The status and error of a cell that raised: ``timeout``, ``skipped`` (impossible here), ``oom`` or ``error``."""
+    if isinstance(exc, CellTimeout):
+        row.update(status="timeout", error=str(exc))
+    elif isinstance(exc, UnavailableError | InvalidSpecError | SweepError):
+        row.update(status="skipped", error=str(exc))
+    elif _is_oom(exc):
+        row.update(status="oom", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    else:
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" (at {os.path.basename(where.filename)}:{where.lineno})" if where else ""
+        first = str(exc).splitlines()[0][:500] if str(exc) else ""
+        row.update(status="error", error=f"{type(exc).__name__}: {first}{at}")
+
+
+def close_row(row: dict) -> None:
+    """A row that is not ``ok`` loses every measurement it may have half-recorded
+    (:func:`attnbench.results.schema.clear_measurements`)."""
+    if row["status"] != "ok":
+        clear_measurements(row)
+
+
+def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: float | None = None) -> None:
+    """One cell timed on its own (:func:`attnbench.measure.timing.time_fn`), then its memory and work."""
+    cell, device = built.cell, built.workload.device
+    timing = time_fn(built.workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+                     target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
+                     max_samples=settings.max_samples, budget_s=settings.budget_s,
+                     l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
+    graphs_after_timing = compiled_graphs() if built.compiled else None
+    recompiled = (graphs_after_timing - built.graphs_after_first
+                  if graphs_after_timing is not None and built.graphs_after_first is not None else None)
+    record_timing(built, row, timing.samples_s, calls_per_sample=timing.calls_per_sample, warmup_calls=timing.warmup_calls,
+                  timer=timing.timer, stopped_by=timing.stopped_by, recompiled=recompiled)
+    record_memory(built, row)
+    record_work(built, settings, row, peak_gflops_per_s)
 
 
 def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> dict:
@@ -235,6 +317,9 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
     stats, modes = summarize_groups(groups, seed=zlib.crc32(str(merged.get("cell_id")).encode()), drift=drift)
     merged.update({k: stats[k] for k in ("ci_low_s", "ci_high_s", "ci_rel", "ci_within_rel", "drift_rel")})
     merged["sample_groups"] = [len(g) for g in groups]
+    # burst cycles (interleaved groups): concatenated in the same order, one cycle group per round and process
+    merged["cycle_s"] = [float(c) for r in rows for c in _as_list(r.get("cycle_s"))]
+    merged["cycle_groups"] = [int(n) for r in rows for n in _cycle_groups(r)]
     merged["stability"] = "unstable" if modes else "stable"
     notes = [modes.text()] if modes else []
     if len(rows) > 1:
@@ -249,6 +334,8 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
         merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)
         merged["duration_s"] = sum(r["duration_s"] for r in rows)
+        # one round's speed-up is not the run's: add_speedups pairs the merged cycles of the whole group
+        merged.update(speedup=math.nan, speedup_ci_low=math.nan, speedup_ci_high=math.nan)
         workers = list(dict.fromkeys(str(r.get("worker") or "") for r in rows))
         merged["worker"] = ", ".join(w for w in workers if w)
         medians = ", ".join(fmt_time(r["median_s"]) for r in rows)
@@ -259,7 +346,71 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
     return merged
 
 
-def _compiled_graphs() -> int | None:
+def _as_list(values) -> list:
+    """A list column's value as a list (None, NaN from an older table, or an array read back from Parquet)."""
+    if values is None or isinstance(values, float | str):
+        return []
+    return list(values)
+
+
+def _cycle_groups(row: dict) -> list[int]:
+    """The sizes of a row's cycle groups: ``cycle_groups``, or one group of all its cycles when that is absent."""
+    groups = _as_list(row.get("cycle_groups"))
+    cycles = _as_list(row.get("cycle_s"))
+    if groups and sum(int(n) for n in groups) == len(cycles):
+        return [int(n) for n in groups]
+    return [len(cycles)] if cycles else []
+
+
+def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
+    """The rows of one comparison group (merged over rounds and processes, any status) with ``baseline``,
+    ``speedup`` and its CI filled in against the baseline implementation (a name as in ``impl`` or as given to
+    ``--impl``): from each member's ``cycle_s`` and the baseline's, paired cycle by cycle within each cycle
+    group (:func:`attnbench.measure.stats.paired_speedup`). The baseline's own row gets 1.0. A speed-up that
+    cannot be paired is NaN and the row's notes say why; the notes of an unstable member's (or against an
+    unstable baseline's) speed-up say so."""
+    name = display_name(baseline)
+    base = next((r for r in rows if r.get("impl") == name or r.get("impl") == baseline), None)
+    out = []
+    for row in rows:
+        row = {**row, "baseline": name, "speedup": math.nan, "speedup_ci_low": math.nan, "speedup_ci_high": math.nan}
+        out.append(row)
+        if row.get("status") != "ok":
+            continue  # its status says what happened; it has no time to compare
+        why = None
+        if base is None:
+            why = f"no speed-up: the baseline {name} is not in this group"
+        elif base.get("status") != "ok":
+            failed = "was skipped" if base.get("status") == "skipped" else "failed"
+            why = f"no speed-up: the baseline {name} {failed} ({base.get('status')}: {base.get('error') or 'no reason given'})"
+        elif row.get("cell_id") == base.get("cell_id"):
+            row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0)
+        else:
+            mine, theirs = _cycle_groups(row), _cycle_groups(base)
+            if not mine or not theirs:
+                why = "no speed-up: not timed in alternation with the baseline (no burst cycles)"
+            elif mine != theirs:
+                why = (f"no speed-up: its cycles ({'+'.join(map(str, mine))}) do not line up with the baseline's "
+                       f"({'+'.join(map(str, theirs))})")
+            else:
+                cuts = list(itertools.accumulate(mine))[:-1]
+                seed = zlib.crc32(str(row.get("cell_id")).encode())
+                s, lo, hi = paired_speedup(np.split(np.asarray(_as_list(base["cycle_s"]), dtype=float), cuts),
+                                           np.split(np.asarray(_as_list(row["cycle_s"]), dtype=float), cuts), seed=seed)
+                if s == s:
+                    row.update(speedup=s, speedup_ci_low=lo, speedup_ci_high=hi)
+                else:
+                    why = f"no speed-up: no burst cycle in which both it and the baseline {name} ran"
+            unstable = [who for who, r in (("this implementation", row), (f"the baseline {name}", base))
+                        if r.get("stability") == "unstable"]
+            if why is None and unstable:
+                why = f"speed-up of unstable timings ({' and '.join(unstable)} has two modes): read it with care"
+        if why:
+            row["notes"] = "; ".join(n for n in (row.get("notes"), why) if n)
+    return out
+
+
+def compiled_graphs() -> int | None:
     """Graphs Dynamo has compiled in this process, or None when this torch does not count them.
 
     ``torch._dynamo.utils.counters`` is not public API: this is its one use.

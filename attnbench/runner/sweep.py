@@ -41,6 +41,13 @@ class Settings:
     drift: float | None = None  # between-run term added to every CI (None: calibrated or default; attnbench.measure.drift)
     seed: int = 0
     flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
+    baseline: str | None = None  # the implementation speed-ups are against (None: default_baseline of the sweep)
+
+
+def default_baseline(impls) -> str:
+    """The baseline of a sweep that names none: ``sdpa`` when it is in the sweep, otherwise the first implementation."""
+    impls = list(impls)
+    return "sdpa" if "sdpa" in impls else impls[0]
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,10 @@ class Sweep:
         for d in self.device:
             if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit())):
                 raise SweepError(f"unknown device {d!r}; use cpu, cuda or cuda:N")
+        baseline = self.settings.baseline
+        if baseline is not None and baseline not in self.impl and baseline not in [display_name(i) for i in self.impl]:
+            raise SweepError(f"--baseline {baseline!r} is not one of the sweep's implementations; use one of "
+                             f"{', '.join(display_name(i) for i in self.impl)} or add it to --impl")
         object.__setattr__(self, "num_kv_heads", parse_kv_heads(self.num_kv_heads))
         object.__setattr__(self, "window", parse_windows(self.window))
         object.__setattr__(self, "causal", parse_bools(self.causal))
@@ -91,6 +102,11 @@ class Sweep:
                     divisors = ",".join(str(h) for h in range(1, heads + 1) if heads % h == 0)
                     raise SweepError(f"--kv-heads {kv} does not divide --heads {heads}: query heads are shared in "
                                      f"equal groups; use --kv-heads from {divisors}")
+
+    @property
+    def baseline(self) -> str:
+        """The implementation every speed-up is against: ``settings.baseline``, or :func:`default_baseline`."""
+        return self.settings.baseline or default_baseline(self.impl)
 
     def cells(self) -> list[Cell]:
         """Every cell of the grid; CPU cells only get the ``warm`` cache state (no L2 flush on CPU)."""
@@ -106,6 +122,13 @@ class Sweep:
                 seen.add(cell.cell_id)
                 out.append(cell)
         return out
+
+
+def display_name(impl: str) -> str:
+    """The name rows show in ``impl`` for an implementation as given to ``--impl`` (``NAME`` of ``NAME=target``)."""
+    from attnbench.plugins.loading import split_display_name
+
+    return split_display_name(impl)[0] or impl
 
 
 FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model", "num_kv_heads": "kv-heads"}

@@ -1,0 +1,204 @@
+"""Measure one comparison group (cells that differ only in the implementation) and return one row per cell.
+
+The members are built and called once each (compile time apart, as for one cell), then timed together in
+alternation (:func:`attnbench.measure.interleave.time_interleaved`) so that a drift of the machine hits
+them alike and cancels in their paired speed-ups; peak memory and FLOPs are measured afterwards, one member
+at a time. A member that fails (skipped, OOM, exception, invalid output, past its timeout) becomes its own
+status row, as :func:`attnbench.runner.cell.run_cell` would record it, and the others carry on. Like
+``run_cell``, this never raises for a problem of a member.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import zlib
+from collections.abc import Callable
+
+import torch
+
+from attnbench.measure.interleave import time_interleaved
+from attnbench.measure.timing import cuda_graph_replay
+from attnbench.resolve import Skip
+from attnbench.results.schema import Cell
+from attnbench.runner.cell import (
+    Built,
+    add_speedups,
+    build_and_check,
+    close_row,
+    compiled_graphs,
+    deadline,
+    record_failure,
+    record_memory,
+    record_timing,
+    record_work,
+    release,
+    resolve_row,
+    start_row,
+    torch_threads,
+)
+from attnbench.runner.sweep import Settings, display_name
+
+_GROUPS_MEASURED = itertools.count()
+"""Groups measured by this process so far: the default shuffle differs between the rounds a process measures."""
+
+MIN_CYCLES = 6
+"""Cycles before a group of two or more may stop on its CIs: fewer ratios give no distribution-free CI."""
+
+
+def run_group(cells: list[Cell], settings: Settings, run_id: str, *, baseline: str,
+              peak_gflops_per_s: float | None = None, on_member: Callable[[str], None] | None = None,
+              seed: int | None = None) -> list[dict]:
+    """Measure the comparison group ``cells`` (same device, dtype, mode, shape and variant) and return one row
+    per cell, in order, with paired speed-ups against ``baseline`` (an implementation as in ``impl`` or as given
+    to ``--impl``; rows say why when it cannot be paired, e.g. the baseline failed).
+
+    Each member's sampling gets ``settings.budget_s`` (the group: that times its members). ``cell_timeout_s``
+    applies to each member's build and first call, warm-up, each burst, its memory pass and its FLOP count.
+    ``on_member(cell_id)`` is called before each of these steps, so a caller can attribute a death of the process.
+    ``seed`` shuffles the bursts (default: from ``settings.seed``, the group and the groups this process measured
+    before). torch's thread count is restored afterwards.
+    """
+    with torch_threads(settings.threads):
+        return _run_group(cells, settings, run_id, baseline, peak_gflops_per_s, on_member, seed)
+
+
+def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str, peak_gflops_per_s: float | None,
+               on_member: Callable[[str], None] | None, seed: int | None) -> list[dict]:
+    ids = [c.cell_id for c in cells]
+    if len(set(ids)) != len(ids) or len({c.group_id for c in cells}) > 1:
+        raise ValueError(f"not one comparison group of distinct cells: {ids}")
+    notify = on_member or (lambda cell_id: None)
+    rows = [start_row(c, run_id) for c in cells]
+    own_s = [0.0] * len(cells)  # time spent in each member's own steps
+    built: dict[int, Built] = {}
+    device = torch.device("cpu")
+    try:
+        for i, cell in enumerate(cells):
+            t0 = time.perf_counter()
+            notify(ids[i])
+            outcome = resolve_row(cell, rows[i])
+            if not isinstance(outcome, Skip):
+                device = outcome.device if outcome else device
+                ok, b = _step(rows[i], settings, lambda cell=cell, i=i, outcome=outcome: build_and_check(cell, settings, rows[i],
+                                                                                                           outcome))
+                if ok and b is not None:  # None: an invalid output, the row says so
+                    built[i] = b
+            own_s[i] += time.perf_counter() - t0
+
+        timed_s = _time_members(cells, settings, rows, built, ids, baseline, notify, seed)
+        for i in list(built):  # memory, one member at a time: never interleaved
+            t0 = time.perf_counter()
+            notify(ids[i])
+            if not _step(rows[i], settings, lambda i=i: record_memory(built[i], rows[i]))[0]:
+                del built[i]
+            own_s[i] += time.perf_counter() - t0
+        # FLOP counting last: FlopCounterMode over an eager FlexAttention leaves Dynamo unable to trace another
+        # module, so every member's compiled code is run (timing, memory) before any member is counted
+        for i in list(built):
+            t0 = time.perf_counter()
+            notify(ids[i])
+            if not _step(rows[i], settings, lambda i=i: record_work(built[i], settings, rows[i], peak_gflops_per_s))[0]:
+                del built[i]
+            own_s[i] += time.perf_counter() - t0
+        for i, row in enumerate(rows):
+            close_row(row)
+            row["duration_s"] = own_s[i] + (timed_s if i in built else 0.0)
+    finally:
+        built.clear()
+        release(device)
+    return add_speedups(rows, baseline)
+
+
+def _default_seed(cell: Cell, settings: Settings) -> int:
+    """The shuffle's seed: from the settings' seed, the group, and how many groups this process has measured (a
+    later round gets other orders; a fresh process repeats them)."""
+    return zlib.crc32(cell.group_id.encode()) + 1_000_003 * settings.seed + next(_GROUPS_MEASURED)
+
+
+def _step(row: dict, settings: Settings, step: Callable[[], object]) -> tuple[bool, object]:
+    """``step()`` under the member's deadline: ``(True, its value)``, or ``(False, None)`` when it raised (the
+    row then has the failure)."""
+    try:
+        with deadline(settings.cell_timeout_s):
+            return True, step()
+    except Exception as exc:
+        record_failure(row, exc)
+        return False, None
+
+
+def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built: dict[int, Built], ids: list[str],
+                  baseline: str, notify: Callable[[str], None], seed: int | None) -> float:
+    """Time the built members in alternation and record their timing columns (members that fail there leave
+    ``built`` with their failure on their row). Each timed member's share of the timing's wall time."""
+    if not built:
+        return 0.0
+    first = built[next(iter(built))]
+    device, cell = first.workload.device, first.cell
+    graph = settings.cuda_graph and device.type == "cuda" and cell.mode == "inference"
+    fns: dict[str, Callable[[], object]] = {}
+    for i in list(built):
+        if graph:  # captured per member, outside any timed region; a capture that fails is the member's failure
+            ok, replay = _step(rows[i], settings, lambda i=i: cuda_graph_replay(built[i].workload.step, device))
+            if not ok:
+                del built[i]
+                continue
+            fns[ids[i]] = replay
+        else:
+            fns[ids[i]] = built[i].workload.step
+    if not fns:
+        return 0.0
+    name = display_name(baseline)
+    base = next((ids[i] for i in built if cells[i].impl in (baseline, name) or display_name(cells[i].impl) == name), None)
+
+    # Recompiles per member: Dynamo's graph count is per process, so read it between bursts and charge the
+    # graphs compiled since the previous read to the member that ran in between.
+    counting = any(built[i].compiled for i in built)
+    graphs: dict[str, int] = {cid: 0 for cid in fns}
+    last: dict[str, object] = {"name": None, "count": compiled_graphs() if counting else None}
+
+    def charge() -> None:
+        now = compiled_graphs() if counting else None
+        if last["name"] is not None and now is not None and last["count"] is not None:
+            graphs[last["name"]] += now - last["count"]
+        last["count"] = now
+
+    def on_burst(cid: str) -> None:
+        charge()
+        last["name"] = cid
+        notify(cid)
+
+    def guard(cid: str):
+        return deadline(settings.cell_timeout_s)  # each warm-up and burst: a member past it is dropped as `timeout`
+
+    t0 = time.perf_counter()
+    timing = time_interleaved(
+        fns, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+        target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
+        min_cycles=MIN_CYCLES if len(fns) > 1 else 1, max_cycles=settings.max_samples,
+        budget_s=settings.budget_s * len(fns), seed=_default_seed(cell, settings) if seed is None else seed,
+        l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard)
+    charge()
+    share_s = (time.perf_counter() - t0) / len(fns)
+    others = len(fns) - 1
+    for i in list(built):
+        cid = ids[i]
+        if cid not in fns:
+            continue
+        if cid in timing.failures:
+            record_failure(rows[i], timing.failures[cid])
+            del built[i]
+            continue
+        b = built[i]
+        recompiled = graphs[cid] if counting and b.graphs_after_first is not None and last["count"] is not None else None
+        record_timing(b, rows[i], timing.samples_s[cid], calls_per_sample=timing.calls_per_sample[cid],
+                      warmup_calls=timing.warmup_calls[cid], timer="cuda_graph" if graph else timing.timer,
+                      stopped_by=timing.stopped_by, recompiled=recompiled)
+        if others:
+            dropped = [display_name(cells[j].impl) for j in range(len(cells)) if ids[j] in timing.failures]
+            b.notes.append(f"timed in alternation with {others} other implementation(s) in {timing.cycles} cycles of "
+                           f"{timing.calls_per_burst[cid]}-call bursts"
+                           + (f" ({', '.join(dropped)} dropped when it failed)" if dropped else ""))
+        rows[i]["cycle_s"] = [float(c) for c in timing.cycle_s[cid]]
+        rows[i]["cycle_groups"] = [timing.cycles]
+    return share_s
