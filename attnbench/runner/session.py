@@ -4,11 +4,14 @@
 
 * **start / resume**: the run folder (:class:`~attnbench.results.store.RunStore`), ``meta.json``, the executor
   (:mod:`attnbench.runner.executors.base`) and the between-run term of every CI (:mod:`attnbench.measure.drift`);
-* **schedule**: every unit of work once per round and measuring process, in a fresh seeded order each round,
-  with the processes rotated so that no process always measures first;
+* **schedule**: the cells that differ only in the implementation form a comparison group, the unit of work
+  (:class:`~attnbench.runner.executors.base.WorkUnit`) an executor measures in one go, its members timed in
+  alternation (:func:`~attnbench.runner.group.run_group`); every group once per round and measuring process, in a
+  fresh seeded order each round, with the processes rotated so that no process always measures first;
 * **merge**: the rows of a cell measured in several rounds and processes become one row
-  (:func:`~attnbench.runner.cell.merge_rounds`), stored as soon as the cell is complete; a cell that fails in
-  any round is stored as it failed and not run again;
+  (:func:`~attnbench.runner.cell.merge_rounds`); a cell that fails in any round is final as it failed and not run
+  again; when every member of a group is final, the group's paired speed-ups against the sweep's baseline are
+  added (:func:`~attnbench.runner.cell.add_speedups`) and its rows are stored;
 * **finish**: the between-run term scaled for a run noisier than its calibration, the measuring environment and
   timings in ``meta.json``, and the folder consolidated. The rows stored by this session are kept in memory, so
   the folder is read once at the end (to consolidate it).
@@ -29,7 +32,7 @@ from attnbench.devices import parse_device_type
 from attnbench.measure import cpu_env, drift
 from attnbench.results.schema import Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
-from attnbench.runner.cell import merge_rounds
+from attnbench.runner.cell import add_speedups, merge_rounds
 from attnbench.runner.executors.base import Executor, WorkUnit
 from attnbench.runner.sweep import Settings, Sweep
 
@@ -68,6 +71,12 @@ def with_measuring_threads(sweep: Sweep, executor: str) -> Sweep:
     return sweep
 
 
+def with_baseline(sweep: Sweep) -> Sweep:
+    """``sweep`` with the baseline of its speed-ups named in its settings (``--baseline``, else
+    :func:`~attnbench.runner.sweep.default_baseline`), so every executor pairs against the same one."""
+    return dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, baseline=sweep.baseline))
+
+
 class RunSession:
     """One session of a run: :meth:`start` or :meth:`resume`, then :meth:`measure`, then :meth:`finish`."""
 
@@ -75,9 +84,14 @@ class RunSession:
                  progress: Progress | None = None):
         self.sweep, self.store, self.executor, self.progress, self.done = sweep, store, executor, progress, done
         settings = sweep.settings
+        store.meta["baseline"] = sweep.baseline
         if settings.threads:  # set in the measuring processes (and recorded on every row)
             store.meta["torch_threads"] = settings.threads
         self.cells = [c for c in sweep.cells() if c.cell_id not in done]
+        self.groups: dict[str, list[Cell]] = {}  # group_id -> its members (this session's), in the sweep's order
+        for cell in self.cells:
+            self.groups.setdefault(cell.group_id, []).append(cell)
+        self.final: dict[str, dict[str, dict]] = {}  # group_id -> cell_id -> final row, until the group is complete
         self.units_per_cell = settings.rounds * settings.processes  # every cell once per round in each process
         self.total = len(self.cells) * self.units_per_cell
         # the between-run term of every CI, per device type, decided once per run
@@ -98,7 +112,7 @@ class RunSession:
               argv: list[str] | None = None, progress: Progress | None = None) -> RunSession:
         """A new run folder under ``out`` for ``sweep``; the executor is made before the folder exists, so a setting
         that cannot work leaves nothing behind."""
-        sweep = with_measuring_threads(sweep, executor)
+        sweep = with_baseline(with_measuring_threads(sweep, executor))
         meta = environment.collect(argv)
         meta.update(sweep=sweep_to_dict(sweep), executor=executor, cpu_env=cpu_env_meta(sweep.settings))
         run_id = run_id or new_run_id()
@@ -114,6 +128,7 @@ class RunSession:
         sweep = sweep or sweep_from_meta(store.meta)
         if settings:
             sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
+        sweep = with_baseline(sweep)
         done = store.done_cell_ids()
         run_exec = make_executor(executor, sweep.settings, store.run_id)
         store.meta["cpu_env"] = cpu_env_meta(sweep.settings)
@@ -122,16 +137,20 @@ class RunSession:
     # ------------------------------------------------------------------ schedule and merge
 
     def schedule(self) -> Iterator[list[WorkUnit]]:
-        """The units of each (round, process) pass, in measuring order; cells finished (failed) earlier in the run
-        are left out of later passes."""
+        """The units of each (round, process) pass, in measuring order: one per comparison group, without the cells
+        that are final already (failed in an earlier round)."""
         settings = self.sweep.settings
         rounds, processes = settings.rounds, settings.processes
         for r in range(rounds):
             for p in _process_order(r, processes):  # interleaved: a slow phase hits every process alike
-                todo = [c for c in self.cells if c.cell_id not in self.stored]
-                if self.units_per_cell > 1:  # a fresh order each round, so slow phases of the machine hit every cell alike
+                todo = [tuple(c for c in members if not self._is_final(c)) for members in self.groups.values()]
+                todo = [members for members in todo if members]
+                if self.units_per_cell > 1:  # a fresh order each round, so slow phases of the machine hit every group alike
                     todo = random.Random(settings.seed * 1000 + r * processes + p).sample(todo, len(todo))
-                yield [WorkUnit((c,), process=p, round=r) for c in todo]
+                yield [WorkUnit(members, process=p, round=r) for members in todo]
+
+    def _is_final(self, cell: Cell) -> bool:
+        return cell.cell_id in self.stored or cell.cell_id in self.final.get(cell.group_id, {})
 
     def measure(self) -> None:
         """Execute every pass of the schedule (Ctrl-C propagates; every finished cell is kept)."""
@@ -160,9 +179,19 @@ class RunSession:
             if earlier_ok:
                 row = {**row, "notes": f"failed in round {earlier_ok + 1} of {units} after {earlier_ok} ok round(s); "
                                        + (row.get("notes") or "")}
-        self.stored[cell.cell_id] = (row, self.store.append(row))
+        self.final.setdefault(cell.group_id, {})[cell.cell_id] = row
+        if len(self.final[cell.group_id]) == len(self.groups[cell.group_id]):
+            self._store_group(cell.group_id)
         if self.progress:
             self.progress(self.count, self.total, cell, row)
+
+    def _store_group(self, group_id: str) -> None:
+        """Store the final rows of a group, with paired speed-ups when it has two or more members."""
+        rows = list(self.final.pop(group_id, {}).values())
+        if len(rows) > 1:
+            rows = add_speedups(rows, self.sweep.baseline)
+        for row in rows:
+            self.stored[row["cell_id"]] = (row, self.store.append(row))
 
     # ------------------------------------------------------------------ finish
 
@@ -170,6 +199,8 @@ class RunSession:
         """Close the executor, complete ``meta.json``, consolidate the folder; the run's table."""
         store, meta = self.store, self.store.meta
         self.executor.close()
+        for group_id in list(self.final):  # interrupted: members that are final are kept, paired with what is there
+            self._store_group(group_id)
         env = self.executor.environment()
         if env["workers"]:
             meta["cpu_env"]["measured"] = env["workers"]

@@ -36,7 +36,7 @@ from attnbench.measure import cpu_env
 from attnbench.results.schema import Cell, failed_row, normalise_row
 from attnbench.runner.cell import run_cell
 from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
-from attnbench.runner.sweep import Settings
+from attnbench.runner.sweep import Settings, default_baseline
 
 STARTUP_TIMEOUT_S = 600.0
 """Longest wait for a worker to import torch and say it is ready (a loaded machine can take minutes)."""
@@ -93,6 +93,10 @@ class WorkerProcess:
             self._buf += data
         line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
+
+    def read(self, timeout_s: float | None = None):
+        """The next message of a request in progress, ``None`` if the worker died, or a :class:`_Timeout`."""
+        return self._read(timeout_s)
 
     def request(self, message: dict, timeout_s: float | None = None):
         """Send one request; its answer, ``None`` if the worker died, or a :class:`_Timeout`."""
@@ -200,6 +204,21 @@ def shared_workers():
         _SHARED = outer
 
 
+def measure_unit(cells: tuple[Cell, ...] | list[Cell], settings: Settings, run_id: str, *,
+                 peak_gflops_per_s: float | None = None, on_member=None) -> list[dict]:
+    """The rows of a unit measured in this process: :func:`~attnbench.runner.cell.run_cell` for one cell, the
+    comparison group timed in alternation (:func:`~attnbench.runner.group.run_group`) for several. What every
+    measuring process (this one, a worker, a Ray worker) runs."""
+    if len(cells) == 1:
+        if on_member:
+            on_member(cells[0].cell_id)
+        return [run_cell(cells[0], settings, run_id, peak_gflops_per_s=peak_gflops_per_s)]
+    from attnbench.runner.group import run_group
+
+    return run_group(list(cells), settings, run_id, baseline=settings.baseline or default_baseline([c.impl for c in cells]),
+                     peak_gflops_per_s=peak_gflops_per_s, on_member=on_member)
+
+
 def resolvable(name: str, names: Iterable[str]) -> bool:
     """Can a fresh process resolve the implementation ``name``? (Not one registered in this process only.)"""
     if name.startswith("compiled:"):
@@ -223,20 +242,22 @@ class InProcessExecutor:
             for cell in unit.cells:
                 if on_start:
                     on_start(cell)
-                on_row(cell, self.run_one(cell))
+            for cell, row in zip(unit.cells, self.run_unit(unit.cells), strict=True):
+                on_row(cell, row)
 
-    def run_one(self, cell: Cell) -> dict:
-        """Measure ``cell`` here and return its row."""
+    def run_unit(self, cells: tuple[Cell, ...]) -> list[dict]:
+        """Measure ``cells`` (one cell, or the members of a comparison group timed in alternation) here."""
         if self.settings.cpu_allocator == "pinned":
             cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
-        row = run_cell(cell, self.settings, self.run_id)
+        rows = measure_unit(cells, self.settings, self.run_id)
         described = cpu_env.describe(torch_loaded_before_env=True)
-        row.update(described)
-        report = {**described, "threads": row["threads"]}
+        for row in rows:
+            row.update(described)
+            row["notes"] = "; ".join(n for n in (row.get("notes"), self.note) if n)
+        report = {**described, "threads": rows[0]["threads"]}
         if report not in self.reports:
             self.reports.append(report)
-        row["notes"] = "; ".join(n for n in (row.get("notes"), self.note) if n)
-        return row
+        return rows
 
     def close(self) -> None:
         pass
@@ -289,28 +310,64 @@ class WorkerExecutor:
 
     def execute(self, units: Iterable[WorkUnit], on_row: OnRow, on_start: OnStart | None = None) -> None:
         for unit in units:
+            if len(unit.cells) == 1:
+                if on_start:
+                    on_start(unit.cells[0])
+                on_row(unit.cells[0], self.run_one(unit.cells[0], unit.process))
+                continue
             for cell in unit.cells:
                 if on_start:
                     on_start(cell)
-                on_row(cell, self.run_one(cell, unit.process))
+            for cell, row in self.run_group(unit.cells, unit.process):
+                on_row(cell, row)
 
-    def run_one(self, cell: Cell, process: int = 0) -> dict:
-        """Measure ``cell`` in worker ``process`` (a fresh one with ``isolate``) and return its row."""
+    def run_group(self, cells: tuple[Cell, ...], process: int = 0) -> list[tuple[Cell, dict]]:
+        """Measure the comparison group ``cells`` in worker ``process`` (a fresh one with ``isolate``), timed in
+        alternation; ``(cell, row)`` for each member.
+
+        The worker says which member it is working on before each step (``{"at": cell_id}``), so a member that
+        kills the process or hangs in native code is recorded as it is for a single cell (an ``error`` row naming
+        the death, a ``timeout`` row), and the group is measured again without it in a fresh process.
+        """
         worker = self._worker(process)
-        if not resolvable(cell.impl, worker.info["names"]):
-            return self._here.run_one(cell)
+        if not all(resolvable(c.impl, worker.info["names"]) for c in cells):
+            return list(zip(cells, self._here.run_unit(cells), strict=True))
         deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
-        key = (cell.device, cell.dtype)
-        answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id,
-                                 "peak_gflops_per_s": self.peaks.get(key)}, deadline)
-        if isinstance(answer, dict) and "row" in answer:
-            row = normalise_row(answer["row"])
+        key = (cells[0].device, cells[0].dtype)
+        answer = worker.request({"group": [asdict(c) for c in cells], "settings": asdict(self.settings),
+                                 "run_id": self.run_id, "peak_gflops_per_s": self.peaks.get(key)}, deadline)
+        at = cells[0].cell_id
+        while isinstance(answer, dict) and "at" in answer:  # progress: each step of each member
+            at = answer["at"]
+            answer = worker.read(deadline)
+        if isinstance(answer, dict) and "rows" in answer:
+            rows = [normalise_row(r) for r in answer["rows"]]
+            self._keep_peak(key, rows)
+            if self.settings.isolate:
+                self._drop(process)
+            return list(zip(cells, rows, strict=True))
+        culprit = next(c for c in cells if c.cell_id == at)
+        row = self._lost_worker_row(culprit, worker, answer, process)
+        rest = tuple(c for c in cells if c is not culprit)
+        note = f"measured again without {culprit.impl}, which {'hung' if row['status'] == 'timeout' else 'killed'} " \
+               "the measuring process"
+        if len(rest) == 1:
+            again = [(rest[0], self.run_one(rest[0], process))]
+        else:
+            again = self.run_group(rest, process)
+        for _, other in again:
+            other["notes"] = "; ".join(n for n in (other.get("notes"), note) if n)
+        return [(culprit, row), *again]
+
+    def _keep_peak(self, key: tuple[str, str], rows: list[dict]) -> None:
+        for row in rows:
             peak = row.get("peak_gflops_per_s")
             if key not in self.peaks and isinstance(peak, float) and math.isfinite(peak) and peak > 0:
                 self.peaks[key] = peak
-            if self.settings.isolate:
-                self._drop(process)
-            return row
+
+    def _lost_worker_row(self, cell: Cell, worker: WorkerProcess, answer, process: int) -> dict:
+        """The row of ``cell`` when its worker did not answer: a ``timeout`` (the worker is killed) or an ``error``
+        naming the death; the worker is dropped either way."""
         where = dict(worker=f"{worker.label} pid{worker.pid}", cpu_allocator=worker.info["cpu_allocator"],
                      cpu_binding=worker.info["cpu_binding"], cpu_affinity=worker.info["cpu_affinity"])
         if isinstance(answer, _Timeout):
@@ -321,6 +378,23 @@ class WorkerExecutor:
             row = failed_row(cell, self.run_id, "error", worker.death(), **where)
         self._drop(process)
         return row
+
+    def run_one(self, cell: Cell, process: int = 0) -> dict:
+        """Measure ``cell`` in worker ``process`` (a fresh one with ``isolate``) and return its row."""
+        worker = self._worker(process)
+        if not resolvable(cell.impl, worker.info["names"]):
+            return self._here.run_unit((cell,))[0]
+        deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
+        key = (cell.device, cell.dtype)
+        answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id,
+                                 "peak_gflops_per_s": self.peaks.get(key)}, deadline)
+        if isinstance(answer, dict) and "row" in answer:
+            row = normalise_row(answer["row"])
+            self._keep_peak(key, [row])
+            if self.settings.isolate:
+                self._drop(process)
+            return row
+        return self._lost_worker_row(cell, worker, answer, process)
 
     def _drop(self, process: int) -> None:
         worker = self.workers.pop(process, None)

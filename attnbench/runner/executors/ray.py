@@ -181,31 +181,33 @@ def _prepare(cells: tuple[Cell, ...], settings: Settings, driver_cwd: str) -> di
             "started_at": datetime.now(UTC).isoformat(timespec="microseconds")}
 
 
-def _measure(cell: Cell, settings: Settings, run_id: str, info: dict) -> dict:
-    from attnbench.runner.cell import run_cell
+def _measure(cells: tuple[Cell, ...], settings: Settings, run_id: str, info: dict) -> list[dict]:
+    """The rows of a unit measured in this Ray worker (one cell, or a comparison group timed in alternation)."""
+    from attnbench.runner.executors.local import measure_unit
 
-    target = cell
-    if cell.device.startswith("cuda:"):  # the task sees only the GPU Ray gave it, as cuda:0
-        target = dataclasses.replace(cell, device="cuda")
-    row = run_cell(target, settings, run_id)
-    row.update(cpu_env.describe())
-    if target is not cell:
-        row.update(device=cell.device, cell_id=cell.cell_id)
-        _add_note(row, f"ray ran {cell.device} on the GPU it assigned (GPU {','.join(info['gpus'])} of {info['host']})")
-    row.update(host=info["host"], worker=info["worker"])
-    return row
+    targets = cells
+    if cells[0].device.startswith("cuda:"):  # the task sees only the GPU Ray gave it, as cuda:0
+        targets = tuple(dataclasses.replace(c, device="cuda") for c in cells)
+    rows = measure_unit(targets, settings, run_id)
+    described = cpu_env.describe()
+    for cell, target, row in zip(cells, targets, rows, strict=True):
+        row.update(described)
+        if target is not cell:
+            row.update(device=cell.device, cell_id=cell.cell_id, group_id=cell.group_id)
+            _add_note(row, f"ray ran {cell.device} on the GPU it assigned (GPU {','.join(info['gpus'])} of {info['host']})")
+        row.update(host=info["host"], worker=info["worker"])
+    return rows
 
 
 def _unit_stream(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str):
     info = _prepare(cells, settings, driver_cwd)
     yield info
-    for cell in cells:
-        yield _measure(cell, settings, run_id, info)
+    yield from _measure(cells, settings, run_id, info)  # a group's rows come together, when its timing is done
 
 
 def _unit_once(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str) -> tuple[dict, list[dict]]:
     info = _prepare(cells, settings, driver_cwd)
-    return info, [_measure(cell, settings, run_id, info) for cell in cells]
+    return info, _measure(cells, settings, run_id, info)
 
 
 # Distinct functions per device kind: Ray fixes max_calls per function (1 for GPU tasks: a fresh
@@ -375,10 +377,13 @@ class RayExecutor:
                             submit(dataclasses.replace(job.unit, cells=job.unit.cells[job.done:]), job.attempt + 1,
                                    f"resubmitted once after {type(exc).__name__}: {_first_line(exc, 200)}")
                             continue
-                    rest = job.unit.cells[job.done + 1:]
+                    if len(job.unit.cells) > 1:  # a group's task failed: which member did it cannot be told here,
+                        note = (f"its comparison group's Ray task failed ({row['status']}: {row['error']}); "  # so each
+                                "measured again on its own, without paired speed-ups")  # is measured alone
+                        for cell in job.unit.cells:
+                            submit(dataclasses.replace(job.unit, cells=(cell,)), job.attempt, note)
+                        continue
                     deliver(job, row)
-                    if rest:  # the unit's other cells never ran: measured again without the one that failed
-                        submit(dataclasses.replace(job.unit, cells=rest), job.attempt, job.retry_note)
                 self._kill_overdue(jobs)
         except BaseException:  # Ctrl-C, or on_row failed: nothing may keep running for this sweep
             for ref in list(jobs):
@@ -392,23 +397,23 @@ class RayExecutor:
         if on_start:
             on_start(job.cell)
 
-    def _deadline_s(self) -> float | None:
+    def _deadline_s(self, job: _Job | None = None) -> float | None:
+        """Seconds a job's worker may go without a row: ``cell_timeout_s`` per cell still to come (a group's rows
+        come together) plus the grace."""
         t = self.settings.cell_timeout_s
-        return t + self.kill_grace_s if t else None
+        cells = len(job.unit.cells) - job.done if job is not None else 1
+        return t * cells + self.kill_grace_s if t else None
 
     def _wait_s(self, jobs: dict) -> float:
-        limit = self._deadline_s()
-        left = [limit - (time.perf_counter() - j.started) for j in jobs.values() if j.started and not j.killed] \
-            if limit else []
+        left = [self._deadline_s(j) - (time.perf_counter() - j.started) for j in jobs.values()
+                if j.started and not j.killed and self._deadline_s(j)]
         return max(0.05, min([POLL_S, *left]))
 
     def _kill_overdue(self, jobs: dict) -> None:
-        limit = self._deadline_s()
-        if not limit:
-            return
         now = time.perf_counter()
         for job in jobs.values():
-            if job.started is not None and not job.killed and now - job.started > limit:
+            limit = self._deadline_s(job)
+            if limit and job.started is not None and not job.killed and now - job.started > limit:
                 job.killed = True
                 with contextlib.suppress(Exception):
                     ray.cancel(job.ref, force=True)
@@ -425,7 +430,7 @@ class RayExecutor:
         if isinstance(exc, ray.exceptions.TaskCancelledError) and job.killed:
             return self._status_row(job, "timeout", f"cell exceeded its timeout of {self.settings.cell_timeout_s:g} s "
                                                     f"and did not stop (stuck in native code?); the Ray worker was "
-                                                    f"killed after {self._deadline_s():g} s")
+                                                    f"killed after {self._deadline_s(job):g} s")
         if isinstance(exc, ray.exceptions.OutOfMemoryError):
             return self._status_row(job, "oom", f"Ray's memory monitor killed the worker (node memory nearly full): "
                                                 f"{what}")

@@ -8,6 +8,8 @@ each request line on stdin with one line on its protocol pipe:
 
 * ``{"cell": ..., "settings": ..., "run_id": ..., "peak_gflops_per_s": ...}`` -> ``{"row": {...}}`` (:func:`run_cell`'s row plus the
   ``cpu_*`` columns; NaN travels as JSON's ``NaN``);
+* ``{"group": [cell, ...], ...}`` (a comparison group, timed in alternation) -> ``{"at": cell_id}`` before each step of
+  each member (so the runner can name a member that kills the process), then ``{"rows": [...]}``;
 * ``{"probe": true}`` -> ``{"probe": {...}}``: the environment as seen from inside (the OpenMP variables,
   each thread's CPUs, whether a large malloc is mmapped).
 
@@ -34,6 +36,7 @@ def _serve(label: str) -> None:
     from attnbench import registry
     from attnbench.results.schema import Cell
     from attnbench.runner.cell import run_cell
+    from attnbench.runner.executors.local import measure_unit
     from attnbench.runner.sweep import Settings
 
     described = cpu_env.describe()
@@ -53,8 +56,17 @@ def _serve(label: str) -> None:
                                                                    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                                                                    "LD_PRELOAD")}}})
             continue
-        cell = Cell(**request["cell"])
         peak = request.get("peak_gflops_per_s")
+        if "group" in request:  # a comparison group, timed in alternation; progress before each member's steps
+            cells = [Cell(**c) for c in request["group"]]
+            warm_cells(cells, peak_known=peak is not None)
+            rows = measure_unit(cells, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak,
+                                on_member=lambda cell_id: send({"at": cell_id}))
+            for row in rows:
+                row.update(described, worker=worker)
+            send({"rows": rows})
+            continue
+        cell = Cell(**request["cell"])
         warm_cells([cell], peak_known=peak is not None)
         row = run_cell(cell, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak)
         row.update(described, worker=worker)
