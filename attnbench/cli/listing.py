@@ -19,7 +19,7 @@ def list_cmd(device: str, as_json: bool) -> None:
 
     parse_device_type(device)
     rows = []
-    for name in registry.names():
+    for name in registry.listed():
         impl = registry.get(name)
         try:
             reason = impl.unavailable_reason(device)
