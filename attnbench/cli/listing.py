@@ -44,5 +44,6 @@ def list_cmd(device: str, as_json: bool) -> None:
         table.add_row(r["name"], status, r["description"], ",".join(r["backward"]) or "-",
                       ",".join(r["dropout"]) or "-", ",".join(r["variants"]) or "-", r["source"])
     console.print(table)
-    console.print("Also: compiled:NAME[@MODE] for any NAME; plug-ins as path/to/file.py:Class or package.module:Class.",
+    console.print("Also: compiled:NAME[@MODE] for any NAME; hf:package.module:Class[@BACKEND] for any transformers attention "
+                  "class; plug-ins as path/to/file.py:Class or package.module:Class.",
                   markup=False)
