@@ -304,7 +304,7 @@ def test_profile_records_an_hf_layer(tmp_path):
     assert {"aten::_softmax", "aten::bmm"} & set(res.ops.op)
 
 
-# --- the whole matrix (about a second per layer on one thread) --------------------------------------------------------------------------
+# --- the whole matrix --------------------------------------------------------------------------
 
 BASIC_KINDS = ("forward", "backward", "causality", "batch_independence", "eval_deterministic", "dropout_train", "golden")
 ROUND2_KINDS = tuple(k for k in matrix.RUNNERS if k not in BASIC_KINDS)  # round-2 properties and decode
@@ -322,6 +322,7 @@ def test_check_basic_cases_pass(name):
 
 
 @needs_hf
+@pytest.mark.slow  # ~1.5 s each: long T and float16 properties
 @pytest.mark.parametrize("name", [pytest.param(n, marks=ISSUE_20) if n[3:].split("@")[0] in BIAS_FREE else n
                                   for n in ACCEPTANCE])
 def test_check_round2_properties_and_decode_pass(name):
