@@ -136,7 +136,10 @@ def _classes(module_path: str, cls_name: str) -> tuple[type, type]:
     if not (isinstance(layer_cls, type) and issubclass(layer_cls, nn.Module)):
         found = sorted(n for n, v in vars(module).items() if isinstance(v, type) and n.endswith("Attention"))
         raise PluginLoadError(f"{module_path} has no nn.Module {cls_name!r}; its attention classes: {', '.join(found) or 'none'}")
-    from transformers import PretrainedConfig, PreTrainedModel
+    import transformers
+    from transformers import PreTrainedModel
+
+    PretrainedConfig = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig  # v5 / v4 name
 
     def is_config(obj) -> bool:
         return isinstance(obj, type) and issubclass(obj, PretrainedConfig) and obj is not PretrainedConfig
@@ -298,7 +301,7 @@ class HFAttention(nn.Module):
         # The model hands its layers a LayerNorm output, always contiguous; GPT-2's Conv1D (x.view) refuses
         # anything else. A no-op for contiguous x, so timings are unaffected.
         x = x.contiguous()
-        b, t, _ = x.shape
+        t = x.shape[1]
         cache = self.cache if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
         position_ids = torch.arange(past, past + t, device=x.device)[None]  # (1, t)
