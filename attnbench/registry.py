@@ -5,6 +5,9 @@ through one path, :func:`register`. A name given anywhere an implementation is a
 
 * a registered name (``weight_split``, ``sdpa_flash``, ...);
 * ``compiled:NAME`` or ``compiled:NAME@MODE``: ``torch.compile`` applied to ``NAME`` as a transform;
+* ``hf:MODEL[@BACKEND]`` or ``hf:package.module:Class[@BACKEND]``: a Hugging Face ``transformers`` attention
+  layer (``implementations/hf.py``), resolved on demand and so not among :func:`names` (default sweeps and
+  checks leave it out); :func:`listed` adds the shipped ones for ``attnbench list``;
 * ``path/to/file.py:ClassName`` or ``package.module:ClassName``: a user's class (its constructor bound
   by parameter name, its weight layout discovered: :mod:`attnbench.plugins`) or factory ``f(spec)``;
 * ``NAME=target``: ``target`` shown as ``NAME`` in tables, figures and reports;
@@ -220,6 +223,9 @@ def _attr(module, attr: str, name: str, source: str, origin: str) -> Implementat
 def _compiled(name: str) -> Implementation:
     rest = name[len("compiled:"):]
     base_name, _, mode = rest.partition("@")
+    if rest.startswith("hf:"):  # hf:NAME@BACKEND has an @ of its own: only a trailing compile mode is split off
+        head, _, tail = rest.rpartition("@")
+        base_name, mode = (head, tail) if tail in COMPILE_MODES else (rest, "")
     mode = mode or "default"
     if mode not in COMPILE_MODES:
         raise UnknownImplementationError(f"unknown torch.compile mode {mode!r} in {name!r}; use one of {', '.join(COMPILE_MODES)}")
@@ -249,6 +255,10 @@ def get(name: str) -> Implementation:
         return _REGISTRY[name]
     if name.startswith("compiled:"):
         impl = _compiled(name)
+    elif name.startswith("hf:"):
+        from attnbench.implementations import hf
+
+        impl = hf.implementation(name)
     elif ":" in name:
         target, _, attr = name.rpartition(":")
         if not target or not attr:
@@ -278,6 +288,13 @@ def names() -> list[str]:
     _load_builtins()
     _load_entry_points()
     return list(_REGISTRY)
+
+
+def listed() -> list[str]:
+    """What ``attnbench list`` shows: :func:`names`, then the shipped ``hf:`` names (resolved on demand)."""
+    from attnbench.implementations import hf
+
+    return names() + hf.names()
 
 
 def available(device: str = "cpu", dtype: str | None = None) -> list[str]:

@@ -19,7 +19,7 @@ def list_cmd(device: str, as_json: bool) -> None:
 
     parse_device_type(device)
     rows = []
-    for name in registry.names():
+    for name in registry.listed():
         impl = registry.get(name)
         try:
             reason = impl.unavailable_reason(device)
@@ -44,5 +44,6 @@ def list_cmd(device: str, as_json: bool) -> None:
         table.add_row(r["name"], status, r["description"], ",".join(r["backward"]) or "-",
                       ",".join(r["dropout"]) or "-", ",".join(r["variants"]) or "-", r["source"])
     console.print(table)
-    console.print("Also: compiled:NAME[@MODE] for any NAME; plug-ins as path/to/file.py:Class or package.module:Class.",
+    console.print("Also: compiled:NAME[@MODE] for any NAME; hf:package.module:Class[@BACKEND] for any transformers attention "
+                  "class; plug-ins as path/to/file.py:Class or package.module:Class.",
                   markup=False)
