@@ -124,12 +124,14 @@ def ray_local():
 
 
 def _intervals(df):
-    """(start, end) of each row from started_at (microseconds) and duration_s."""
-    out = []
+    """(start, end) of each work unit (a comparison group, whose members are timed together in one task, or one
+    cell) from its rows' started_at (microseconds) and duration_s."""
+    spans: dict[str, list] = {}
     for r in df.itertuples():
         start = datetime.fromisoformat(r.started_at)
-        out.append((start, start + timedelta(seconds=float(r.duration_s)), r.cell_id))
-    return sorted(out)
+        span = spans.setdefault(r.group_id, [start, start + timedelta(seconds=float(r.duration_s))])
+        span[0], span[1] = min(span[0], start), max(span[1], start + timedelta(seconds=float(r.duration_s)))
+    return sorted((s, e, g) for g, (s, e) in spans.items())
 
 
 def _assert_no_overlap(intervals):
@@ -158,6 +160,10 @@ def test_ray_matches_local(ray_local, tmp_path):
         assert by_id(remote, col) == by_id(local, col), col
     assert (remote.cpu_binding == "close/cores/active").all()
     _assert_no_overlap(_intervals(remote))
+    # each comparison group is one task: its members share a worker and are paired against the baseline (sdpa)
+    assert remote.groupby("group_id").worker.nunique().eq(1).all()
+    ws = remote[remote.impl == "weight_split"]
+    assert ws.speedup.notna().all() and (ws.speedup_ci_low <= ws.speedup).all() and (ws.baseline == "sdpa").all()
     meta = read_meta(remote.attrs["run_dir"])
     assert meta["executor"] == "ray"
     [node] = meta["nodes"]

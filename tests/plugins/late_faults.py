@@ -39,3 +39,12 @@ class HangsLater(_Base):
     def fail(self):
         while True:
             time.sleep(0.05)
+
+
+class AbortsLater(_Base):
+    """Kills its own process (SIGABRT) once it is being timed, as a crashing native extension would."""
+
+    def fail(self):
+        import os
+
+        os.abort()
