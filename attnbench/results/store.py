@@ -34,24 +34,37 @@ def new_run_id() -> str:
     return datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
+_ARROW_TYPES = {"object": pa.list_(pa.float64()), "string": pa.string(), "bool": pa.bool_(), "int64": pa.int64(),
+                "float64": pa.float64()}
+
+
+def _missing(v) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and v != v)
+
+
+def _cell(kind: str, v):
+    """One value as its column stores it: samples as a list of floats, a missing text as null, a missing flag as
+    True, a missing count as 0, a missing number as NaN."""
+    if kind == "object":
+        return [] if v is None else [float(x) for x in v]
+    if kind == "string":
+        return None if _missing(v) else str(v)
+    if kind == "bool":
+        return True if _missing(v) else bool(v)
+    if kind == "int64":
+        return 0 if _missing(v) else int(v)
+    return float("nan") if _missing(v) else float(v)
+
+
 def _table(rows: list[dict]) -> pa.Table:
     """Rows as an Arrow table of :data:`COLUMNS` (each row checked first: an unknown key or a wrong type is a
-    :class:`~attnbench.errors.RowError` naming it, never a silently dropped value)."""
-    df = pd.DataFrame([check_row(r) for r in rows], columns=list(COLUMNS))
-    for name, kind in COLUMNS.items():
-        if kind == "object":
-            df[name] = df[name].apply(lambda v: [float(x) for x in v] if v is not None else [])
-        elif kind == "string":
-            df[name] = df[name].astype("string")
-        elif kind == "bool":
-            df[name] = df[name].fillna(True).astype(bool)
-        else:
-            df[name] = pd.to_numeric(df[name], errors="coerce").astype(kind)
-    schema = pa.schema([(n, pa.list_(pa.float64()) if k == "object" else
-                         pa.string() if k == "string" else pa.bool_() if k == "bool" else
-                         pa.int64() if k == "int64" else pa.float64())
-                        for n, k in COLUMNS.items()])
-    return pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+    :class:`~attnbench.errors.RowError` naming it, never a silently dropped value). Built column by column
+    from the values, without a DataFrame: appending one cell's row costs about a millisecond."""
+    rows = [check_row(r) for r in rows]
+    # from_pandas: NaN is stored as null, as pandas writes it, so other Parquet readers see missing values
+    arrays = [pa.array([_cell(kind, r.get(name)) for r in rows], type=_ARROW_TYPES[kind], from_pandas=True)
+              for name, kind in COLUMNS.items()]
+    return pa.Table.from_arrays(arrays, schema=pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS.items()]))
 
 
 class RunStore:

@@ -157,8 +157,10 @@ class WorkerPool:
 
     Off by default (every run starts its own workers, so nothing an earlier run imported or cached can reach it).
     Inside :func:`shared_workers` (the test suite; a notebook making many small runs) a run takes a live idle
-    worker of the same environment instead of starting one, which saves the seconds of importing torch, and gives
-    its workers back at the end. Runs with ``isolate`` never share: each of their cells gets a fresh process.
+    worker of the same environment and working directory instead of starting one, which saves the seconds of
+    importing torch, and gives its workers back at the end. A shared worker keeps the plug-ins it imported: a
+    plug-in file edited between runs needs a fresh worker (leave the block). Runs with ``isolate`` never share:
+    each of their cells gets a fresh process.
     """
 
     def __init__(self) -> None:
@@ -286,7 +288,8 @@ class WorkerExecutor:
                                        "is registered there only), outside the controlled CPU environment")
 
     def _pool_key(self, process: int) -> tuple:
-        return (self.env, process)
+        # the working directory too: a plug-in given as a relative path resolves from the worker's own
+        return (self.env, process, os.getcwd())
 
     def _start(self, process: int) -> WorkerProcess:
         label = "subprocess" if self.settings.isolate else f"process{process}"

@@ -202,7 +202,8 @@ def _measure(cells: tuple[Cell, ...], settings: Settings, run_id: str, info: dic
 def _unit_stream(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str):
     info = _prepare(cells, settings, driver_cwd)
     yield info
-    yield from _measure(cells, settings, run_id, info)  # a group's rows come together, when its timing is done
+    for row in _measure(cells, settings, run_id, info):  # noqa: UP028  (Ray sends into this generator: a list iterator cannot take it)
+        yield row
 
 
 def _unit_once(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str) -> tuple[dict, list[dict]]:
