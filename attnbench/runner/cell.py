@@ -26,6 +26,7 @@ from attnbench.devices import device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
 from attnbench.measure import (
     analytic_flops,
+    contention,
     counted_flops,
     kv_cache_bytes_analytic,
     peak_gflops,
@@ -181,16 +182,18 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_pe
         row.update(status="invalid", error=problem)
         return
     graphs_after_first = _compiled_graphs() if compiled else None
-    timing = time_fn(workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
-                     target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
-                     max_samples=settings.max_samples, budget_s=settings.budget_s,
-                     l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
+    with contention.sampled() as load:  # what other processes and steal took while this cell was timed
+        timing = time_fn(workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+                         target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
+                         max_samples=settings.max_samples, budget_s=settings.budget_s,
+                         l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
+    row.update(load.result.row_fields())
     graphs_after_timing = _compiled_graphs() if compiled else None
     stats = timing.stats()
     row.update(stats)
     row.update(samples_s=list(timing.samples_s), calls_per_sample=timing.calls_per_sample,
                warmup_calls=timing.warmup_calls + 1, timer=timing.timer)
-    notes = [f"sampling stopped by {timing.stopped_by}"]
+    notes = [f"sampling stopped by {timing.stopped_by}"] + ([load.result.note] if load.result.note else [])
     if compiled:
         row["compile_s"] = max(first_call_s - stats["median_s"], 0.0)
         if graphs_before is None or graphs_after_first is None or graphs_after_timing is None:
@@ -251,6 +254,8 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         merged["duration_s"] = sum(r["duration_s"] for r in rows)
         workers = list(dict.fromkeys(str(r.get("worker") or "") for r in rows))
         merged["worker"] = ", ".join(w for w in workers if w)
+        merged.update(contention.merge(rows))
+        notes.append(contention.merge_note(rows))
         medians = ", ".join(fmt_time(r["median_s"]) for r in rows)
         rounds = len(rows) // processes
         how = f"{rounds} rounds" + (f" x {processes} processes" if processes > 1 else "")

@@ -17,7 +17,7 @@ import pandas as pd
 from attnbench import environment, registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
-from attnbench.measure import drift
+from attnbench.measure import contention, drift, machine_lock
 from attnbench.measure.cpu_env import OMP_BINDING, PINNED_THRESHOLD_BYTES, check_allocator, default_threads
 from attnbench.results.schema import AXES, INT_AXES, Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
@@ -180,7 +180,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         argv: list[str] | None = None, csv: bool = False, profile: bool = False,
         progress: Callable[[int, int, Cell, dict | None], None] | None = None,
         preset: str | None = None, file: str | Path | None = None, settings: dict | None = None,
-        **axes) -> pd.DataFrame:
+        no_wait: bool = False, allow_concurrent: bool = False, **axes) -> pd.DataFrame:
     """Run a sweep and return its tidy results (one row per cell), written under ``out/<run_id>/``.
 
     ``sweep`` may be omitted: axes are then keyword arguments (``impl=["sdpa"], seq_len=[128, 256]``,
@@ -191,6 +191,9 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     registered only there), so calling this from a notebook measures like ``attnbench run``.
     ``resume`` continues the run folder it names, skipping cells already recorded.
     ``progress(i, n, cell, row)`` is called before (row None) and after each cell.
+    Timing holds this machine's measurement lock (:mod:`attnbench.measure.machine_lock`): with another
+    measurement running, the run waits (``no_wait``: raises instead; ``allow_concurrent``: measures anyway).
+    The run folder is locked while this writes it (:mod:`attnbench.results.lock`).
 
     The returned DataFrame has ``attrs["run_dir"]``, ``attrs["run_id"]`` and ``attrs["interrupted"]``
     (True after Ctrl-C: every finished cell is kept and the results are consolidated before returning).
@@ -263,7 +266,11 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
 
     interrupted = False
     started = time.perf_counter()
+    held = None
     try:
+        # one measurement at a time on this machine: waits here while another one times
+        held = machine_lock.acquire_for_run(sweep.device, executor, "off" if allow_concurrent else
+                                            "no-wait" if no_wait else "wait", store.path)
         for r in range(rounds):
             for p in _process_order(r, processes):  # interleaved: a slow phase hits every process alike
                 todo = [c for c in cells if c.cell_id not in finished]
@@ -276,6 +283,9 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if held is not None:  # timing is over: the machine is free (consolidation and the report need no lock)
+            held.release()
+            machine_lock.record(store.meta, held)
         if hasattr(run_exec, "close"):
             run_exec.close()
         if hasattr(run_exec, "environment") and run_exec.environment():
@@ -288,12 +298,14 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         df, _ = load_run(store.path)
         store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
                                      df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
+        store.meta["contended_cells"] = int(contention.contended_mask(df).sum())  # how much of the run was contended
         if hasattr(run_exec, "node_environments"):  # merged by node, so a resumed run keeps earlier nodes
             nodes = {n.get("ray_node_id"): n for n in store.meta.get("nodes", [])}
             nodes.update({n.get("ray_node_id"): n for n in run_exec.node_environments()})
             store.meta["nodes"] = list(nodes.values())
         store.write_meta()
         store.finalize(csv=csv)
+        store.close()  # the run folder's lock: the run can be resumed from now on
     if profile and not interrupted:
         with torch_threads(sweep.settings.threads):
             _profile_cells(df, store.path)
