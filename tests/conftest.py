@@ -80,4 +80,4 @@ def _private_machine_lock(tmp_path_factory, monkeypatch):
     """No test takes this user's machine lock (~/.cache/attnbench/locks): each sees a lock folder of its own, so a
     test's runs never wait for a real measurement (nor for each other), and a real measurement never waits for them."""
     monkeypatch.setenv("ATTNBENCH_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
-    monkeypatch.delenv("ATTNBENCH_MACHINE_LOCK_HELD", raising=False)
+    monkeypatch.setenv("ATTNBENCH_MACHINE_LOCK_HELD", "")  # restored after the test, even if a test leaks a holder

@@ -267,9 +267,13 @@ def test_a_child_of_the_holder_measures_under_its_lock():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert f"pid {os.getpid()}" in out.stdout
+        again = machine_lock.acquire(["cpu"], policy="no-wait")  # the holder itself asks again: no wait for itself
+        assert again.under == "this process" and again.locks == []
+        again.release()
     finally:
         held.release()
-    assert machine_lock.HELD_ENV not in os.environ
+    assert not os.environ.get(machine_lock.HELD_ENV)
+    machine_lock.acquire(["cpu"], policy="no-wait").release()  # and once released, it is really free
 
 
 def test_a_killed_holder_frees_the_machine():

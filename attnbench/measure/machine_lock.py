@@ -17,7 +17,7 @@ this lock while they time, and only then: reports, checks and builds never take 
   (exit 2) instead, ``off`` (``--allow-concurrent``) skips the lock, for people who accept the noise.
 * **Nesting**: a holder exports ``$ATTNBENCH_MACHINE_LOCK_HELD`` (its pid): a process it starts (the
   reproducibility tool's runs, the asv gate's benchmarks) finds the lock held by that pid and measures
-  under it instead of waiting for its own parent.
+  under it instead of waiting for its own parent; the holding process itself may ask again, too.
 
 The lock is ``flock`` on a file recording its holder (:mod:`attnbench.results.lock`), so a holder that dies
 releases it: nothing is ever stuck behind a killed measurement.
@@ -32,6 +32,7 @@ import re
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -44,6 +45,9 @@ HELD_ENV = "ATTNBENCH_MACHINE_LOCK_HELD"
 """Set (to the holder's pid) while a process holds the lock: its children measure under it."""
 POLICIES = ("wait", "no-wait", "off")
 """``wait`` (default), ``no-wait`` (``--no-wait``: fail at once), ``off`` (``--allow-concurrent``)."""
+_HELD_HERE: weakref.WeakSet[LockFile] = weakref.WeakSet()
+"""The lock files this process holds: asking again in the same process (a run inside a ``with measuring()``)
+measures under the lock it has rather than waiting for itself."""
 POLL_S = 0.25
 """How often a waiting process tries again (``flock`` is polled so the wait can say who holds it, and Ctrl-C works)."""
 
@@ -155,6 +159,9 @@ def acquire(devices: Iterable[str] = ("cpu",), policy: str = "wait", purpose: st
     if policy == "off":
         return held
     files = lock_files(devices)
+    if any(lock.held and lock.path == f.path for lock in list(_HELD_HERE) for f in files):
+        held.under = "this process"
+        return held
     parent = _parent_holder(files)
     if parent is not None:
         held.under = parent.describe()
@@ -166,6 +173,7 @@ def acquire(devices: Iterable[str] = ("cpu",), policy: str = "wait", purpose: st
     except BaseException:
         held.release()
         raise
+    _HELD_HERE.update(held.locks)
     held._saved_env = os.environ.get(HELD_ENV)
     os.environ[HELD_ENV] = str(os.getpid())
     return held

@@ -232,13 +232,24 @@ def _measure(cell: Cell, settings: Settings, run_id: str, info: dict) -> dict:
 
 def _cell_stream(cell: Cell, settings: Settings, run_id: str, driver_cwd: str):
     info = _prepare(cell, settings, driver_cwd)
-    yield info
-    yield _measure(cell, settings, run_id, info)
+    with _node_lock(cell) as held:  # before the start is reported: waiting does not count towards the timeout
+        yield info
+        yield held.annotate(_measure(cell, settings, run_id, info))
 
 
 def _cell_once(cell: Cell, settings: Settings, run_id: str, driver_cwd: str) -> tuple[dict, dict]:
     info = _prepare(cell, settings, driver_cwd)
-    return info, _measure(cell, settings, run_id, info)
+    with _node_lock(cell) as held:
+        return info, held.annotate(_measure(cell, settings, run_id, info))
+
+
+def _node_lock(cell: Cell):
+    """This node's machine lock (:mod:`attnbench.measure.machine_lock`) for the cell's device, as this worker sees
+    it (Ray gives a CUDA task its GPU as ``cuda``): another measurement on the node waits, or this cell does."""
+    from attnbench.measure import machine_lock
+
+    device = "cuda" if cell.device.startswith("cuda") else cell.device
+    return machine_lock.measuring([device], purpose=f"attnbench Ray cell {cell.cell_id}")
 
 
 # Distinct functions per device kind: Ray fixes max_calls per function (1 for GPU tasks: a fresh
