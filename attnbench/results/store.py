@@ -76,11 +76,12 @@ class RunStore:
             if not meta_file.is_file():
                 raise ResultsError(f"cannot resume {self.path}: no meta.json there, so it is not an attnbench run "
                                    "folder; pass the folder `attnbench run` printed (results/<run-id>)")
+            read_meta(self.path)  # a foreign or corrupt folder is refused before anything (even the lock) is written
+            load_run(self.path)  # validates every cell file
             self._lock = lock_run(self.path, purpose=f"attnbench run writing {self.path}")
             try:
-                self.meta = read_meta(self.path)
+                self.meta = read_meta(self.path)  # again, under the lock: as the last writer left it
                 self.run_id = self.meta["run_id"]
-                load_run(self.path)  # validates every cell file before anything is written
             except BaseException:
                 self.close()
                 raise
