@@ -223,6 +223,7 @@ def test_second_measurement_waits_says_for_whom_and_how_long():
         proc.wait()
     held.release()
     assert f"pid {proc.pid}" in said[0] and "a test measurement" in said[0] and said[0].startswith("waiting")
+    assert sum(m.startswith("waiting") for m in said) == 1  # said once per holder, not at every poll
     assert said[-1].startswith("waited ") and held.waited_s > 0.2 and held.waited_s <= waited
     meta: dict = {}
     machine_lock.record(meta, held)

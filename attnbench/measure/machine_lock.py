@@ -179,13 +179,14 @@ def acquire(devices: Iterable[str] = ("cpu",), policy: str = "wait", purpose: st
     return held
 
 
-def _busy_text(lock: LockFile) -> str:
+def _busy_text(lock: LockFile, ago: bool = True) -> str:
+    """Who holds ``lock`` (``ago``: with how long ago it started, which changes as time passes)."""
     holder = lock.holder()
     if holder is not None and holder.alive() is not False:
-        return holder.describe()
+        return holder.describe(ago)
     # a shared host lock records nobody: name the GPU measurements holding it
     gpu_holders = [LockFile(p).holder() for p in sorted(lock.path.parent.glob(lock.path.stem + "-cuda-*.lock"))]
-    gpu_holders = [h.describe() for h in gpu_holders if h is not None]
+    gpu_holders = [h.describe(ago) for h in gpu_holders if h is not None]
     return "; ".join(gpu_holders) or f"another measurement (holding {lock.path})"
 
 
@@ -193,13 +194,13 @@ def _take(lock: LockFile, me: Holder, policy: str, held: Held, say: Callable[[st
     started = time.monotonic()
     announced = None
     while not lock.try_acquire(me):
-        who = _busy_text(lock)
+        who = _busy_text(lock, ago=False)  # said again only when the holder changes
         if policy == "no-wait":
-            raise MachineBusyError(f"another measurement is running on this machine: {who}; wait for it "
+            raise MachineBusyError(f"another measurement is running on this machine: {_busy_text(lock)}; wait for it "
                                    "(drop --no-wait) or measure alongside it with --allow-concurrent")
         if who != announced:
-            say(f"waiting for the machine lock: {who} is measuring on this machine (one measurement at a time; "
-                "--no-wait exits instead, --allow-concurrent measures alongside it)")
+            say(f"waiting for the machine lock: {_busy_text(lock)} is measuring on this machine (one measurement at a "
+                "time; --no-wait exits instead, --allow-concurrent measures alongside it)")
             announced = who
             held.waited_for.append(who)
         time.sleep(poll_s)

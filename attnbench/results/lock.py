@@ -85,13 +85,15 @@ class Holder:
             return True
         return True
 
-    def describe(self) -> str:
-        """``pid 123 on host h since 2026-12-01T15:10:03+00:00 (12 s ago): attnbench run ...``"""
-        ago = ""
+    def describe(self, ago: bool = True) -> str:
+        """``pid 123 on host h since 2026-12-01T15:10:03+00:00 (12 s ago): attnbench run ...`` (``ago``: with the
+        "(12 s ago)", which changes as time passes)."""
+        since = ""
         with contextlib.suppress(ValueError):
-            ago = f" ({time.time() - datetime.fromisoformat(self.started_at).timestamp():.0f} s ago)"
+            if ago:
+                since = f" ({time.time() - datetime.fromisoformat(self.started_at).timestamp():.0f} s ago)"
         what = self.purpose or self.command
-        return f"pid {self.pid} on host {self.host} since {self.started_at}{ago}" + (f": {what}" if what else "")
+        return f"pid {self.pid} on host {self.host} since {self.started_at}{since}" + (f": {what}" if what else "")
 
 
 def _command() -> list[str]:
