@@ -9,6 +9,7 @@ import pytest
 
 from attnbench.measure import contention
 from attnbench.measure.contention import CONTENDED_FRAC, compute, parse_proc_stat
+from attnbench.results.schema import Cell
 
 
 def _stat(user=0, nice=0, system=0, idle=0, iowait=0, irq=0, softirq=0, steal=0, guest=0, cpus=2) -> str:
@@ -114,7 +115,7 @@ def test_summary_counts_contended_ok_cells():
 
 
 def test_a_cell_row_carries_the_columns_and_older_runs_read_back(tmp_path):
-    from attnbench.results.schema import Cell, fill_added_columns
+    from attnbench.results.schema import fill_added_columns
     from attnbench.runner.cell import run_cell
     from attnbench.runner.sweep import Settings
 
@@ -124,3 +125,31 @@ def test_a_cell_row_carries_the_columns_and_older_runs_read_back(tmp_path):
     assert ("contended:" in row["notes"]) == (row["contended"] == "yes")
     old = fill_added_columns(pd.DataFrame({"num_heads": [2], "status": ["ok"]}))
     assert math.isnan(old.other_cpu_frac[0]) and math.isnan(old.steal_frac[0]) and old.contended[0] is None
+
+
+def test_compare_and_the_report_say_which_cells_were_contended(tmp_path):
+    import numpy as np
+    from sample_runs import ok_row
+
+    from attnbench.report import analysis
+    from attnbench.results.compare import compare_runs
+    from attnbench.results.store import RunStore, load_run
+
+    cell = Cell("sdpa", seq_len=64)
+    rng = np.random.default_rng(0)
+    quiet = ok_row(cell, 1e-3 * np.exp(rng.normal(0, 0.02, 40)), other_cpu_frac=0.01, steal_frac=0.0, contended="no")
+    loaded = ok_row(cell, 1.6e-3 * np.exp(rng.normal(0, 0.02, 40)), other_cpu_frac=0.52, steal_frac=0.03,
+                    contended="yes")
+    paths = []
+    for run_id, row in (("a", quiet), ("b", loaded)):
+        store = RunStore(tmp_path, run_id=run_id, meta={"command": "test"})
+        store.append(row)
+        store.finalize()
+        store.close()
+        paths.append(store.path)
+    cells = compare_runs(*paths).cells
+    assert cells["contended"].tolist() == ["B: contended (others 52%, steal 3%)"]
+    assert "contended: other load during timing may explain it" in cells["change"].iloc[0]
+    noisy = analysis.noisy(analysis.prepare(load_run(paths[1])[0]))
+    assert noisy["contended"].tolist() == ["contended (others 52%, steal 3%)"]
+    assert analysis.noisy(analysis.prepare(load_run(paths[0])[0])).empty
