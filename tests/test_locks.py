@@ -314,3 +314,39 @@ def test_runs_started_together_measure_one_after_the_other(tmp_path):
     meta = json.loads((Path(df.attrs["run_dir"]) / "meta.json").read_text())
     assert meta["machine_lock_waited_s"] > 0.3 and f"pid {proc.pid}" in meta["machine_lock"][0]["waited_for"][0]
     assert len(df) == 1 and df.status.iloc[0] == "ok"
+
+
+def test_cli_resume_of_a_live_run_and_no_wait_exit_2_with_one_line(tmp_path, capsys):
+    from attnbench.cli import main
+
+    store = RunStore(tmp_path, run_id="live", meta={"command": "test", "sweep": {}})
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(["run", "--resume", str(store.path)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "being written by pid" in err and len(err.splitlines()) == 1
+    finally:
+        store.close()
+    proc = _machine_holder()
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(["run", "--impl", "sdpa", "--seq", "16", "--heads", "2", "--d-model", "16", "--out", str(tmp_path / "r"),
+                  "--no-wait", "-q", "--no-report"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: another measurement is running") and f"pid {proc.pid}" in err[-1]
+    finally:
+        proc.kill()
+        proc.wait()
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--no-wait", "--allow-concurrent"])
+    assert exc.value.code == 2
+
+
+def test_a_ray_cell_notes_its_wait():
+    held = machine_lock.Held("wait", waited_s=3.2, waited_for=["pid 1 on host h since t: attnbench run"])
+    row = held.annotate({"notes": "sampling stopped by ci"})
+    assert row["notes"] == ("sampling stopped by ci; waited 3.2 s for this node's measurement lock "
+                            "(pid 1 on host h since t: attnbench run)")
+    assert machine_lock.Held("wait").annotate({"notes": ""})["notes"] == ""
