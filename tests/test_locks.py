@@ -350,3 +350,11 @@ def test_a_ray_cell_notes_its_wait():
     assert row["notes"] == ("sampling stopped by ci; waited 3.2 s for this node's measurement lock "
                             "(pid 1 on host h since t: attnbench run)")
     assert machine_lock.Held("wait").annotate({"notes": ""})["notes"] == ""
+
+
+def test_an_abandoned_store_releases_its_lock_cleanly(tmp_path, capsys):
+    store = RunStore(tmp_path, run_id="r1", meta={"command": "test"})
+    path = store.path
+    del store  # never closed (a test, or an exception on the way): collected, its lock released
+    RunStore(path, resume=True).close()
+    assert "took over" not in capsys.readouterr().err

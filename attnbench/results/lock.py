@@ -171,10 +171,9 @@ class LockFile:
         finally:
             os.close(fd)
 
-    def __del__(self) -> None:  # an abandoned lock object (an exception before release) lets go with its file
-        with contextlib.suppress(Exception):
-            if self._fd is not None:
-                os.close(self._fd)
+    def __del__(self) -> None:  # an abandoned lock object (an exception before release) lets go, cleanly: its
+        with contextlib.suppress(Exception):  # process is alive and done with it, so the next holder takes over nothing
+            self.release()
 
 
 @dataclasses.dataclass
