@@ -104,7 +104,8 @@ class RunStore:
             self.meta["lock_takeovers"] = [*self.meta.get("lock_takeovers", []), note]
         (self.path / "cells").mkdir(parents=True, exist_ok=True)
         # cell files are numbered by a counter, not by listing cells/ for every row (O(1) per append)
-        self._next_index = len(list((self.path / "cells").glob("*.parquet")))
+        numbers = [int(f.name[:5]) for f in (self.path / "cells").glob("*.parquet") if f.name[:5].isdigit()]
+        self._next_index = max(numbers, default=-1) + 1
         self.write_meta()
 
     def close(self) -> None:
