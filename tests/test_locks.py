@@ -358,3 +358,33 @@ def test_an_abandoned_store_releases_its_lock_cleanly(tmp_path, capsys):
     del store  # never closed (a test, or an exception on the way): collected, its lock released
     RunStore(path, resume=True).close()
     assert "took over" not in capsys.readouterr().err
+
+
+HOLD_WITH_WORKER = STUB + """
+import subprocess, sys, time
+from attnbench.measure import machine_lock
+held = machine_lock.acquire(["cpu"], purpose="a driver")
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], pass_fds=held.fds())
+print(worker.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_worker_given_the_descriptors_keeps_the_machine_locked_after_its_driver_is_killed():
+    driver = subprocess.Popen([sys.executable, "-c", HOLD_WITH_WORKER], stdout=subprocess.PIPE, text=True)
+    worker = int(driver.stdout.readline())
+    try:
+        driver.kill()  # SIGKILL: the driver's descriptors close, the worker's keep the flock
+        driver.wait()
+        with pytest.raises(machine_lock.MachineBusyError):
+            machine_lock.acquire(["cpu"], policy="no-wait")
+    finally:
+        os.kill(worker, 9)
+    deadline = time.monotonic() + 10
+    while True:  # the worker gone, the machine is free
+        try:
+            machine_lock.acquire(["cpu"], policy="no-wait").release()
+            break
+        except machine_lock.MachineBusyError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)

@@ -113,6 +113,11 @@ class Held:
             return {}
         return {HELD_ENV: str(os.getpid()), ENV_DIR: str(self.locks[0].path.parent)}
 
+    def fds(self) -> tuple[int, ...]:
+        """The open lock files' descriptors: a child given them (``subprocess.Popen(pass_fds=...)``) keeps the
+        lock held by the kernel until it exits too, so a measuring worker orphaned by a killed driver is covered."""
+        return tuple(lock.fileno() for lock in self.locks if lock.fileno() is not None)
+
     def annotate(self, row: dict) -> dict:
         """``row`` with a note of the wait, when there was one (Ray workers record it per cell)."""
         if self.waited_s >= 0.5:

@@ -122,6 +122,10 @@ class LockFile:
         """Whether this object holds the lock now."""
         return self._fd is not None
 
+    def fileno(self) -> int | None:
+        """The descriptor holding the lock (None when not held)."""
+        return self._fd
+
     def try_acquire(self, holder: Holder | None = None, record: bool = True) -> bool:
         """Take the lock if it is free; False when someone holds it. An exclusive holder reads the old record
         into :attr:`previous`, then writes ``holder`` (this process) over it unless ``record`` is False."""
