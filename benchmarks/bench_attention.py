@@ -18,6 +18,10 @@ The measuring environment is ``attnbench run``'s (:mod:`attnbench.measure.cpu_en
 here before torch loads OpenMP (unless the caller set those variables, as the gate does), and glibc's
 malloc thresholds pinned with ``mallopt`` in every benchmark process (``ATTNBENCH_ASV_ALLOCATOR=system``
 leaves glibc alone). asv.conf.json cannot carry environment variables for an ``existing`` environment.
+
+Every benchmark holds the machine's measurement lock (:mod:`attnbench.measure.machine_lock`) from the end of
+``setup`` to ``teardown``, so it never times next to an ``attnbench run`` (it waits; asv's ``timeout`` counts the
+wait). Under the asv gate, which holds the lock for its whole measurement, the benchmarks measure under the gate's.
 """
 
 from __future__ import annotations
@@ -52,6 +56,22 @@ except ImportError:  # commits before the controlled environment: the gate pins 
 
     def pin_glibc_malloc() -> bool:
         return False
+
+
+try:  # the machine's measurement lock (since attnbench.measure.machine_lock)
+    from attnbench.measure import machine_lock as _machine_lock
+except ImportError:  # older commits: the asv gate holds the lock around them
+    _machine_lock = None
+
+
+def _lock_machine():
+    """Take this machine's measurement lock for the benchmark's timing (None on commits without it)."""
+    return _machine_lock.acquire([DEVICE], purpose="asv benchmark") if _machine_lock is not None else None
+
+
+def _unlock_machine(held) -> None:
+    if held is not None:
+        held.release()
 
 
 try:  # one resolver decides what can run (since attnbench.resolve)
@@ -132,6 +152,10 @@ class Attention:
         _set_threads()
         self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=d_model, mode=mode)
         self.cell = self.workload.cell
+        self._held = _lock_machine()
+
+    def teardown(self, impl, mode, seq_len, d_model):
+        _unlock_machine(getattr(self, "_held", None))
 
     def time_step(self, impl, mode, seq_len, d_model):
         self.workload.step()
@@ -170,6 +194,10 @@ class GQA:
     def setup(self, impl, num_kv_heads, seq_len):
         _set_threads()
         self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode=self.mode, num_kv_heads=num_kv_heads)
+        self._held = _lock_machine()
+
+    def teardown(self, impl, num_kv_heads, seq_len):
+        _unlock_machine(getattr(self, "_held", None))
 
     def time_step(self, impl, num_kv_heads, seq_len):
         self.workload.step()
@@ -203,8 +231,10 @@ class Compile:
         self._previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         self._cache = tempfile.mkdtemp(prefix="attnbench-asv-inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._cache  # read at compile time, in this (forked) process
+        self._held = _lock_machine()
 
     def teardown(self):
+        _unlock_machine(getattr(self, "_held", None))
         if self._previous is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:

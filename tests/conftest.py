@@ -84,3 +84,11 @@ def _private_drift_calibration(tmp_path_factory, monkeypatch):
     """No test reads or writes this machine's drift calibration (~/.cache/attnbench/drift.json): each sees an
     empty file of its own, so runs use the documented default (attnbench.measure.drift)."""
     monkeypatch.setenv("ATTNBENCH_DRIFT_FILE", str(tmp_path_factory.mktemp("drift") / "drift.json"))
+
+
+@pytest.fixture(autouse=True)
+def _private_machine_lock(tmp_path_factory, monkeypatch):
+    """No test takes this user's machine lock (~/.cache/attnbench/locks): each sees a lock folder of its own, so a
+    test's runs never wait for a real measurement (nor for each other), and a real measurement never waits for them."""
+    monkeypatch.setenv("ATTNBENCH_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
+    monkeypatch.setenv("ATTNBENCH_MACHINE_LOCK_HELD", "")  # restored after the test, even if a test leaks a holder

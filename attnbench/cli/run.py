@@ -34,9 +34,15 @@ def summary_table(df, title: str) -> Table:
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
                       f"{100 * half / r.median_s:.1f}%", mem, *([kv] if decode else []), f"{r.gflops_per_s:.1f}",
-                      f"{100 * r.frac_peak:.0f}%",
-                      "unstable" if str(getattr(r, "stability", "")) == "unstable" else "")
+                      f"{100 * r.frac_peak:.0f}%", _flags(r))
     return table
+
+
+def _flags(r) -> str:
+    """The flag column: ``unstable`` (two modes) and/or ``contended`` (others took the CPUs while it was timed)."""
+    flags = ["unstable"] if str(getattr(r, "stability", "")) == "unstable" else []
+    flags += ["contended"] if str(getattr(r, "contended", "")) == "yes" else []
+    return ", ".join(flags)
 
 
 @cli.command("run")
@@ -73,6 +79,10 @@ def summary_table(df, title: str) -> Table:
 @click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
 @click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
+@click.option("--no-wait", "no_wait", is_flag=True, help="Exit (status 2) instead of waiting when another measurement "
+              "holds this machine's measurement lock.")
+@click.option("--allow-concurrent", "allow_concurrent", is_flag=True, help="Measure without the machine's measurement "
+              "lock, alongside whatever else measures (both runs' timings suffer).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--ray-address", help="Address of an existing Ray cluster (default: start a local one).")
 @click.option("--profile", is_flag=True, help="After timing, profile each ok cell with torch.profiler.")
@@ -84,7 +94,7 @@ def summary_table(df, title: str) -> Table:
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
             cache, out, resume,
             budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift,
-            cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
+            cell_timeout_s, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
 
@@ -100,6 +110,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     from attnbench.runner.engine import argv_for_meta, make_sweep, run
 
     quiet = quiet or as_json
+    if no_wait and allow_concurrent:
+        raise click.UsageError("--no-wait and --allow-concurrent contradict each other; give one")
     settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
                                        processes=processes, cpu_allocator=cpu_allocator, drift=_drift(drift),
                                        cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
@@ -136,7 +148,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
 
     try:
         df = run(sweep, out=out, resume=resume, executor=executor, ray_address=ray_address, argv=argv_for_meta(), csv=csv,
-                 profile=profile, progress=on_progress, settings=settings if resume else None)
+                 profile=profile, progress=on_progress, settings=settings if resume else None, no_wait=no_wait,
+                 allow_concurrent=allow_concurrent)
     finally:
         if progress_bar:
             progress_bar.stop()
@@ -149,7 +162,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
                                "status": counts, "results": str(run_dir / "results.parquet"),
                                "report": str(report_path) if report_path else None,
-                               "interrupted": df.attrs["interrupted"]}))
+                               "interrupted": df.attrs["interrupted"], "contended": _contended(df)}))
     elif not quiet:
         console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
         bad = df[df.status != "ok"]
@@ -172,6 +185,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
             console.print(f"note: {len(noisy)} cell(s) have a within-run CI wider than ±5% of the median (noisy machine?)")
         _print_drift(run_dir)
         _print_unstable(df)
+        _print_contention(df, run_dir)
     if df.attrs["interrupted"]:
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
@@ -216,6 +230,26 @@ def _print_unstable(df) -> None:
                       "Causes: the allocator (`--cpu-allocator`) or, when many cells are and the between-run term "
                       "above was scaled up, other load on the machine. See \"How trustworthy are the numbers?\" in "
                       "the README", markup=False)
+
+
+def _contended(df) -> int:
+    from attnbench.measure.contention import contended_mask
+
+    return int(contended_mask(df).sum())
+
+
+def _print_contention(df, run_dir: Path) -> None:
+    """How much of the run was contended, and how long it waited for another measurement."""
+    from attnbench.measure.contention import summary
+    from attnbench.results.store import read_meta
+
+    line = summary(df)
+    if line:
+        console.print(f"note: {line}", markup=False)
+    waited = read_meta(run_dir).get("machine_lock") or []
+    if waited and waited[-1].get("waited_s"):
+        console.print(f"note: this run waited {waited[-1]['waited_s']:.1f} s for another measurement on this machine "
+                      f"({'; '.join(waited[-1].get('waited_for') or [])})", markup=False)
 
 
 def _warn_if_busy(run_dir: Path) -> None:

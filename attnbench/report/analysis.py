@@ -20,6 +20,7 @@ from attnbench.results.text import (  # noqa: F401  (fmt_bytes: the report's fig
     configuration_label,
     fmt_bytes,
     fmt_ci,
+    fmt_contention,
     fmt_num,
     fmt_time,
     time_unit,
@@ -212,6 +213,8 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
                 notes.append("noisy")
             if str(best.get("stability")) == "unstable":
                 notes.append("unstable")
+            if str(best.get("contended")) == "yes":  # others took the CPUs while it was timed
+                notes.append("contended")
             second = cells.iloc[1] if len(cells) > 1 else None
             if second is not None and _overlap(best, second):
                 notes.append("tie within CI")
@@ -355,10 +358,12 @@ def scaling(df: pd.DataFrame, column: str = "median_s", min_points: int = 3) -> 
 def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
     """Successful cells whose within-run CI half-width (``noise_rel``: before the between-run term, which more
     samples cannot shrink) exceeds ``limit`` of the median, or that were flagged ``unstable`` (two modes;
-    ``unstable`` holds the modes), noisiest first. ``ci`` is the reported CI, between-run term included."""
+    ``unstable`` holds the modes) or ``contended`` (other processes or steal took the CPUs while they were timed;
+    ``contended`` says how much), noisiest first. ``ci`` is the reported CI, between-run term included."""
     ok = ok_rows(df)
     unstable = (ok["stability"].astype(str) == "unstable") if "stability" in ok else pd.Series(False, index=ok.index)
-    bad = ok[(ok["noise_rel"] > limit) | unstable].sort_values("noise_rel", ascending=False)
+    contended = (ok["contended"].astype(str) == "yes") if "contended" in ok else pd.Series(False, index=ok.index)
+    bad = ok[(ok["noise_rel"] > limit) | unstable | contended].sort_values("noise_rel", ascending=False)
     return pd.DataFrame({
         "cell": [cell_label(r) for r in bad.itertuples()],
         "median": [fmt_time(v) for v in bad["median_s"]],
@@ -367,7 +372,8 @@ def noisy(df: pd.DataFrame, limit: float = NOISY_CI_REL) -> pd.DataFrame:
         "n": bad["n"].tolist() if "n" in bad else [],
         "unstable": [next((n for n in str(notes).split("; ") if n.startswith("unstable")), "") if flag else ""
                      for notes, flag in zip(bad["notes"], unstable[bad.index], strict=True)],
-    }, columns=["cell", "median", "ci", "ci_rel_pct", "n", "unstable"])
+        "contended": [fmt_contention(r) for r in bad.to_dict("records")],
+    }, columns=["cell", "median", "ci", "ci_rel_pct", "n", "unstable", "contended"])
 
 
 def failures(df: pd.DataFrame) -> pd.DataFrame:

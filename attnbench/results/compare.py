@@ -11,7 +11,8 @@ inputs give the same answer. A cell is a **significant slowdown** when
 ``p < alpha`` and the ratio exceeds ``1 + threshold`` and the interval's lower bound exceeds 1;
 ``attnbench compare`` exits 1 when any cell is one. Cells present in only one run, cells whose
 status differs, and axes whose value sets differ are reported, never silently dropped. A cell flagged
-``unstable`` (two modes) in either run says so in ``change`` when its difference is significant.
+``unstable`` (two modes) or ``contended`` (timed under other load) in either run says so in ``change`` when its
+difference is significant.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from attnbench.errors import ResultsError
 from attnbench.measure.stats import bootstrap_medians, group_median, split_groups
 from attnbench.results.schema import AXES, INT_AXES, fill_added_columns
 from attnbench.results.store import load_run
+from attnbench.results.text import fmt_contention
 
 ENV_COMPARE = ("git_commit", "attnbench_version", "torch_version", "python_version", "cuda_version", "cuda_driver",
                "platform", "hostname", "cpu_model", "cpu_count", "torch_threads", "gpus")
@@ -42,7 +44,9 @@ class CompareResult:
     ``cells``: one row per cell timed ok in both runs, sorted by effect (largest slowdown first), with
     ``median_a``, ``median_b``, ``ratio`` (B/A), ``ci_low``/``ci_high`` (bootstrap CI of the ratio),
     ``p_value`` (bootstrap, two-sided), ``n_a``/``n_b``, ``change`` (words), the booleans ``regression``,
-    ``improvement`` and ``unstable`` (either run flagged the cell; its modes are in ``note``). ``only_in_a``/``only_in_b``: axis dicts of unmatched cells. ``status_changed``:
+    ``improvement`` and ``unstable`` (either run flagged the cell; its modes are in ``note``), ``contended``
+    (``A: contended (others 47%, steal 0%)`` when a run timed the cell under other load, else "").
+    ``only_in_a``/``only_in_b``: axis dicts of unmatched cells. ``status_changed``:
     cells present in both runs but not ok in at least one. ``axis_mismatch``: axis -> values only in A /
     only in B. ``env_diff``: ``(key, A, B)`` for metadata that differs.
     """
@@ -227,10 +231,11 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
         ga, gb = [g[np.isfinite(g)] for g in ga], [g[np.isfinite(g)] for g in gb]
         sa, sb = sa[np.isfinite(sa)], sb[np.isfinite(sb)]
         unstable = "; ".join(f"{side}: {n}" for side, n in (("A", _unstable_note(ra)), ("B", _unstable_note(rb))) if n)
+        contended = "; ".join(f"{side}: {fmt_contention(r)}" for side, r in (("A", ra), ("B", rb)) if fmt_contention(r))
         row = {**axes, "median_a": float(ra["median_s"]), "median_b": float(rb["median_s"]), "n_a": len(sa),
                "n_b": len(sb), "ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
                "p_value": float("nan"), "regression": False, "improvement": False, "change": "",
-               "unstable": bool(unstable), "note": ""}
+               "unstable": bool(unstable), "contended": contended, "note": ""}
         if len(sa) >= 2 and len(sb) >= 2 and np.median(sa) > 0:
             row["median_a"], row["median_b"] = group_median(ga), group_median(gb)  # as `attnbench run` reports them
             row["ratio"] = row["median_b"] / row["median_a"]
@@ -254,17 +259,19 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
                 row["change"] = "no significant change"
             if unstable and significant:  # said, never silently: its median depends on which mode a run caught
                 row["change"] += " (unstable cell: the difference may be a change of mode)"
+            if contended and significant:  # other load while one run timed it inflates that run's median
+                row["change"] += " (contended: other load during timing may explain it)"
         else:
             if row["median_a"] > 0:
                 row["ratio"] = row["median_b"] / row["median_a"]
             row["change"] = "untested"
             row["note"] = "fewer than 2 raw samples in a run (e.g. a CSV without samples_s); only the medians compared"
-        if unstable:
-            row["note"] = "; ".join(n for n in (row["note"], unstable) if n)
+        if unstable or contended:
+            row["note"] = "; ".join(n for n in (row["note"], unstable, contended) if n)
         rows.append(row)
 
     cols = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
-            "regression", "improvement", "unstable", "note"]
+            "regression", "improvement", "unstable", "contended", "note"]
     cells = pd.DataFrame(rows, columns=cols)
     if len(cells):
         cells = cells.sort_values(["regression", "ratio"], ascending=[False, False], na_position="last",
@@ -323,6 +330,7 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
         "n (A/B)": [f"{x}/{y}" for x, y in zip(c["n_a"], c["n_b"], strict=True)],
         "change": c["change"],
         "unstable": [n if u else "" for n, u in zip(c["note"], c["unstable"], strict=True)],
+        "contended": c["contended"],
     })
     classes = ["regression" if r else "improvement" if i else ""
                for r, i in zip(c["regression"], c["improvement"], strict=True)]

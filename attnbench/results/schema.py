@@ -59,6 +59,9 @@ COLUMNS: dict[str, str] = {
     "compile_s": "float64", "recompiles": "float64",
     # the CPU measuring environment, as found in the measuring process (attnbench.measure.cpu_env)
     "cpu_allocator": "string", "cpu_binding": "string", "cpu_affinity": "string",
+    # contention while the cell was timed (attnbench.measure.contention): the share of the machine's CPU time
+    # other processes and the hypervisor (steal) took; contended "yes"/"no", or "unknown" where /proc/stat is missing
+    "other_cpu_frac": "float64", "steal_frac": "float64", "contended": "string",
     # outcome
     "status": "string", "error": "string", "notes": "string",
     # paired speed-up against the comparison group's baseline (cells that differ only in impl share group_id):
@@ -74,7 +77,9 @@ COLUMNS: dict[str, str] = {
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
 hierarchical over them); ``stability`` is ``unstable`` when the groups disagree or the samples are
-bimodal (both modes are in ``notes``), else ``stable``."""
+bimodal (both modes are in ``notes``), else ``stable``. ``contended`` is a string, not a bool, because it has a
+third value: ``unknown`` where the measure is unavailable (no ``/proc/stat``); it is empty for failed cells and
+for runs older than the column. A bool would have to say "no" there, and a row never lies."""
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,27 @@
 
 Layout of ``<out>/<run_id>/``::
 
-    meta.json            run metadata (environment, command line, sweep) — written first
+    meta.json            run metadata (environment, command line, sweep) — written first, then updated in place
+    .lock                the writer's lock (attnbench.results.lock): one process writes a run at a time
     cells/00012.parquet  one file per finished cell, written atomically (tmp + rename)
     results.parquet      all cells, consolidated when the run ends (also after Ctrl-C)
     results.csv          the same, without raw samples, on request
 
 A run killed at any point keeps every finished cell in ``cells/``; :func:`load_run` reads them
 whether or not ``results.parquet`` was written, and ``--resume`` skips their ``cell_id``.
+
+One row per cell, always: should ``cells/`` hold two files for one cell (two writers before the run lock
+existed, or a crash between a cell's write and its bookkeeping), :func:`load_run` keeps the complete one
+(:func:`drop_duplicate_cells`) and consolidation moves the other to ``cells/duplicates/`` and says so.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import secrets
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -24,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from attnbench.errors import ResultsError
+from attnbench.results.lock import RUN_LOCK_NAME, lock_run
 from attnbench.results.schema import COLUMNS, SCHEMA_VERSION, check_row, fill_added_columns
 
 FORMAT = "attnbench-results/1"
@@ -68,7 +76,12 @@ def _table(rows: list[dict]) -> pa.Table:
 
 
 class RunStore:
-    """Writes one run folder; safe to use from one process at a time."""
+    """Writes one run folder, holding its lock (:func:`attnbench.results.lock.lock_run`) until :meth:`close`.
+
+    A second ``RunStore`` on the same folder, in any process, raises
+    :class:`~attnbench.results.lock.RunLockedError` naming the holder; a lock left by a process of this host
+    that died is taken over, with a note on stderr and in ``meta.json`` (``lock_takeovers``).
+    """
 
     def __init__(self, root: str | Path, run_id: str | None = None, meta: dict | None = None, resume: bool = False):
         self.root = Path(root)
@@ -78,21 +91,65 @@ class RunStore:
             if not meta_file.is_file():
                 raise ResultsError(f"cannot resume {self.path}: no meta.json there, so it is not an attnbench run "
                                    "folder; pass the folder `attnbench run` printed (results/<run-id>)")
-            self.meta = read_meta(self.path)
-            self.run_id = self.meta["run_id"]
-            load_run(self.path)  # validates every cell file before anything is written
+            read_meta(self.path)  # a foreign or corrupt folder is refused before anything (even the lock) is written
+            load_run(self.path)  # validates every cell file
+            self._lock = lock_run(self.path, purpose=f"attnbench run writing {self.path}")
+            try:
+                self.meta = read_meta(self.path)  # again, under the lock: as the last writer left it
+                self.run_id = self.meta["run_id"]
+            except BaseException:
+                self.close()
+                raise
         else:
             self.run_id = run_id or new_run_id()
             self.path = self.root / self.run_id
-            if self.path.exists() and any(self.path.iterdir()):
+            self.path.mkdir(parents=True, exist_ok=True)
+            # the lock first, then the check: two processes given one --run-id cannot both find it empty
+            self._lock = lock_run(self.path, purpose=f"attnbench run writing {self.path}")
+            if any(p.name != RUN_LOCK_NAME for p in self.path.iterdir()):
+                self.close()
                 raise ResultsError(f"{self.path} already exists and is not empty; pick another --out or use --resume")
             self.meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "run_id": self.run_id, **(meta or {})}
+        self._meta_base: dict = {}  # meta.json as this process last read or wrote it (what its changes are against)
+        if resume:
+            self._meta_base = _json_copy(self.meta)
+        note = self._lock.takeover_note()
+        if note:
+            print(f"note: {self.path}: {note}", file=sys.stderr)
+            self.meta["lock_takeovers"] = [*self.meta.get("lock_takeovers", []), note]
         (self.path / "cells").mkdir(parents=True, exist_ok=True)
+        # cell files are numbered by a counter, not by listing cells/ for every row (O(1) per append)
+        numbers = [int(f.name[:5]) for f in (self.path / "cells").glob("*.parquet") if f.name[:5].isdigit()]
+        self._next_index = max(numbers, default=-1) + 1
         self.write_meta()
 
+    def close(self) -> None:
+        """Release the run folder's lock (the run can then be resumed); safe to call twice."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def write_meta(self) -> None:
-        """(Re)write ``meta.json`` atomically."""
-        _atomic_write_bytes(self.path / "meta.json", json.dumps(self.meta, indent=2, default=str).encode())
+        """Update ``meta.json`` in place: read it, apply the keys this process changed since it last read or
+        wrote it, write it atomically. Keys another writer added meanwhile survive; nothing is overwritten with
+        this process's stale view of them."""
+        on_disk = read_meta(self.path) if (self.path / "meta.json").is_file() else {}
+        mine = _json_copy(self.meta)
+        for key in set(mine) | set(self._meta_base):
+            if key not in mine:
+                on_disk.pop(key, None)
+            elif key not in self._meta_base or mine[key] != self._meta_base[key]:
+                on_disk[key] = mine[key]
+        _atomic_write_bytes(self.path / "meta.json", json.dumps(on_disk, indent=2, default=str).encode())
+        self._meta_base = _json_copy(on_disk)
+        self.meta.clear()
+        self.meta.update(copy.deepcopy(on_disk))
 
     def done_cell_ids(self) -> set[str]:
         """``cell_id`` of every cell already written (for ``--resume``)."""
@@ -102,7 +159,7 @@ class RunStore:
     def append(self, row: dict) -> Path:
         """Write one finished cell; it survives anything that happens afterwards."""
         cells = self.path / "cells"
-        index = len(list(cells.glob("*.parquet")))
+        index, self._next_index = self._next_index, self._next_index + 1
         target = cells / f"{index:05d}-{secrets.token_hex(3)}.parquet"
         tmp = target.with_suffix(".tmp")
         pq.write_table(_table([{**row, "run_id": self.run_id}]), tmp)
@@ -128,8 +185,23 @@ class RunStore:
         os.replace(tmp, path)
 
     def consolidate(self, csv: bool = False) -> pd.DataFrame:
-        """Read ``cells/`` once, write it as ``results.parquet`` (and ``results.csv``), and return it."""
+        """Read ``cells/`` once, write it as ``results.parquet`` (and ``results.csv``), and return it.
+
+        One row per cell: a duplicate cell file is moved to ``cells/duplicates/`` (kept, never deleted), said on
+        stderr and listed in ``meta.json`` (``dropped_duplicates``)."""
         df, _ = load_run(self.path)
+        dropped = df.attrs.get("dropped_duplicates") or []
+        if dropped:
+            aside = self.path / "cells" / "duplicates"
+            aside.mkdir(exist_ok=True)
+            for d in dropped:
+                src = self.path / "cells" / d["file"]
+                if src.exists():
+                    os.replace(src, aside / d["file"])
+                print(f"note: {self.path}: two rows for {d['cell_id']}: kept {d['kept']}, dropped {d['file']} "
+                      f"({d['why']}; moved to cells/duplicates/)", file=sys.stderr)
+            self.meta["dropped_duplicates"] = [*self.meta.get("dropped_duplicates", []), *dropped]
+            self.write_meta()
         out = self.path / "results.parquet"
         tmp = out.with_suffix(".tmp")
         pq.write_table(_table(df.to_dict("records")), tmp)
@@ -142,6 +214,46 @@ class RunStore:
         """Consolidate ``cells/`` into ``results.parquet`` (and ``results.csv``); returns the parquet path."""
         self.consolidate(csv)
         return self.path / "results.parquet"
+
+
+def _json_copy(value: dict) -> dict:
+    """``value`` as it reads back from JSON (so that comparing with what is on disk compares like with like)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _completeness(row: dict) -> tuple:
+    """How complete a cell's row is, for choosing between two rows of one cell: a timed (ok) row beats a
+    failed one, more rounds merged beat fewer, more samples beat fewer, and then the later row wins."""
+    groups = row.get("sample_groups")
+    n_groups = len(groups) if groups is not None and not isinstance(groups, str | float) else 0
+    n = row.get("n")
+    return (row.get("status") == "ok", n_groups, 0 if n is None or n != n else int(n), str(row.get("started_at") or ""))
+
+
+def drop_duplicate_cells(df: pd.DataFrame, files: list[str]) -> tuple[pd.DataFrame, list[dict]]:
+    """``df`` (row i read from ``files[i]``) with one row per ``cell_id``: the complete one (:func:`_completeness`),
+    and what was dropped: ``{"cell_id", "file", "kept", "why"}`` per dropped row."""
+    if not len(df) or not df["cell_id"].duplicated().any():
+        return df, []
+    keep, dropped = [], []
+    for cell_id, idx in df.groupby("cell_id", sort=False).groups.items():
+        idx = list(idx)
+        if len(idx) == 1:
+            keep.append(idx[0])
+            continue
+        rows = {i: df.loc[i].to_dict() for i in idx}
+        best = max(idx, key=lambda i: (_completeness(rows[i]), i))
+        keep.append(best)
+        for i in idx:
+            if i != best:
+                r, b = rows[i], rows[best]
+                why = (f"status {r.get('status')} vs {b.get('status')}" if r.get("status") != b.get("status") else
+                       f"{_completeness(r)[1]} round group(s) and {_completeness(r)[2]} samples vs "
+                       f"{_completeness(b)[1]} and {_completeness(b)[2]}")
+                dropped.append({"cell_id": str(cell_id), "file": files[i], "kept": files[best], "why": why})
+    out = df.loc[sorted(keep)].reset_index(drop=True)
+    out.attrs = dict(df.attrs)
+    return out, dropped
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -169,7 +281,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """Read a run (its folder, or a ``results.parquet``/``.csv`` file) as ``(DataFrame, meta)``.
 
     Cells written after the last consolidation are included; a cell file that does not parse or
-    lacks columns raises :class:`ResultsError` naming it.
+    lacks columns raises :class:`ResultsError` naming it. One row per cell: duplicates are left out
+    (:func:`drop_duplicate_cells`; what was left out is in ``df.attrs["dropped_duplicates"]``).
     """
     p = Path(path)
     if not p.exists():
@@ -178,19 +291,18 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
         folder = p.parent
         meta = read_meta(folder) if (folder / "meta.json").exists() else {}
         frames = [_read_one(p)]
+        names = [f"{p.name} row {i}" for i in range(len(frames[0]))]
     else:
         meta = read_meta(p)
         files = sorted((p / "cells").glob("*.parquet"))
         frames = [_read_one(f) for f in files]
+        names = [f.name for f, frame in zip(files, frames, strict=True) for _ in range(len(frame))]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=k if k != "string" else "string") for c, k in COLUMNS.items()}), meta
     df = pd.concat(frames, ignore_index=True)
-    filled = sorted({c for f in frames for c in f.attrs.get("filled_columns", ())})
-    df.attrs["filled_columns"] = filled
-    if filled:
-        version = meta.get("schema_version", 1) if meta else "unknown"
-        df.attrs["schema_note"] = (f"results written with row schema {version} (this attnbench writes "
-                                   f"{SCHEMA_VERSION}); filled in: {', '.join(filled)}")
+    df, dropped = drop_duplicate_cells(df, names)
+    if dropped:
+        df.attrs["dropped_duplicates"] = dropped
     return df, meta
 
 

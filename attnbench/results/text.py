@@ -63,6 +63,17 @@ def fmt_num(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def fmt_contention(row) -> str:
+    """``contended (others 47%, steal 0%)`` for a row flagged ``contended``; "" otherwise (not contended, or not
+    measured). ``row`` is a dict, a pandas row or a named tuple."""
+    get = _getter(row)
+    if str(get("contended")) != "yes":
+        return ""
+    other, steal = get("other_cpu_frac"), get("steal_frac")
+    parts = [f"others {100 * other:.0f}%" if _finite(other) else "", f"steal {100 * steal:.0f}%" if _finite(steal) else ""]
+    return "contended (" + ", ".join(p for p in parts if p) + ")"
+
+
 def axis_label(axis: str, value) -> str:
     """How one axis value reads (``B=1``, ``h=8``, ``T=128``, ``float32``, ``window 64``, ``non-causal`` ...)."""
     if axis == "window":  # NaN, None or 0: full attention

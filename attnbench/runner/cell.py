@@ -30,6 +30,7 @@ from attnbench.devices import device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
 from attnbench.measure import (
     analytic_flops,
+    contention,
     counted_flops,
     kv_cache_bytes_analytic,
     peak_gflops,
@@ -238,6 +239,14 @@ def record_timing(built: Built, row: dict, samples_s, *, calls_per_sample: int, 
     return stats
 
 
+def record_contention(built: Built, row: dict, load: contention.Contention) -> None:
+    """The share of the machine's CPU time other processes and steal took while the cell was timed
+    (:mod:`attnbench.measure.contention`), and a note when it was contended or could not be measured."""
+    row.update(load.row_fields())
+    if load.note:
+        built.notes.append(load.note)
+
+
 def record_memory(built: Built, row: dict) -> None:
     """Peak memory of one step, measured on its own (never while another cell runs)."""
     mem = peak_memory(built.workload.step, built.workload.device)
@@ -292,10 +301,12 @@ def close_row(row: dict) -> None:
 def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: float | None = None) -> None:
     """One cell timed on its own (:func:`attnbench.measure.timing.time_fn`), then its memory and work."""
     cell, device = built.cell, built.workload.device
-    timing = time_fn(built.workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
-                     target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
-                     max_samples=settings.max_samples, budget_s=settings.budget_s,
-                     l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
+    with contention.sampled() as load:  # what other processes and steal took while this cell was timed
+        timing = time_fn(built.workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+                         target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
+                         max_samples=settings.max_samples, budget_s=settings.budget_s,
+                         l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
+    record_contention(built, row, load.result)
     graphs_after_timing = compiled_graphs() if built.compiled else None
     recompiled = (graphs_after_timing - built.graphs_after_first
                   if graphs_after_timing is not None and built.graphs_after_first is not None else None)
@@ -338,6 +349,8 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         merged.update(speedup=math.nan, speedup_ci_low=math.nan, speedup_ci_high=math.nan)
         workers = list(dict.fromkeys(str(r.get("worker") or "") for r in rows))
         merged["worker"] = ", ".join(w for w in workers if w)
+        merged.update(contention.merge(rows))
+        notes.append(contention.merge_note(rows))
         medians = ", ".join(fmt_time(r["median_s"]) for r in rows)
         rounds = len(rows) // processes
         how = f"{rounds} rounds" + (f" x {processes} processes" if processes > 1 else "")

@@ -127,7 +127,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         argv: list[str] | None = None, csv: bool = False, profile: bool = False,
         progress: Callable[[int, int, Cell, dict | None], None] | None = None,
         preset: str | None = None, file: str | Path | None = None, settings: dict | None = None,
-        **axes) -> pd.DataFrame:
+        no_wait: bool = False, allow_concurrent: bool = False, **axes) -> pd.DataFrame:
     """Run a sweep and return its tidy results (one row per cell), written under ``out/<run_id>/``.
 
     ``sweep`` may be omitted: axes are then keyword arguments (``impl=["sdpa"], seq_len=[128, 256]``,
@@ -139,6 +139,9 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     ``executor="inprocess"`` measures here instead (for debugging), ``"ray"`` on a Ray cluster.
     ``resume`` continues the run folder it names, skipping cells already recorded.
     ``progress(i, n, cell, row)`` is called before (row None) and after each cell.
+    Timing holds this machine's measurement lock (:mod:`attnbench.measure.machine_lock`): with another
+    measurement running, the run waits (``no_wait``: raises instead; ``allow_concurrent``: measures anyway).
+    The run folder is locked while this writes it (:mod:`attnbench.results.lock`).
 
     The returned DataFrame has ``attrs["run_dir"]``, ``attrs["run_id"]`` and ``attrs["interrupted"]``
     (True after Ctrl-C: every finished cell is kept and the results are consolidated before returning).
@@ -157,7 +160,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
         session = RunSession.start(sweep, out=out, executor=executor, make_executor=executor_for, run_id=run_id,
                                    argv=argv, progress=progress)
     try:
-        session.measure()
+        session.measure(lock="off" if allow_concurrent else "no-wait" if no_wait else "wait")
     except KeyboardInterrupt:
         session.interrupted = True
     finally:

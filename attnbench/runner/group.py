@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from attnbench.measure import contention
 from attnbench.measure.interleave import time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
@@ -28,6 +29,7 @@ from attnbench.runner.cell import (
     close_row,
     compiled_graphs,
     deadline,
+    record_contention,
     record_failure,
     record_memory,
     record_timing,
@@ -172,12 +174,13 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         return deadline(settings.cell_timeout_s)  # each warm-up and burst: a member past it is dropped as `timeout`
 
     t0 = time.perf_counter()
-    timing = time_interleaved(
-        fns, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
-        target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
-        min_cycles=MIN_CYCLES if len(fns) > 1 else 1, max_cycles=settings.max_samples,
-        budget_s=settings.budget_s * len(fns), seed=_default_seed(cell, settings) if seed is None else seed,
-        l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard)
+    with contention.sampled() as load:  # the group's timed region: what other processes and steal took meanwhile
+        timing = time_interleaved(
+            fns, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+            target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
+            min_cycles=MIN_CYCLES if len(fns) > 1 else 1, max_cycles=settings.max_samples,
+            budget_s=settings.budget_s * len(fns), seed=_default_seed(cell, settings) if seed is None else seed,
+            l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard)
     charge()
     share_s = (time.perf_counter() - t0) / len(fns)
     others = len(fns) - 1
@@ -194,6 +197,7 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         record_timing(b, rows[i], timing.samples_s[cid], calls_per_sample=timing.calls_per_sample[cid],
                       warmup_calls=timing.warmup_calls[cid], timer="cuda_graph" if graph else timing.timer,
                       stopped_by=timing.stopped_by, recompiled=recompiled)
+        record_contention(b, rows[i], load.result)
         if others:
             dropped = [display_name(cells[j].impl) for j in range(len(cells)) if ids[j] in timing.failures]
             b.notes.append(f"timed in alternation with {others} other implementation(s) in {timing.cycles} cycles of "

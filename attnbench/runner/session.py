@@ -29,7 +29,7 @@ import pandas as pd
 
 from attnbench import environment
 from attnbench.devices import parse_device_type
-from attnbench.measure import cpu_env, drift
+from attnbench.measure import contention, cpu_env, drift, machine_lock
 from attnbench.results.schema import Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
 from attnbench.runner.cell import add_speedups, merge_rounds
@@ -81,8 +81,9 @@ class RunSession:
     """One session of a run: :meth:`start` or :meth:`resume`, then :meth:`measure`, then :meth:`finish`."""
 
     def __init__(self, sweep: Sweep, store: RunStore, executor: Executor, done: set[str],
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, executor_kind: str = "local"):
         self.sweep, self.store, self.executor, self.progress, self.done = sweep, store, executor, progress, done
+        self.executor_kind = executor_kind
         settings = sweep.settings
         store.meta["baseline"] = sweep.baseline
         if settings.threads:  # set in the measuring processes (and recorded on every row)
@@ -117,7 +118,7 @@ class RunSession:
         meta.update(sweep=sweep_to_dict(sweep), executor=executor, cpu_env=cpu_env_meta(sweep.settings))
         run_id = run_id or new_run_id()
         run_exec = make_executor(executor, sweep.settings, run_id)
-        return cls(sweep, RunStore(out, run_id=run_id, meta=meta), run_exec, set(), progress)
+        return cls(sweep, RunStore(out, run_id=run_id, meta=meta), run_exec, set(), progress, executor)
 
     @classmethod
     def resume(cls, path: str | Path, *, executor: str, make_executor, sweep: Sweep | None = None,
@@ -132,7 +133,7 @@ class RunSession:
         done = store.done_cell_ids()
         run_exec = make_executor(executor, sweep.settings, store.run_id)
         store.meta["cpu_env"] = cpu_env_meta(sweep.settings)
-        return cls(sweep, store, run_exec, done, progress)
+        return cls(sweep, store, run_exec, done, progress, executor)
 
     # ------------------------------------------------------------------ schedule and merge
 
@@ -152,10 +153,17 @@ class RunSession:
     def _is_final(self, cell: Cell) -> bool:
         return cell.cell_id in self.stored or cell.cell_id in self.final.get(cell.group_id, {})
 
-    def measure(self) -> None:
-        """Execute every pass of the schedule (Ctrl-C propagates; every finished cell is kept)."""
-        for units in self.schedule():
-            self.executor.execute(units, self.on_row, self.on_start)
+    def measure(self, lock: str = "wait") -> None:
+        """Execute every pass of the schedule (Ctrl-C propagates; every finished cell is kept), holding this
+        machine's measurement lock while timing (:mod:`attnbench.measure.machine_lock`; ``lock``: ``wait`` for
+        another measurement to end, ``no-wait``: raise instead, ``off``: measure anyway)."""
+        held = machine_lock.acquire_for_run(self.sweep.device, self.executor_kind, lock, self.store.path)
+        try:
+            for units in self.schedule():
+                self.executor.execute(units, self.on_row, self.on_start)
+        finally:  # timing is over: the machine is free (consolidation and the report need no lock)
+            held.release()
+            machine_lock.record(self.store.meta, held)
 
     def on_start(self, cell: Cell) -> None:
         if self.progress:
@@ -214,10 +222,14 @@ class RunSession:
         meta["interrupted"] = self.interrupted
         meta["load_average_1m_end"] = environment.load_average()
         store.write_meta()
-        df = store.consolidate(csv=csv)
-        store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
-                                     df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
-        store.write_meta()
+        try:
+            df = store.consolidate(csv=csv)
+            store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
+                                         df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
+            store.meta["contended_cells"] = int(contention.contended_mask(df).sum())  # how much of the run was contended
+            store.write_meta()
+        finally:
+            store.close()  # the run folder's lock: the run can be resumed from now on
         df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=self.interrupted)
         return df
 

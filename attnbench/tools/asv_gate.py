@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure import cpu_env
+from attnbench.measure import cpu_env, machine_lock
 
 MACHINE = "attnbench-gate"
 HIGHER_IS_BETTER = re.compile(r"\.track_gflops\b")
@@ -211,6 +211,7 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
     try:
         conf = gate_config(repo, work, Path(config).resolve() if config else None)
         env = dict(cpu_env.process_env(cpu_env.CpuEnv("pinned")), HOME=str(work / "home"))
+        env[machine_lock.ENV_DIR] = str(machine_lock.lock_dir())  # the user's lock folder, though HOME moves
         (work / "home").mkdir()
         asv = [python, "-m", "asv", "--config", str(conf)]
         _run([*asv, "machine", "--yes", "--machine", MACHINE], env=env, capture=True)
@@ -220,7 +221,13 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
             sites[sha] = install_commit(python, export_commit(repo, sha, work / f"src-{sha[:12]}"),
                                         work / f"site-{sha[:12]}")
         failed: list[str] = []
-        table = _measure(asv, python, shas, sites, env, rounds, bench, show_stderr, factor, failed, log)
+        # one measurement at a time on this machine: the gate times under the lock, its benchmarks under the gate's
+        held = machine_lock.acquire([os.environ.get("ATTNBENCH_ASV_DEVICE", "cpu")], purpose="asv regression gate")
+        env.update(held.child_env())
+        try:
+            table = _measure(asv, python, shas, sites, env, rounds, bench, show_stderr, factor, failed, log)
+        finally:
+            held.release()
         regressions, reported = _worse_rows(table)
         timed = [line for line in regressions if _cells(line)[0] != "!"]
         if timed and confirm:
@@ -231,8 +238,13 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
             (work / "confirm").mkdir()
             conf2 = gate_config(repo, work / "confirm", Path(config).resolve() if config else None)
             asv2 = [python, "-m", "asv", "--config", str(conf2)]
-            again = _measure(asv2, python, shas, sites, env, confirm, [f"^{re.escape(n)}$" for n in names],
-                             show_stderr, factor, failed, log, label="confirm")
+            held = machine_lock.acquire([os.environ.get("ATTNBENCH_ASV_DEVICE", "cpu")], purpose="asv regression gate")
+            env.update(held.child_env())
+            try:
+                again = _measure(asv2, python, shas, sites, env, confirm, [f"^{re.escape(n)}$" for n in names],
+                                 show_stderr, factor, failed, log, label="confirm")
+            finally:
+                held.release()
             regressions, unconfirmed = confirm_regressions(regressions, again)
             table += "\n\nConfirmation (the slower timed benchmarks measured again):\n" + again
             return GateResult(shas["base"], shas["head"], table, regressions, reported, failed, unconfirmed)

@@ -8,7 +8,8 @@ For each workload both timers measure the same ``Workload.step`` in one process,
 goes first, and the ratio of medians (attnbench / blocked_autorange) is printed with its spread over
 repeats. Both use the same number of threads, and both measure under the CPU environment of
 ``attnbench run`` (:mod:`attnbench.measure.cpu_env`): the script runs itself in a process started with
-it (``--cpu-allocator``, default ``pinned``).
+it (``--cpu-allocator``, default ``pinned``). It measures under the machine's measurement lock
+(:mod:`attnbench.measure.machine_lock`): another attnbench measurement finishes first.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import torch
 from torch.utils import benchmark
 
-from attnbench.measure import time_fn
+from attnbench.measure import machine_lock, time_fn
 from attnbench.results.schema import Cell
 from attnbench.runner.workload import build_workload
 
@@ -69,11 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, budget {args.budget}s, {args.repeats} rounds")
     print(f"{'workload':58} {'attnbench':>11} {'blocked_autorange':>18} {'ratio':>7}  range")
     worst = 0.0
-    for cell in WORKLOADS:
-        r = measure(cell, args.budget, args.repeats)
-        worst = max(worst, abs(r["ratio"] - 1))
-        print(f"{r['cell']:58} {r['attnbench_ms']:9.3f}ms {r['torch_benchmark_ms']:16.3f}ms {r['ratio']:7.3f}"
-              f"  {r['ratio_min']:.3f}-{r['ratio_max']:.3f}")
+    with machine_lock.measuring(["cpu"], purpose="attnbench fidelity benchmark"):
+        for cell in WORKLOADS:
+            r = measure(cell, args.budget, args.repeats)
+            worst = max(worst, abs(r["ratio"] - 1))
+            print(f"{r['cell']:58} {r['attnbench_ms']:9.3f}ms {r['torch_benchmark_ms']:16.3f}ms {r['ratio']:7.3f}"
+                  f"  {r['ratio_min']:.3f}-{r['ratio_max']:.3f}")
     print(f"largest deviation of the median ratio from 1: {100 * worst:.1f}%")
     from attnbench.measure import cpu_env
 

@@ -17,6 +17,9 @@ term (:mod:`attnbench.measure.drift`); the coverage of the within-run CIs alone 
 Every summary also estimates that term from its runs; ``--calibrate`` stores the estimate as this machine's
 (per device type and allocator), which later runs use. Calibrate on one set of runs and check coverage on
 another: coverage measured on the calibration runs themselves is optimistic.
+
+The whole set of runs holds the machine's measurement lock (:mod:`attnbench.measure.machine_lock`), so no other
+measurement slips in between them; each run measures under it (it finds the lock held by this process).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.devices import parse_device_type
-from attnbench.measure import drift
+from attnbench.measure import drift, machine_lock
 from attnbench.results.schema import AXES
 from attnbench.results.store import load_run
 
@@ -130,10 +133,11 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="attnbench-repro-") as tmp:
         out = Path(args.keep or tmp)
         dirs: dict[str, list[Path]] = {a: [] for a in allocators}
-        for k in range(args.runs):
-            for allocator in allocators:
-                print(f"run {k + 1}/{args.runs} --cpu-allocator {allocator} ...", flush=True)
-                dirs[allocator].append(run_once(args, allocator, out / allocator))
+        with machine_lock.measuring([args.device], purpose=f"attnbench reproducibility: {args.runs} runs"):
+            for k in range(args.runs):
+                for allocator in allocators:
+                    print(f"run {k + 1}/{args.runs} --cpu-allocator {allocator} ...", flush=True)
+                    dirs[allocator].append(run_once(args, allocator, out / allocator))
         summaries = {}
         for allocator in allocators:
             loaded = [load_run(d) for d in dirs[allocator]]

@@ -201,14 +201,26 @@ def _measure(cells: tuple[Cell, ...], settings: Settings, run_id: str, info: dic
 
 def _unit_stream(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str):
     info = _prepare(cells, settings, driver_cwd)
-    yield info
-    for row in _measure(cells, settings, run_id, info):  # noqa: UP028  (Ray sends into this generator: a list iterator cannot take it)
-        yield row
+    with _node_lock(cells) as held:  # before the start is reported: waiting does not count towards the timeout
+        yield info
+        for row in _measure(cells, settings, run_id, info):  # noqa: UP028  (Ray sends into this generator)
+            yield held.annotate(row)  # a group's rows come together, when its timing is done
 
 
 def _unit_once(cells: tuple[Cell, ...], settings: Settings, run_id: str, driver_cwd: str) -> tuple[dict, list[dict]]:
     info = _prepare(cells, settings, driver_cwd)
-    return info, _measure(cells, settings, run_id, info)
+    with _node_lock(cells) as held:
+        return info, [held.annotate(row) for row in _measure(cells, settings, run_id, info)]
+
+
+def _node_lock(cells: tuple[Cell, ...]):
+    """This node's machine lock (:mod:`attnbench.measure.machine_lock`) for the unit's device, as this worker sees
+    it (Ray gives a CUDA task its GPU as ``cuda``): another measurement on the node waits, or this unit does."""
+    from attnbench.measure import machine_lock
+
+    device = "cuda" if cells[0].device.startswith("cuda") else cells[0].device
+    return machine_lock.measuring([device], purpose=f"attnbench Ray unit {cells[0].cell_id}"
+                                  + (f" and {len(cells) - 1} more" if len(cells) > 1 else ""))
 
 
 # Distinct functions per device kind: Ray fixes max_calls per function (1 for GPU tasks: a fresh
