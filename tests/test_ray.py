@@ -274,7 +274,7 @@ def test_ray_client_path_without_streaming(ray_local, monkeypatch):
     assert sorted(e for e in events if e[0] == "row") == sorted(("row", c.cell_id, "ok") for c in cells)
     for c in cells:
         assert events.index(("start", c.cell_id)) == events.index(("row", c.cell_id, "ok")) - 1
-    assert len(ex.node_environments()) == 1
+    assert len(ex.environment()["nodes"]) == 1
 
 
 def test_resource_check():

@@ -300,6 +300,12 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=k if k != "string" else "string") for c, k in COLUMNS.items()}), meta
     df = pd.concat(frames, ignore_index=True)
+    filled = sorted({c for f in frames for c in f.attrs.get("filled_columns", ())})
+    df.attrs["filled_columns"] = filled
+    if filled:
+        version = meta.get("schema_version", 1) if meta else "unknown"
+        df.attrs["schema_note"] = (f"results written with row schema {version} (this attnbench writes "
+                                   f"{SCHEMA_VERSION}); filled in: {', '.join(filled)}")
     df, dropped = drop_duplicate_cells(df, names)
     if dropped:
         df.attrs["dropped_duplicates"] = dropped
