@@ -4,7 +4,8 @@ Each function takes a zero-argument callable and a device and returns plain numb
 the asv suite, a test and a notebook all call the same primitives.
 """
 
-from attnbench.measure.flops import analytic_flops, attention_pairs, counted_flops, dense_flops, peak_gflops
+from attnbench.measure.bandwidth import decode_rates, peak_gbytes_per_s
+from attnbench.measure.flops import analytic_flops, attention_pairs, counted_flops, decode_bytes, dense_flops, peak_gflops
 from attnbench.measure.memory import (
     MemoryResult,
     kv_cache_bytes_analytic,
@@ -15,6 +16,7 @@ from attnbench.measure.memory import (
 from attnbench.measure.stats import median_ci, summarize
 from attnbench.measure.timing import Timing, time_fn
 
-__all__ = ["MemoryResult", "Timing", "analytic_flops", "attention_pairs", "counted_flops", "dense_flops",
-           "kv_cache_bytes_analytic", "median_ci", "peak_gflops", "peak_memory", "retained_bytes", "storage_bytes",
+__all__ = ["MemoryResult", "Timing", "analytic_flops", "attention_pairs", "counted_flops", "decode_bytes", "decode_rates",
+           "dense_flops",
+           "kv_cache_bytes_analytic", "median_ci", "peak_gbytes_per_s", "peak_gflops", "peak_memory", "retained_bytes", "storage_bytes",
            "summarize", "time_fn"]

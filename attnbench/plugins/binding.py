@@ -204,9 +204,8 @@ def implementation_fields(obj, source: str) -> dict:
     """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
     constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
     declared ``attnbench_capabilities`` (which win over what is inferred)."""
-    from attnbench.plugins.layout import with_layout
-
     from attnbench.plugins.inference import infer
+    from attnbench.plugins.layout import with_layout
 
     binding = bind(obj)
     inferred: dict = {}

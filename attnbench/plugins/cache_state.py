@@ -125,8 +125,7 @@ def _state(module: nn.Module, copies: bool) -> list[_Entry]:
             if name not in _MODULE_INTERNALS:
                 visit(mod, "attr", name, value, 0)
         for name, value in list(mod._buffers.items()):
-            if value is not None or name in mod._buffers:
-                visit(mod, "buffer", name, value, 0)
+            visit(mod, "buffer", name, value, 0)
     return entries
 
 
@@ -181,8 +180,7 @@ def _plan(module: nn.Module, before: list[_Entry]) -> Restorer:
             plan.actions.append(e.put_back)
             (replaced if isinstance(e.value, torch.Tensor) else values).append(_name(module, e))
             continue
-        if isinstance(e.value, list) and list(e.value) != e.shallow or isinstance(e.value, dict) and any(
-                e.value.get(k, _MISSING) is not v for k, v in e.shallow.items()) or isinstance(e.value, dict) and set(e.value) != set(e.shallow):
+        if e.shallow is not None and _items_changed(e.value, e.shallow):
             plan.actions.append(_refill(e.value, e.shallow))
             values.append(_name(module, e))
         if isinstance(e.value, torch.Tensor) and e.copy is not None:
@@ -210,6 +208,13 @@ def _plan(module: nn.Module, before: list[_Entry]) -> Restorer:
     if added:
         plan.changed.append(f"adds {', '.join(str(k) for _, _, k in added)}")
     return plan
+
+
+def _items_changed(container, saved) -> bool:
+    """Whether a list or dict holds other objects (by identity) than ``saved``, its items before the step."""
+    if isinstance(container, list):
+        return len(container) != len(saved) or any(a is not b for a, b in zip(container, saved, strict=True))
+    return set(container) != set(saved) or any(container[k] is not v for k, v in saved.items())
 
 
 def _refill(container, saved) -> Callable[[], None]:

@@ -46,6 +46,9 @@ COLUMNS: dict[str, str] = {
     "peak_bytes": "float64", "peak_reserved_bytes": "float64", "memory_method": "string",
     # KV cache (decode rows): measured from the cache tensors, and 2·b·min(T, window)·num_kv_heads·head_dim·bytes
     "kv_cache_bytes": "float64", "kv_cache_bytes_analytic": "float64",
+    # decode bandwidth (decode rows): bytes one step must read (KV cache it attends over + projection weights,
+    # measure.flops.decode_bytes), achieved GB/s, the run's measured STREAM-like peak GB/s, and the fraction of it
+    "decode_bytes": "float64", "gbytes_per_s": "float64", "peak_gbytes_per_s": "float64", "frac_peak_bw": "float64",
     # work
     "flops": "float64", "flops_counted": "float64", "gflops_per_s": "float64", "peak_gflops_per_s": "float64",
     "frac_peak": "float64",
@@ -130,7 +133,8 @@ def empty_row(cell: Cell, run_id: str = "") -> dict:
     return row
 
 
-ADDED_COLUMNS = ("num_kv_heads", "window", "causal", "kv_cache_bytes", "kv_cache_bytes_analytic")
+ADDED_COLUMNS = ("num_kv_heads", "window", "causal", "kv_cache_bytes", "kv_cache_bytes_analytic", "decode_bytes",
+                 "gbytes_per_s", "peak_gbytes_per_s", "frac_peak_bw")
 """Columns newer than the first results format: filled by :func:`fill_added_columns` in older tables."""
 
 
@@ -142,7 +146,8 @@ def fill_added_columns(df):
         df["window"] = float("nan")
     if "causal" not in df.columns:
         df["causal"] = True
-    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel"):
+    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel", "decode_bytes", "gbytes_per_s",
+                 "peak_gbytes_per_s", "frac_peak_bw"):
         if name not in df.columns:
             df[name] = float("nan")
     return df

@@ -27,7 +27,10 @@ from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, 
 from attnbench.measure import (
     analytic_flops,
     counted_flops,
+    decode_bytes,
+    decode_rates,
     kv_cache_bytes_analytic,
+    peak_gbytes_per_s,
     peak_gflops,
     peak_memory,
     time_fn,
@@ -156,7 +159,7 @@ def _run_cell(cell: Cell, settings: Settings, run_id: str, peak_gflops_per_s: fl
     finally:
         if row["status"] != "ok":
             for key in ("median_s", "iqr_s", "mean_s", "std_s", "min_s", "max_s", "ci_low_s", "ci_high_s", "ci_rel",
-                        "gflops_per_s", "frac_peak"):
+                        "gflops_per_s", "frac_peak", "gbytes_per_s", "frac_peak_bw"):
                 row[key] = math.nan
             row["samples_s"] = []
             row["n"] = 0
@@ -181,7 +184,8 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_pe
         row.update(status="invalid", error=problem)
         return
     graphs_after_first = _compiled_graphs() if compiled else None
-    timing = time_fn(workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+    timing = time_fn(workload.timed_step or workload.step, device, between=workload.restore,  # restore: outside the timed region
+                     warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
                      target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
                      max_samples=settings.max_samples, budget_s=settings.budget_s,
                      l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
@@ -190,7 +194,7 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_pe
     row.update(stats)
     row.update(samples_s=list(timing.samples_s), calls_per_sample=timing.calls_per_sample,
                warmup_calls=timing.warmup_calls + 1, timer=timing.timer)
-    notes = [f"sampling stopped by {timing.stopped_by}"]
+    notes = [f"sampling stopped by {timing.stopped_by}", *workload.notes]
     if compiled:
         row["compile_s"] = max(first_call_s - stats["median_s"], 0.0)
         if graphs_before is None or graphs_after_first is None or graphs_after_timing is None:
@@ -211,6 +215,10 @@ def _measure(workload, cell: Cell, settings: Settings, row: dict, peak_gflops_pe
         row["kv_cache_bytes"] = workload.kv_cache_bytes
         row["kv_cache_bytes_analytic"] = kv_cache_bytes_analytic(cell.batch, cell.seq_len, cell.kv_heads, cell.head_dim,
                                                                  cell.window, workload.x.element_size())
+        row.update(decode_rates(decode_bytes(cell.batch, cell.seq_len, cell.d_model, cell.d_model, num_heads=cell.num_heads,
+                                             num_kv_heads=cell.num_kv_heads, window=cell.window,
+                                             element_bytes=workload.x.element_size()),
+                                stats["median_s"], peak_gbytes_per_s(str(device))))
     if settings.flop_check and not compiled:
         # Under FlopCounterMode a compiled module recompiles (the mode fails its guards): counting
         # would cost a compile and measure the counter's trace, so compiled cells keep the model only.
@@ -245,6 +253,8 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
             merged[key] = max(values) if values else math.nan
         merged["gflops_per_s"] = merged["flops"] / merged["median_s"] / 1e9
         merged["frac_peak"] = merged["gflops_per_s"] / merged["peak_gflops_per_s"]
+        if merged.get("mode") == "decode":
+            merged.update(decode_rates(merged["decode_bytes"], merged["median_s"], merged["peak_gbytes_per_s"]))
         recompiles = [r["recompiles"] for r in rows if r["recompiles"] == r["recompiles"]]
         merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
         merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)
