@@ -269,9 +269,9 @@ def step_restorer(module: nn.Module, step: Callable[[], torch.Tensor], what: str
     if not _same(first, again):
         name = what or type(base).__name__
         raise CacheRestoreError(
-            f"{name}'s decode step changes state attnbench cannot restore (it {plan.describe()}, yet decoding the same "
-            "token again after restoring that gives another output); keep the cache in tensor attributes or buffers, "
-            "or give the class rewind_cache(n) (README: Decoding with a KV cache)")
+            f"{name}'s decode step changes state attnbench cannot restore: after putting back what it can see (the step "
+            f"{plan.describe()}), decoding the same token again gives another output; keep the cache in tensor "
+            "attributes or buffers, or give the class rewind_cache(n) (README: Decoding with a KV cache)")
     return plan
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 import inspect
 from dataclasses import replace
 
+import torch
+
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, SpecConfig
-from attnbench.plugins.cache_state import RESET_METHODS, reset_method
+from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.spec import AttnSpec
 
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
@@ -98,11 +100,31 @@ def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
                                   f"attnbench_capabilities = {{'kv_cache': False}} ({GUIDE})")
         caps["kv_cache"] = True
         how = "rewind_cache() rewinds a step" if callable(getattr(target, "rewind_cache", None)) else \
-            "no rewind_cache: the decode timer restores the cache state after each step"
+            f"no rewind_cache: the decode timer restores the cache state after each step; {_confirm_restorable(binding, name)}"
         lines.append(f"kv_cache: yes (forward takes use_cache, the class has {reset}(); {how})")
     for key in sorted(set(declared) & {"gqa", "sliding_window", "non_causal", "kv_cache"}):
         lines.append(f"{key}: {'yes' if declared[key] else 'no'} (declared in attnbench_capabilities)")
     return caps, lines
+
+
+def _confirm_restorable(binding: Binding, name: str) -> str:
+    """Decode one token on a probe, restore, decode it again: what the step changes, in words; raises
+    :class:`~attnbench.plugins.cache_state.CacheRestoreError` when the restored step decodes another token
+    (the class is compared with itself, never with the reference)."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    try:
+        module = binding(probe).eval()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1, 4, probe.d_in, generator=g)
+        with torch.no_grad():
+            reset_cache(module)
+            module(x[:, :3], use_cache=True)
+    except Exception:  # does not build or prefill at the probe's sizes: the decode cases show what it does
+        return "its state was not probed (it does not run at the probe's sizes)"
+    restore = step_restorer(module, lambda: module(x[:, 3:], use_cache=True), name)
+    return f"a step {restore.describe()}"
 
 
 def _confirm_kv(binding: Binding, name: str, param: str) -> str:
