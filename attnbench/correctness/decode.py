@@ -36,7 +36,7 @@ def decode_error(module: nn.Module, x: torch.Tensor, ref: torch.Tensor, prefill:
     """
     worst, where = 0.0, ""
     cache_state.reset_cache(module)
-    with torch.no_grad():
+    with torch.no_grad(), cache_state.default_dtype(x.dtype):  # a cache made with torch.zeros gets the case's dtype
         out = module(x[:, :prefill], use_cache=True)
         err = error(out, ref[:, :prefill])
         if err > worst:

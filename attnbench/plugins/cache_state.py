@@ -276,6 +276,19 @@ def step_restorer(module: nn.Module, step: Callable[[], torch.Tensor], what: str
 
 
 @contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to ``dtype`` for the block: a cache allocated as ``torch.zeros(..., device=x.device)``
+    (the book's optimized KV cache) then gets the model's dtype, as it would in a model run in that dtype."""
+    before = torch.get_default_dtype()
+    if dtype.is_floating_point:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextlib.contextmanager
 def restored(module: nn.Module):
     """Everything ``module``'s cache holds on entry is put back on exit (for a step taken twice by a check)."""
     base = getattr(module, "_orig_mod", module)

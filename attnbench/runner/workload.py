@@ -93,7 +93,8 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
         if missing:
             raise PluginLoadError(f"{impl.name} declares kv_cache but lacks {', '.join(missing)} (see implementations/kv_cache.py)")
         x_new = torch.randn(cell.batch, 1, cell.d_model, generator=g).to(device=device, dtype=dtype)
-        kv_bytes, how = _prefill(module, x, device)
+        with cache_state.default_dtype(dtype):  # a cache allocated as torch.zeros(...) gets the cell's dtype
+            kv_bytes, how = _prefill(module, x, device)
         notes.append(how)
         if callable(getattr(getattr(module, "_orig_mod", module), "rewind_cache", None)):
             def step() -> torch.Tensor:  # one token against seq_len cached ones; rewinding keeps the cache length fixed
@@ -106,7 +107,8 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
                 with torch.inference_mode():
                     return module(x_new, use_cache=True)
 
-            restore = cache_state.step_restorer(module, timed_step, impl.name)
+            with cache_state.default_dtype(dtype):
+                restore = cache_state.step_restorer(module, timed_step, impl.name)
             notes.append(f"no rewind_cache: the cache is restored after each step, outside the timed region (the step "
                          f"{restore.describe()})")
 

@@ -33,7 +33,8 @@ class MultiHeadAttention(nn.Module):
         queries = self.W_query(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
         if use_cache:
             if self.cache_k is None or self.cache_k.size(0) != b:
-                self.cache_k = torch.zeros(b, self.num_heads, self.window_size, self.head_dim, device=x.device, dtype=x.dtype)
+                # no dtype: the default dtype, as in the book (attnbench sets it to the model's while decoding)
+                self.cache_k = torch.zeros(b, self.num_heads, self.window_size, self.head_dim, device=x.device)
                 self.cache_v = torch.zeros_like(self.cache_k)
                 self.ptr_cur = 0  # next free slot
             if self.ptr_cur + num_tokens > self.window_size:  # full: drop the oldest tokens
