@@ -363,3 +363,14 @@ def test_wrong_cached_path_is_flagged_with_a_restore_in_the_property(repo_cwd, n
     bad = df[df.status == "fail"]
     assert not bad.empty and (df.status != "error").all(), df.to_string()
     assert any(where in m for m in bad.message), bad.message.tolist()
+
+
+def test_use_cache_with_a_cache_passed_in_is_not_a_kv_cache_class(tmp_path):
+    path = tmp_path / "hf_like.py"
+    path.write_text((REPO_STYLES / "llama_style.py").read_text().replace(
+        "    def forward(self, hidden_states):",
+        "    def forward(self, hidden_states, past_key_value=None, use_cache=False):"))
+    impl = registry.get(f"{path}:LlamaStyleAttention")
+    assert impl.kv_cache is False and impl.gqa is True
+    assert "kv_cache: no (forward takes use_cache with past_key_value: the cache is passed in, not kept by the class)" in \
+        impl.factory.evidence

@@ -30,6 +30,8 @@ from attnbench.spec import AttnSpec
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
 """6 heads of 4, 3 kv heads: keys and values 12 wide; a kv-head name read as a group size (2) would give 8."""
 GUIDE = "README: Attention variants and KV-cache decoding"
+EXTERNAL_CACHE = frozenset({"past_key_value", "past_key_values", "layer_past", "past", "cache", "kv_cache", "cache_position"})
+"""``forward`` parameters that pass a cache in (Hugging Face, GPT-2 style): such a class keeps no cache of its own."""
 
 
 def _forward_params(target) -> set[str]:
@@ -92,7 +94,11 @@ def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
         caps["non_causal"] = True
         lines.append(f"non_causal: yes ({where} {causal_names[0]})")
 
-    if "use_cache" in _forward_params(target) and "kv_cache" not in declared:
+    forward = _forward_params(target)
+    external = sorted(forward & EXTERNAL_CACHE)
+    if "use_cache" in forward and external and "kv_cache" not in declared:
+        lines.append(f"kv_cache: no (forward takes use_cache with {external[0]}: the cache is passed in, not kept by the class)")
+    elif "use_cache" in forward and "kv_cache" not in declared:
         reset = reset_method(target)
         if reset is None:
             raise PluginLoadError(f"{name}.forward takes use_cache but the class has no method to empty its cache "

@@ -33,7 +33,7 @@ class MultiHeadAttention(nn.Module):
         queries = self.W_query(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
         if use_cache:
             if self.cache_k is None or self.cache_k.size(0) != b:
-                # no dtype: the default dtype, as in the book (attnbench sets it to the model's while decoding)
+                # no dtype: the default dtype
                 self.cache_k = torch.zeros(b, self.num_heads, self.window_size, self.head_dim, device=x.device)
                 self.cache_v = torch.zeros_like(self.cache_k)
                 self.ptr_cur = 0  # next free slot
