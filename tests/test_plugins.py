@@ -318,7 +318,8 @@ def test_inference_reads_names_config_fields_and_use_cache(repo_cwd):
     assert (swa.gqa, swa.sliding_window, swa.kv_cache) == (False, True, True)
     assert (opt.gqa, opt.sliding_window, opt.kv_cache) == (False, False, True)  # window_size sizes its cache
     assert (llama.gqa, llama.sliding_window, llama.kv_cache) == (True, False, False)
-    assert "config fields read: hidden_size, num_attention_heads, num_key_value_heads" in llama.factory.evidence[0]
+    assert "config fields read (what it reads is what it supports): hidden_size, num_attention_heads, num_key_value_heads" in \
+        llama.factory.evidence[0]
 
 
 def test_check_verbose_prints_each_inference_and_its_evidence(repo_cwd, capsys):

@@ -71,7 +71,7 @@ def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
     lines: list[str] = []
     read = config_fields_read(binding)
     if read is not None:
-        lines.append(f"config fields read: {', '.join(read) or 'none'}")
+        lines.append(f"config fields read (what it reads is what it supports): {', '.join(read) or 'none'}")
         names, where = set(read), "reads config field"
     elif binding.style == "keywords":
         names, where = {p for p, _ in binding.params}, "constructor takes"
