@@ -338,7 +338,7 @@ def test_kv_cache_bytes_from_the_allocator_without_cache_tensors(plugins_on_path
     spec = AttnSpec(32, 32, 64, 0.0, 4, num_kv_heads=2)
     module = buggy_variants.CacheBaseline(**spec.kwargs()).eval()
     measured, how = _prefill(module, torch.randn(2, 40, 32), torch.device("cpu"))
-    assert how == "kv_cache_bytes from the tensors the prefill created or grew: cache_k, cache_v"
+    assert how == "kv_cache_bytes from the tensors the prefill created, grew or wrote into: cache_k, cache_v"
     assert measured == 2 * 2 * 64 * 2 * 8 * 4  # the preallocated buffers (context 64), seen by the allocator
 
 
@@ -491,7 +491,7 @@ def test_decode_row_for_a_class_without_rewind_cache(repo_cwd, name, kv, window,
     cell = Cell(STYLES + name, batch=2, seq_len=40, num_heads=4, d_model=32, mode="decode", num_kv_heads=kv, window=window)
     row = run_cell(cell, Settings(budget_s=0.02, min_samples=3, warmup_calls=1, warmup_s=0.0, flop_check=False))
     assert row["status"] == "ok", row["error"]
-    assert "kv_cache_bytes from the tensors the prefill created or grew: cache_k, cache_v" in row["notes"]
+    assert "kv_cache_bytes from the tensors the prefill created, grew or wrote into: cache_k, cache_v" in row["notes"]
     assert "restored after each step, outside the timed region" in row["notes"] and how in row["notes"]
     # the storage the cache holds: T=40 tokens (the sliding-window class keeps views of its last concatenation, whose
     # storage has all 40), the preallocated one its window_size = context_length = 41 slots
@@ -542,3 +542,24 @@ def test_report_decode_bandwidth_figure_and_sentence(tmp_path):
                     "measured 40 GB/s peak (cpu/float32, B=2, h=4, d=256)."], said
     html = build_report(store.path, out_dir=tmp_path / "report").read_text()
     assert "Decode bandwidth vs cache length" in html and (tmp_path / "report" / "figures" / "decode-bandwidth.png").is_file()
+
+
+def test_cache_bytes_from_a_buffer_preallocated_in_init(plugins_on_path):
+    """A cache registered in ``__init__`` is neither created nor grown by the prefill, but written: it is the cache."""
+    from attnbench.plugins.cache_state import grown_cache_tensors
+
+    class Preallocated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(2, 16, 8), persistent=False)
+            self.register_buffer("scale", torch.ones(8), persistent=False)  # read, never written: not the cache
+            self.pos = 0
+
+        def forward(self, x):
+            self.cache[:, self.pos:self.pos + x.shape[1]] = x * self.scale
+            self.pos += x.shape[1]
+            return x
+
+    m = Preallocated()
+    tensors, names = grown_cache_tensors(m, lambda: m(torch.ones(2, 5, 8)))
+    assert names == ["cache"] and tensors[0] is m.cache

@@ -300,17 +300,29 @@ def restored(module: nn.Module):
 
 
 def grown_cache_tensors(module: nn.Module, prefill: Callable[[], object]) -> tuple[list[torch.Tensor], list[str]]:
-    """Run ``prefill()`` and return the tensor attributes and buffers it created or grew, with their names
-    (how a class without ``cache_tensors()`` shows its cache)."""
+    """Run ``prefill()`` and return the tensor attributes and buffers it created, grew or wrote into, with their
+    names (how a class without ``cache_tensors()`` shows its cache; a buffer preallocated in ``__init__`` is written)."""
     base = getattr(module, "_orig_mod", module)
-    before = {(id(e.holder), e.kind, e.key): e.value for e in _state(base, copies=False) if isinstance(e.value, torch.Tensor)}
+    before = {(id(e.holder), e.kind, e.key): (e.value, _version(e.value)) for e in _state(base, copies=False)
+              if isinstance(e.value, torch.Tensor)}
     prefill()
     tensors, names = [], []
     for e in _state(base, copies=False):
         if not isinstance(e.value, torch.Tensor) or isinstance(e.value, nn.Parameter):
             continue
-        old = before.get((id(e.holder), e.kind, e.key))
-        if old is None or old is not e.value and e.value.untyped_storage().nbytes() > old.untyped_storage().nbytes():
+        old, version = before.get((id(e.holder), e.kind, e.key), (None, None))
+        created = old is None
+        grew = old is not None and old is not e.value and e.value.untyped_storage().nbytes() > old.untyped_storage().nbytes()
+        wrote = old is e.value and version is not None and _version(e.value) != version
+        if created or grew or wrote:
             tensors.append(e.value)
             names.append(_name(base, e))
     return tensors, names
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place write), or None for an inference tensor, which has none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None

@@ -148,7 +148,7 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
 def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, str]:
     """Fill ``module``'s KV cache with ``x`` (outside any timed region); the bytes the cache then holds and how
     they were found: the storage of its ``cache_tensors()``; else of the tensor attributes and buffers the
-    prefill created or grew (named); else what the prefill left allocated."""
+    prefill created, grew or wrote into (named); else what the prefill left allocated."""
     base = getattr(module, "_orig_mod", module)
 
     def prefill() -> None:
@@ -163,5 +163,7 @@ def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[
         cache_state.reset_cache(module)
     tensors, names = cache_state.grown_cache_tensors(module, prefill)
     if tensors:
-        return storage_bytes(tensors), f"kv_cache_bytes from the tensors the prefill created or grew: {', '.join(names)}"
+        return storage_bytes(tensors), f"kv_cache_bytes from the tensors the prefill created, grew or wrote into: {', '.join(names)}"
+    with torch.inference_mode():
+        cache_state.reset_cache(module)  # freed before measuring, so the prefill's allocation is not netted out
     return retained_bytes(prefill, device), "kv_cache_bytes from the allocator (what the prefill left allocated)"
