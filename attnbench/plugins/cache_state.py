@@ -288,17 +288,6 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(before)
 
 
-@contextlib.contextmanager
-def restored(module: nn.Module):
-    """Everything ``module``'s cache holds on entry is put back on exit (for a step taken twice by a check)."""
-    base = getattr(module, "_orig_mod", module)
-    before = _state(base, copies=True)
-    try:
-        yield
-    finally:
-        _plan(base, before)()
-
-
 def grown_cache_tensors(module: nn.Module, prefill: Callable[[], object]) -> tuple[list[torch.Tensor], list[str]]:
     """Run ``prefill()`` and return the tensor attributes and buffers it created, grew or wrote into, with their
     names (how a class without ``cache_tensors()`` shows its cache; a buffer preallocated in ``__init__`` is written)."""
