@@ -206,7 +206,8 @@ class GQA:
 
 
 class Decode(GQA):
-    """One decode step (a new token against seq_len cached ones) of a KV cache, and the cache's bytes."""
+    """One decode step (a new token against seq_len cached ones) of a KV cache, the cache's bytes, and the step's
+    memory bandwidth (a decode step is bound by memory)."""
 
     params = (["kv_prealloc"], [2], [512])
     mode = "decode"
@@ -215,6 +216,28 @@ class Decode(GQA):
         return self.workload.kv_cache_bytes
 
     track_kv_cache_bytes.unit = "bytes"
+
+    def track_gbytes_per_s(self, impl, num_kv_heads, seq_len):
+        """GB/s: the bytes one step must read (KV cache + projection weights, measure.decode_bytes) / median step
+        time. Higher is better. The cache is restored outside the timed region for classes without rewind_cache."""
+        if not hasattr(measure, "decode_bytes"):  # commits before the bandwidth model
+            raise NotImplementedError("this commit has no decode bytes model")
+        w = self.workload
+        timing = measure.time_fn(getattr(w, "timed_step", None) or w.step, w.device, warmup_calls=1, warmup_s=0.0,
+                                 budget_s=0.2, min_samples=5, target_rel_ci=0.05, between=getattr(w, "restore", None))
+        read = measure.decode_bytes(BATCH, seq_len, 256, 256, num_heads=HEADS, num_kv_heads=num_kv_heads,
+                                    element_bytes=w.x.element_size())
+        return read / timing.stats()["median_s"] / 1e9
+
+    track_gbytes_per_s.unit = "GB/s"
+
+    def track_frac_peak_bw(self, impl, num_kv_heads, seq_len):
+        """The fraction of the machine's measured STREAM-like bandwidth peak that track_gbytes_per_s reaches."""
+        if not hasattr(measure, "peak_gbytes_per_s"):
+            raise NotImplementedError("this commit has no bandwidth peak")
+        return self.track_gbytes_per_s(impl, num_kv_heads, seq_len) / measure.peak_gbytes_per_s(str(self.workload.device))
+
+    track_frac_peak_bw.unit = "fraction"
 
 
 class Compile:

@@ -55,6 +55,17 @@ def test_suite_is_a_thin_view_over_the_registry(suite):
     assert not [n for n in vars(suite) if n.startswith(("time_", "track_", "mem_", "peakmem_", "timeraw_"))]
 
 
+def test_decode_benchmark_tracks_bandwidth(suite, single_thread):
+    bench = suite.Decode()
+    bench.setup("kv_prealloc", 2, 512)
+    gbytes = bench.track_gbytes_per_s("kv_prealloc", 2, 512)
+    assert gbytes > 0 and 0 < bench.track_frac_peak_bw("kv_prealloc", 2, 512)
+    assert (suite.Decode.track_gbytes_per_s.unit, suite.Decode.track_frac_peak_bw.unit) == ("GB/s", "fraction")
+    from attnbench.tools.asv_gate import HIGHER_IS_BETTER
+
+    assert HIGHER_IS_BETTER.search("bench_attention.Decode.track_gbytes_per_s('kv_prealloc', 2, 512)")
+
+
 def test_suite_runs_one_cell_and_skips_impossible_ones(suite, single_thread):
     bench = suite.Attention()
     bench.setup("weight_split", "forward+backward", 64, 256)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from attnbench.weights import adapter_for, export_weights, load_weights, random_
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 S = "tests/plugins/styles/"
+REPO_STYLES = Path(__file__).resolve().parent / "plugins" / "styles"
 KINDS = ["forward", "backward", "causality", "batch_independence", "eval_deterministic", "dropout_train"]
 CORRECT = [  # one class per style; each must pass with no adapter
     "argument_order.py:NotebookOrder", "argument_order.py:KeywordsAnyOrder", "argument_order.py:HuggingFaceNames",
@@ -286,3 +288,90 @@ def test_class_that_refuses_the_probe_sizes_still_runs_the_cases_it_can(repo_cwd
     errors = df[df.status == "error"]
     assert len(errors) and errors.message.str.contains("wide layers only").all()
     assert (df[df["shape"].isin(["gpt_like", "hd64_square"])].status == "pass").all()
+
+
+# --- what a class computes, inferred (plugins.inference), and chapter-4-style KV caches unchanged -----------
+
+KV_STYLES = {  # class -> the variant and decode cases that must run (not be skipped) and pass
+    "kv_growing.py:MultiHeadAttention": {("decode", "decode_mha")},
+    "kv_optimized.py:MultiHeadAttention": {("decode", "decode_mha")},
+    "kv_gqa.py:GroupedQueryAttention": {("forward", "gqa"), ("forward", "mqa_din_ne_dout"), ("decode", "decode_gqa")},
+    "kv_swa.py:MultiHeadAttentionWithSWA": {("forward", "window"), ("forward", "window1"), ("decode", "decode_mha"),
+                                            ("decode", "decode_window_long_prefill")},
+    "llama_style.py:LlamaStyleAttention": {("forward", "gqa")},
+}
+
+
+@pytest.mark.parametrize("name", list(KV_STYLES))
+def test_kv_cache_styles_run_their_variant_and_decode_cases_unchanged(repo_cwd, name):
+    df = run_matrix([S + name], kinds=["forward", "decode"])
+    bad = df[df.status.isin(["fail", "error"])]
+    assert bad.empty, "\n".join(f"{r.kind} {r.shape} {r.dtype}: {r.message}" for r in bad.itertuples())
+    passed = {(r.kind, r.shape) for r in df[df.status == "pass"].itertuples()}
+    assert KV_STYLES[name] <= passed, KV_STYLES[name] - passed
+
+
+def test_inference_reads_names_config_fields_and_use_cache(repo_cwd):
+    gqa, swa, opt, llama = (registry.get(S + n) for n in ("kv_gqa.py:GroupedQueryAttention", "kv_swa.py:MultiHeadAttentionWithSWA",
+                                                          "kv_optimized.py:MultiHeadAttention", "llama_style.py:LlamaStyleAttention"))
+    assert (gqa.gqa, gqa.sliding_window, gqa.kv_cache) == (True, False, True)
+    assert (swa.gqa, swa.sliding_window, swa.kv_cache) == (False, True, True)
+    assert (opt.gqa, opt.sliding_window, opt.kv_cache) == (False, False, True)  # window_size sizes its cache
+    assert (llama.gqa, llama.sliding_window, llama.kv_cache) == (True, False, False)
+    assert "config fields read (what it reads is what it supports): hidden_size, num_attention_heads, num_key_value_heads" in \
+        llama.factory.evidence[0]
+
+
+def test_check_verbose_prints_each_inference_and_its_evidence(repo_cwd, capsys):
+    code, out, err = run_cli(["check", "-v", "--kind", "decode", S + "kv_gqa.py:GroupedQueryAttention"], capsys)
+    assert code == 0, out + err
+    out = " ".join(out.split())  # the console wraps long lines
+    assert ("inferred gqa: yes (constructor takes num_kv_groups, the number of key/value heads; confirmed: with 3 kv "
+            "heads of 4 its key/value projections are 12 wide)") in out
+    assert re.search(r"inferred kv_cache: yes \(forward takes use_cache, the class has reset_cache\(\); no rewind_cache: "
+                     r"the decode timer restores the cache state after each step; a step replaces cache_k, cache_v; "
+                     r"changes ptr_current_pos\)", out), out
+
+
+def test_declared_capabilities_override_the_inference(tmp_path, capsys):
+    path = tmp_path / "declared.py"
+    path.write_text((REPO_STYLES / "kv_gqa.py").read_text() + "\n\nclass NoGQA(GroupedQueryAttention):\n"
+                    "    attnbench_capabilities = {'gqa': False, 'kv_cache': False}\n")
+    impl = registry.get(f"{path}:NoGQA")
+    assert (impl.gqa, impl.kv_cache) == (False, False)
+    assert "gqa: no (declared in attnbench_capabilities)" in impl.factory.evidence
+    assert not any(line.startswith(("gqa: yes", "kv_cache: yes")) for line in impl.factory.evidence)
+
+
+@pytest.mark.parametrize(("name", "pattern"), [
+    ("UseCacheWithoutReset", r"UseCacheWithoutReset\.forward takes use_cache but the class has no method to empty its cache"),
+    ("CacheInAGlobal", r"CacheInAGlobal's decode step changes state attnbench cannot restore: .*rewind_cache\(n\)"),
+    ("KVGroupsAsGroupSize", r"takes num_kv_groups as the number of key/value heads, but built with num_heads=6, "
+                            r"num_kv_groups=3 its key/value projections are not 3 x head_dim 4 = 12 wide \(W_key.weight has "
+                            r"shape \(8, 20\)"),
+])
+def test_cache_and_kv_head_errors_are_one_line_and_exit_2(repo_cwd, capsys, name, pattern):
+    for argv in (["check", S + "kv_buggy.py:" + name], ["run", "--impl", S + "kv_buggy.py:" + name, "--mode", "decode"]):
+        code, out, err = run_cli(argv, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+        assert re.search(pattern, lines[0]), lines[0]
+
+
+@pytest.mark.parametrize(("name", "where"), [("DecodeMaskOffByOne", "decoded"), ("PointerNeverAdvances", "decoded")])
+def test_wrong_cached_path_is_flagged_with_a_restore_in_the_property(repo_cwd, name, where):
+    df = run_matrix([S + "kv_buggy.py:" + name], kinds=["decode"])
+    bad = df[df.status == "fail"]
+    assert not bad.empty and (df.status != "error").all(), df.to_string()
+    assert any(where in m for m in bad.message), bad.message.tolist()
+
+
+def test_use_cache_with_a_cache_passed_in_is_not_a_kv_cache_class(tmp_path):
+    path = tmp_path / "hf_like.py"
+    path.write_text((REPO_STYLES / "llama_style.py").read_text().replace(
+        "    def forward(self, hidden_states):",
+        "    def forward(self, hidden_states, past_key_value=None, use_cache=False):"))
+    impl = registry.get(f"{path}:LlamaStyleAttention")
+    assert impl.kv_cache is False and impl.gqa is True
+    assert "kv_cache: no (forward takes use_cache with past_key_value: the cache is passed in, not kept by the class)" in \
+        impl.factory.evidence

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import time
 
 import pandas as pd
 import pytest
@@ -16,7 +17,7 @@ from attnbench import cli, registry
 from attnbench.correctness.matrix import DECODE_SHAPES, VARIANT_SHAPES, cases, rel_error, run_matrix
 from attnbench.correctness.reference import allowed_pairs, reference_forward
 from attnbench.errors import AttnbenchError, InputShapeError, InvalidSpecError, SweepError
-from attnbench.measure import analytic_flops, attention_pairs, dense_flops, kv_cache_bytes_analytic
+from attnbench.measure import analytic_flops, attention_pairs, decode_bytes, dense_flops, kv_cache_bytes_analytic
 from attnbench.report import analysis as an
 from attnbench.report import build_report
 from attnbench.report.variants import sentences, variant_label
@@ -336,7 +337,8 @@ def test_kv_cache_bytes_from_the_allocator_without_cache_tensors(plugins_on_path
 
     spec = AttnSpec(32, 32, 64, 0.0, 4, num_kv_heads=2)
     module = buggy_variants.CacheBaseline(**spec.kwargs()).eval()
-    measured = _prefill(module, torch.randn(2, 40, 32), torch.device("cpu"))
+    measured, how = _prefill(module, torch.randn(2, 40, 32), torch.device("cpu"))
+    assert how == "kv_cache_bytes from the tensors the prefill created, grew or wrote into: cache_k, cache_v"
     assert measured == 2 * 2 * 64 * 2 * 8 * 4  # the preallocated buffers (context 64), seen by the allocator
 
 
@@ -402,3 +404,162 @@ def test_decode_only_toml_naming_an_implementation_without_cache(tmp_path):
     sweep_file.write_text('[sweep]\nimpl = ["available"]\nmode = "decode"\nkv_heads = 2\n')
     assert "kv_rolling" in make_sweep(file=sweep_file).impl  # "available": the ones without a cache are skipped rows
     assert make_sweep(preset="decode").mode == ("decode",)
+
+
+# --- decode without rewind_cache (cache state restored), and decode bandwidth ---------------------------
+
+STYLES = "tests/plugins/styles/"
+
+
+class _Cache(torch.nn.Module):
+    """State of every kind a decode step changes: a replaced tensor, an in-place write, a counter, a list."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("grown", torch.zeros(1, 0), persistent=False)
+        self.slots = torch.zeros(4, 8)
+        self.pos = 0
+        self.history = []
+
+    def forward(self, x):
+        self.grown = torch.cat([self.grown, x], dim=1)  # replaced
+        self.slots[self.pos % 4, 2:5] = x.sum()  # written in place: one row, three columns
+        self.pos += 1
+        self.history.append(self.pos)
+        self.extra = self.pos  # an attribute the step adds
+        return self.grown.sum(dim=1, keepdim=True) + self.slots.sum() + self.pos
+
+
+def test_restorer_undoes_replaced_written_counted_and_added_state():
+    from attnbench.plugins.cache_state import step_restorer
+
+    m = _Cache()
+    m(torch.ones(1, 1))
+    before = (m.grown, m.slots.clone(), m.pos, list(m.history), m.extra)
+    x = torch.full((1, 1), 3.0)
+    restore = step_restorer(m, lambda: m(x))
+    assert (m.grown is before[0], torch.equal(m.slots, before[1]), m.pos, m.history, m.extra) == (True, True, 1, [1], 1)
+    out = m(x)
+    restore()
+    assert m.grown is before[0] and torch.equal(m.slots, before[1]) and m.pos == 1 and m.history == [1] and m.extra == 1
+    assert torch.equal(m(x), out)  # a restored step decodes the same again
+    assert "replaces grown" in restore.describe() and "writes in place into slots" in restore.describe()
+    copies = [c for c in restore.actions if getattr(c, "__defaults__", None) and len(c.__defaults__) == 3]
+    assert [d[2].shape for d in (c.__defaults__ for c in copies)] == [torch.Size([1, 3])]  # only the region it wrote
+
+
+def test_state_out_of_reach_is_a_restore_error():
+    from attnbench.plugins.cache_state import CacheRestoreError, step_restorer
+
+    outside = []
+
+    class Global(torch.nn.Module):
+        def forward(self, x):
+            outside.append(x)
+            return torch.cat(outside).sum().reshape(1, 1)
+
+    m = Global()
+    with pytest.raises(CacheRestoreError, match=r"^Global's decode step changes state attnbench cannot restore"):
+        step_restorer(m, lambda: m(torch.ones(1, 1)))
+
+
+def test_timer_runs_between_outside_the_timed_region():
+    from attnbench.measure import time_fn
+
+    state = {"dirty": False, "calls": 0, "restores": 0}
+
+    def step():
+        assert not state["dirty"], "a step ran before the previous one was restored"
+        state.update(dirty=True, calls=state["calls"] + 1)
+
+    def restore():
+        time.sleep(0.004)  # far longer than the step: it must not be in the samples
+        state.update(dirty=False, restores=state["restores"] + 1)
+
+    timing = time_fn(step, "cpu", warmup_calls=1, warmup_s=0.0, min_samples=5, max_samples=5, budget_s=1.0, between=restore)
+    assert state["calls"] == state["restores"] and not state["dirty"]
+    assert max(timing.samples_s) < 0.002, timing.samples_s
+
+
+@pytest.mark.parametrize(("name", "kv", "window", "how"), [
+    ("kv_growing.py:MultiHeadAttention", None, None, "replaces cache_k, cache_v; changes ptr_current_pos"),
+    ("kv_optimized.py:MultiHeadAttention", None, None, "writes in place into cache_k, cache_v; changes ptr_cur"),
+    ("kv_gqa.py:GroupedQueryAttention", 2, None, "replaces cache_k, cache_v"),
+    ("kv_swa.py:MultiHeadAttentionWithSWA", None, 16, "replaces cache_k, cache_v"),
+])
+def test_decode_row_for_a_class_without_rewind_cache(repo_cwd, name, kv, window, how):
+    cell = Cell(STYLES + name, batch=2, seq_len=40, num_heads=4, d_model=32, mode="decode", num_kv_heads=kv, window=window)
+    row = run_cell(cell, Settings(budget_s=0.02, min_samples=3, warmup_calls=1, warmup_s=0.0, flop_check=False))
+    assert row["status"] == "ok", row["error"]
+    assert "kv_cache_bytes from the tensors the prefill created, grew or wrote into: cache_k, cache_v" in row["notes"]
+    assert "restored after each step, outside the timed region" in row["notes"] and how in row["notes"]
+    # the storage the cache holds: T=40 tokens (the sliding-window class keeps views of its last concatenation, whose
+    # storage has all 40), the preallocated one its window_size = context_length = 41 slots
+    assert row["kv_cache_bytes"] == 2 * 2 * (41 if "optimized" in name else 40) * (kv or 4) * 8 * 4
+    assert row["decode_bytes"] == decode_bytes(2, 40, 32, 32, num_heads=4, num_kv_heads=kv, window=window)
+    assert row["gbytes_per_s"] == pytest.approx(row["decode_bytes"] / row["median_s"] / 1e9)
+    assert row["frac_peak_bw"] == pytest.approx(row["gbytes_per_s"] / row["peak_gbytes_per_s"])
+
+
+@pytest.mark.parametrize(("impl", "kv", "window"), [("kv_prealloc", 2, None), ("kv_concat", None, None), ("kv_concat", 1, 16),
+                                                    ("sdpa_cache", 2, None), ("kv_rolling", 2, 16)])
+def test_decode_bytes_model_agrees_with_measured_cache_plus_weights(impl, kv, window):
+    from attnbench.runner.workload import build_workload
+
+    if registry.get(impl).unavailable_reason("cpu"):
+        pytest.skip(registry.get(impl).unavailable_reason("cpu"))
+    T = 64
+    w = build_workload(Cell(impl, batch=2, seq_len=T, num_heads=4, d_model=32, mode="decode", num_kv_heads=kv, window=window))
+    weights = sum(p.numel() * p.element_size() for p in w.module.parameters())
+    measured = w.kv_cache_bytes + weights
+    model = decode_bytes(2, T, 32, 32, num_heads=4, num_kv_heads=kv, window=window, element_bytes=4)
+    # the model reads the keys the new token attends to (min(T + 1, w)); a growing cache holds T of them before the step
+    assert abs(model - measured) <= 2 * 2 * (kv or 4) * 8 * 4, (model, measured)
+
+
+def test_bandwidth_peak_is_measured_once_per_process_and_positive():
+    from attnbench.measure import decode_rates, peak_gbytes_per_s
+
+    first = peak_gbytes_per_s("cpu")
+    t0 = time.perf_counter()
+    assert peak_gbytes_per_s("cpu") == first > 0 and time.perf_counter() - t0 < 0.01  # cached, not measured again
+    rates = decode_rates(1e9, 0.5, 4.0)
+    assert (rates["gbytes_per_s"], rates["frac_peak_bw"], rates["peak_gbytes_per_s"]) == (2.0, 0.5, 4.0)
+
+
+def test_report_decode_bandwidth_figure_and_sentence(tmp_path):
+    store = RunStore(tmp_path / "results", run_id="bw", meta={})
+    for T, median in ((256, 1e-4), (1024, 2e-4)):
+        cell = Cell("kv_prealloc", batch=2, seq_len=T, num_heads=4, d_model=256, mode="decode")
+        read = decode_bytes(2, T, 256, 256, num_heads=4)
+        store.append(ok_row(cell, [median] * 5, kv_cache_bytes=2.0 * 2 * T * 256 * 4, decode_bytes=read,
+                            gbytes_per_s=read / median / 1e9, peak_gbytes_per_s=40.0, frac_peak_bw=read / median / 1e9 / 40))
+    store.finalize()
+    df = an.prepare(load_run(store.path)[0])
+    said = [s for s in sentences(df) if "GB/s" in s]
+    # 2·2·1025·256 cache + 4·256² + 256 weight elements, 4 bytes each: 5,248,000 B; / 0.2 ms = 26.2 GB/s = 66% of 40
+    assert said == ["kv_prealloc MHA at T=1024 reads 5 MiB per step (KV cache + weights) at 26.2 GB/s, 66% of the "
+                    "measured 40 GB/s peak (cpu/float32, B=2, h=4, d=256)."], said
+    html = build_report(store.path, out_dir=tmp_path / "report").read_text()
+    assert "Decode bandwidth vs cache length" in html and (tmp_path / "report" / "figures" / "decode-bandwidth.png").is_file()
+
+
+def test_cache_bytes_from_a_buffer_preallocated_in_init(plugins_on_path):
+    """A cache registered in ``__init__`` is neither created nor grown by the prefill, but written: it is the cache."""
+    from attnbench.plugins.cache_state import grown_cache_tensors
+
+    class Preallocated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(2, 16, 8), persistent=False)
+            self.register_buffer("scale", torch.ones(8), persistent=False)  # read, never written: not the cache
+            self.pos = 0
+
+        def forward(self, x):
+            self.cache[:, self.pos:self.pos + x.shape[1]] = x * self.scale
+            self.pos += x.shape[1]
+            return x
+
+    m = Preallocated()
+    tensors, names = grown_cache_tensors(m, lambda: m(torch.ones(2, 5, 8)))
+    assert names == ["cache"] and tensors[0] is m.cache

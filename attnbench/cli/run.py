@@ -22,7 +22,7 @@ def summary_table(df, title: str) -> Table:
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)).any())
     decode = bool((df["mode"] == "decode").any())
     cols = ["impl", "device", "dtype", "mode", "b", "T", "h", "d"] + (["kv", "window"] if variants else [])
-    cols += ["median", "±CI", "peak mem"] + (["KV cache"] if decode else []) + ["GFLOP/s", "% peak", "flag"]
+    cols += ["median", "±CI", "peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else []) + ["GFLOP/s", "% peak", "flag"]
     for col in cols:
         table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
@@ -30,10 +30,12 @@ def summary_table(df, title: str) -> Table:
         half = (r.ci_high_s - r.ci_low_s) / 2
         mem = fmt_bytes(r.peak_bytes)
         window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
-        kv = fmt_bytes(r.kv_cache_bytes)
+        kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", f"{100 * r.frac_peak_bw:.0f}%"] if decode else []
+        if decode and r.mode != "decode":
+            kv = ["-", "-", "-"]
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
-                      f"{100 * half / r.median_s:.1f}%", mem, *([kv] if decode else []), f"{r.gflops_per_s:.1f}",
+                      f"{100 * half / r.median_s:.1f}%", mem, *kv, f"{r.gflops_per_s:.1f}",
                       f"{100 * r.frac_peak:.0f}%", _flags(r))
     return table
 

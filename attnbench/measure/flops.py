@@ -18,6 +18,15 @@ The analytic model (``analytic_flops``), per forward pass, 2 FLOPs per multiply-
   ``forward+backward`` = 3 × forward; kernels that recompute ``QKᵀ`` in backward (flash) do more
   work than credited.
 
+The decode bytes model (``decode_bytes``), the bytes one decode step must read (a decode step is bound
+by memory, so its rows report GB/s, :mod:`attnbench.measure.bandwidth`):
+
+* the KV cache at its current length: keys and values of the ``min(seq_len + 1, w)`` tokens the new token
+  attends to (the same keys as the FLOP model), ``2·B·keys·num_kv_heads·head_dim`` elements;
+* the projection weights once: ``W_q`` (d_out·d_in), ``W_k`` and ``W_v`` (kv_dim·d_in), ``W_o`` (d_out·d_out)
+  and the output bias (d_out), plus q/k/v biases when the layer has them;
+* the new token's activations (``B·(d_in + d_out)``) are not counted: they are a rounding error next to the cache.
+
 ``dense_flops`` is the same model with all ``T²`` pairs: what ``torch.utils.flop_counter`` counts for
 the math implementations, used as a cross-check of the model.
 """
@@ -62,6 +71,17 @@ def analytic_flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str = 
         keys = seq_len + 1 if window is None else min(seq_len + 1, window)
         return _flops(batch, 1, d_in, d_out, kv_dim, mode, keys)
     return _flops(batch, seq_len, d_in, d_out, kv_dim, mode, attention_pairs(seq_len, window, causal))
+
+
+def decode_bytes(batch: int, seq_len: int, d_in: int, d_out: int, *, num_heads: int = 1, num_kv_heads: int | None = None,
+                 window: int | None = None, element_bytes: int = 4, qkv_bias: bool = False) -> float:
+    """Bytes one decode step must read with ``seq_len`` tokens cached: the KV cache it attends over plus the
+    projection weights (see the module)."""
+    kv_dim = _kv_dim(d_out, num_heads, num_kv_heads)
+    keys = seq_len + 1 if window is None else min(seq_len + 1, window)
+    cache = 2 * batch * keys * kv_dim
+    weights = d_out * d_in + 2 * kv_dim * d_in + d_out * d_out + d_out + ((d_out + 2 * kv_dim) if qkv_bias else 0)
+    return float((cache + weights) * element_bytes)
 
 
 def dense_flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str = "forward", *, num_heads: int = 1,

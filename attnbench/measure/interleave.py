@@ -73,7 +73,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
                      min_cycles: int = 6, max_cycles: int = 10_000, budget_s: float = 2.0, burst_s: float | None = None,
                      min_block_s: float = 1e-3, seed: int = 0, l2_flush: bool = False, baseline: str | None = None,
                      on_burst: Callable[[str], None] | None = None,
-                     guard: Callable[[str], contextlib.AbstractContextManager] | None = None) -> InterleavedTiming:
+                     guard: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                     between: dict[str, Callable[[], object]] | None = None) -> InterleavedTiming:
     """Time the members of ``fns`` (one call = one iteration of a member's workload) in alternation.
 
     Each member is warmed up in turn (at least ``warmup_calls`` calls and ``warmup_s`` seconds), which also
@@ -87,13 +88,15 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     A member that raises (in warm-up or in a burst) is dropped from later cycles and reported in
     ``failures``; the others carry on. ``on_burst(name)`` is called before each member's warm-up and each
     burst, and ``guard(name)`` (a context manager, e.g. a deadline) is entered around them: both outside
-    the timed region.
+    the timed region. ``between[name]`` (a decode step's cache restore) runs after each of that member's calls,
+    outside the timed region: its calls are then timed one by one.
     """
     device = torch.device(device)
     cuda = device.type == "cuda"
     if baseline is not None and baseline not in fns:
         raise ValueError(f"baseline {baseline!r} is not one of the members {list(fns)}")
     names = tuple(fns)
+    between = between or {}
     guard = guard or (lambda name: contextlib.nullcontext())
     failures: dict[str, BaseException] = {}
     per_call_s: dict[str, float] = {}
@@ -103,7 +106,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
             if on_burst:
                 on_burst(name)
             with guard(name):
-                per_call_s[name], warm[name] = _warm_up(fns[name], device, warmup_calls, warmup_s)
+                per_call_s[name], warm[name] = _warm_up(fns[name], device, warmup_calls, warmup_s, between.get(name))
         except Exception as exc:  # the member is out; the group goes on
             failures[name] = exc
 
@@ -111,7 +114,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         slowest = max(per_call_s.values(), default=0.0)
         burst_s = min(max(CALLS_PER_BURST_TARGET * slowest, MIN_BURST_S), MAX_BURST_S)
     # calls per burst: `blocks` timed blocks of `block_calls` calls (CUDA: one call per event interval)
-    block_calls = {n: 1 if cuda else max(1, math.ceil(min_block_s / max(t, 1e-9))) for n, t in per_call_s.items()}
+    block_calls = {n: 1 if cuda or n in between else max(1, math.ceil(min_block_s / max(t, 1e-9)))
+                   for n, t in per_call_s.items()}
     blocks = {n: max(1, round(burst_s / max(t * block_calls[n], 1e-9))) for n, t in per_call_s.items()}
     flush = l2_flusher(device) if cuda and l2_flush else None
 
@@ -132,8 +136,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
                     on_burst(name)
                 with guard(name):
                     synchronize(device)  # the previous member's work is finished before this burst starts
-                    burst = (_burst_cuda(fns[name], blocks[name], flush, device) if cuda
-                             else _burst_cpu(fns[name], blocks[name], block_calls[name]))
+                    burst = (_burst_cuda(fns[name], blocks[name], flush, device, between.get(name)) if cuda
+                             else _burst_cpu(fns[name], blocks[name], block_calls[name], between.get(name)))
             except Exception as exc:
                 failures[name] = exc
                 active.remove(name)
@@ -159,30 +163,41 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         stopped_by=stopped_by, baseline=baseline)
 
 
-def _warm_up(fn: Callable[[], object], device: torch.device, warmup_calls: int, warmup_s: float) -> tuple[float, int]:
-    """Warm ``fn`` up as :func:`attnbench.measure.timing.time_fn` does; its mean call time and the calls made."""
-    calls, start = 0, time.perf_counter()
+def _warm_up(fn: Callable[[], object], device: torch.device, warmup_calls: int, warmup_s: float,
+             between: Callable[[], object] | None = None) -> tuple[float, int]:
+    """Warm ``fn`` up as :func:`attnbench.measure.timing.time_fn` does; its mean call time (``between`` not counted)
+    and the calls made."""
+    calls, start, spent = 0, time.perf_counter(), 0.0
     while calls < warmup_calls or time.perf_counter() - start < warmup_s:
+        t0 = time.perf_counter()
         fn()
         synchronize(device)
+        spent += time.perf_counter() - t0
+        if between is not None:
+            between()
         calls += 1
-    return (time.perf_counter() - start) / max(calls, 1), calls
+    return spent / max(calls, 1), calls
 
 
-def _burst_cpu(fn: Callable[[], object], blocks: int, block_calls: int) -> list[float]:
-    """Per-call time of each of ``blocks`` blocks of ``block_calls`` calls."""
+def _burst_cpu(fn: Callable[[], object], blocks: int, block_calls: int,
+               between: Callable[[], object] | None = None) -> list[float]:
+    """Per-call time of each of ``blocks`` blocks of ``block_calls`` calls (``between`` after each block, untimed)."""
     out = []
     for _ in range(blocks):
         t0 = time.perf_counter_ns()
         for _ in range(block_calls):
             fn()
         out.append((time.perf_counter_ns() - t0) * 1e-9 / block_calls)
+        if between is not None:
+            between()
     return out
 
 
-def _burst_cuda(fn: Callable[[], object], calls: int, flush: Callable[[], None] | None, device: torch.device) -> list[float]:
-    """Per-call times of ``calls`` calls from CUDA events (one interval per call), read after a synchronisation."""
-    if flush is None:  # a chain: the end of one call is the start of the next
+def _burst_cuda(fn: Callable[[], object], calls: int, flush: Callable[[], None] | None, device: torch.device,
+                between: Callable[[], object] | None = None) -> list[float]:
+    """Per-call times of ``calls`` calls from CUDA events (one interval per call), read after a synchronisation
+    (``between`` after each call's end event, untimed)."""
+    if flush is None and between is None:  # a chain: the end of one call is the start of the next
         events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
         events[0].record()
         for i in range(calls):
@@ -192,11 +207,14 @@ def _burst_cuda(fn: Callable[[], object], calls: int, flush: Callable[[], None] 
     else:
         pairs = []
         for _ in range(calls):
-            flush()  # outside the timed region: before the start event
+            if flush is not None:
+                flush()  # outside the timed region: before the start event
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
+            if between is not None:
+                between()
             pairs.append((start, end))
     torch.cuda.synchronize(device)
     return [s.elapsed_time(e) * 1e-3 for s, e in pairs]

@@ -49,34 +49,48 @@ def l2_flusher(device: torch.device) -> Callable[[], None]:
 def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup_calls: int = 3,
             warmup_s: float = 0.05, target_rel_ci: float = 0.02, min_samples: int = 10, max_samples: int = 10_000,
             budget_s: float = 2.0, min_block_s: float = 1e-3, l2_flush: bool = False,
-            cuda_graph: bool = False) -> Timing:
+            cuda_graph: bool = False, between: Callable[[], object] | None = None) -> Timing:
     """Time ``fn`` (one call = one iteration of the workload) and return raw per-call samples.
 
     Warm-up runs at least ``warmup_calls`` calls and at least ``warmup_s`` seconds. Sampling then
     continues until the median's 95% CI half-width is below ``target_rel_ci`` of the median (after
     ``min_samples``), or ``budget_s`` of sampling has passed, or ``max_samples`` were taken.
+    ``between`` runs after every call outside the timed region (a decode step's cache restore): each call is
+    then timed on its own (CPU) or between its events (CUDA).
     """
     device = torch.device(device)
     cuda = device.type == "cuda"
     warm_calls, start = 0, time.perf_counter()
     while warm_calls < warmup_calls or time.perf_counter() - start < warmup_s:
         fn()
+        if between is not None:
+            between()
         synchronize(device)
         warm_calls += 1
     per_call_s = (time.perf_counter() - start) / warm_calls
 
     if cuda:
-        return _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph)
+        return _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush,
+                          cuda_graph and between is None, between)
 
     calls = max(1, math.ceil(min_block_s / max(per_call_s, 1e-9)))  # block long enough for the clock
     samples: list[float] = []
     stopped_by = "max_samples"
     sampling_start = time.perf_counter()
     while len(samples) < max_samples:
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter_ns() - t0) * 1e-9 / calls)
+        if between is None:
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            elapsed_ns = time.perf_counter_ns() - t0
+        else:
+            elapsed_ns = 0
+            for _ in range(calls):
+                t0 = time.perf_counter_ns()
+                fn()
+                elapsed_ns += time.perf_counter_ns() - t0
+                between()
+        samples.append(elapsed_ns * 1e-9 / calls)
         if _converged(samples, min_samples, target_rel_ci):
             stopped_by = "ci"
             break
@@ -107,7 +121,8 @@ def cuda_graph_replay(fn: Callable[[], object], device: torch.device) -> Callabl
     return graph.replay
 
 
-def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph) -> Timing:
+def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph,
+               between=None) -> Timing:
     flush = l2_flusher(device) if l2_flush else None
     timer = "cuda_event"
     call = fn
@@ -126,6 +141,8 @@ def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, 
             start.record()
             call()
             end.record()
+            if between is not None:
+                between()  # after the end event: outside the timed region
             events.append((start, end))
         torch.cuda.synchronize(device)
         samples.extend(s.elapsed_time(e) * 1e-3 for s, e in events)

@@ -6,7 +6,11 @@
   aliases common codebases use), or with a config object, and reads ``attnbench_capabilities``;
 * :mod:`~attnbench.plugins.layout` finds where the canonical weights live in the built module (separate,
   fused, per-head or ``nn.MultiheadAttention`` projections) and turns that into an
-  :class:`~attnbench.weights.Adapter`, so most classes need no hand-written glue.
+  :class:`~attnbench.weights.Adapter`, so most classes need no hand-written glue;
+* :mod:`~attnbench.plugins.inference` reads what a class computes (KV cache, GQA/MQA, sliding window,
+  non-causal) from its signatures, config fields and projection shapes, with the evidence for ``check -v``;
+* :mod:`~attnbench.plugins.cache_state` snapshots and restores a module's KV-cache state, so a class without
+  ``rewind_cache`` can be timed in decode mode.
 """
 
 from attnbench.plugins.binding import implementation_fields

@@ -22,14 +22,17 @@ ALIASES: dict[str, tuple[str, ...]] = {
              "n_embed", "d_embed", "input_dim", "in_features", "in_dim"),
     "d_out": ("d_out", "out_features", "output_dim", "out_dim", "dim_out"),
     "num_heads": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_head"),
-    "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "kv_heads"),
+    # num_kv_groups: the book's (chapter 4) name for the number of key/value heads
+    "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "kv_heads", "num_kv_groups"),
     "context_length": ("context_length", "block_size", "max_seq_len", "max_position_embeddings", "max_len",
                        "max_seq_length", "seq_len", "context_len", "n_ctx", "n_positions", "max_length"),
     "dropout": ("dropout", "attn_pdrop", "attention_dropout", "p", "attn_dropout", "dropout_p", "attn_drop",
                 "attention_probs_dropout_prob", "dropout_rate", "attn_dropout_rate", "dropout_prob"),
     "qkv_bias": ("qkv_bias", "bias", "use_bias", "attention_bias", "add_bias", "use_qkv_bias"),
     "head_dim": ("head_dim", "dim_head", "head_size", "d_head", "d_k", "n_embd_head"),
-    "window": ("window", "sliding_window", "window_size", "attention_window"),
+    # window_size is bound (a class that declares sliding_window gets the window through it) but is no
+    # evidence of a sliding window: it can size a cache (the book's optimized KV cache), see WINDOW_EVIDENCE
+    "window": ("window", "sliding_window", "sliding_window_size", "attention_window", "window_size"),
     "causal": ("causal", "is_causal"),
 }
 """Spec field -> the constructor parameter (and config field) names it binds to."""
@@ -44,6 +47,8 @@ _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_b
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
                     "min_torch", "gqa", "sliding_window", "non_causal", "kv_cache")
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
+WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
+"""Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""
 GUIDE = "README: Bring your own attention"
 
 
@@ -73,6 +78,15 @@ class SpecConfig(dict):
 
     def __setattr__(self, name: str, value) -> None:
         self[name] = value
+
+    def __getitem__(self, name):
+        read = self.__dict__.get("_attnbench_read")
+        if read is not None and name not in read:
+            read.append(name)  # what the class reads is what it supports (plugins.inference)
+        return super().__getitem__(name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
 
     @classmethod
     def for_spec(cls, spec: AttnSpec) -> SpecConfig:
@@ -190,6 +204,7 @@ def implementation_fields(obj, source: str) -> dict:
     """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
     constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
     declared ``attnbench_capabilities`` (which win over what is inferred)."""
+    from attnbench.plugins.inference import infer
     from attnbench.plugins.layout import with_layout
 
     binding = bind(obj)
@@ -198,6 +213,9 @@ def implementation_fields(obj, source: str) -> dict:
         inferred["same_width_only"] = True
     if binding.style == "keywords" and "dropout" not in binding.fields:
         inferred["dropout"] = ()  # nothing to pass the rate to: the class has no attention dropout
-    caps = {**inferred, **capabilities(obj)}
-    return {"factory": with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields), **caps,
-            "source": caps.get("source", source)}
+    declared = capabilities(obj)
+    variants, evidence = infer(obj, binding, declared)
+    caps = {**inferred, **variants, **declared}
+    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields)
+    factory.evidence = evidence
+    return {"factory": factory, **caps, "source": caps.get("source", source)}

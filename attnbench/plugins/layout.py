@@ -406,6 +406,7 @@ class PluginFactory:
         self.binding = binding
         self.has_qkv_bias = has_qkv_bias
         self._layouts: dict[bool, Layout] = {}
+        self.evidence: list[str] = []  # what was inferred about the class and why (plugins.inference), for check -v
         self.__name__ = f"{getattr(binding.target, '__name__', 'plugin')}_factory"
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
@@ -479,6 +480,8 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     """
     factory = impl.factory
     lines = [f"constructor: {factory.binding.describe()}"] if isinstance(factory, PluginFactory) else []
+    lines += [line if line.endswith("attnbench_capabilities)") or line.startswith("config fields") else f"inferred {line}"
+              for line in getattr(factory, "evidence", ())]
     dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]
     for qkv_bias in (False, True):
         module, first_error = None, None

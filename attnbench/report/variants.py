@@ -1,11 +1,13 @@
 """Report pieces for attention variants and KV-cache decoding: two figures and the sentences under them.
 
-* decode latency against cache length (one line per implementation and variant);
+* decode latency against cache length (one line per implementation and variant), and the decode step's
+  memory bandwidth (GB/s of the bytes it must read, with the run's measured STREAM-like peak);
 * KV-cache bytes against context length, measured (markers) and analytic (dashed), per variant
   (MHA, GQA(k), MQA, SWA(w));
 * sentences computed from the rows, e.g. "at T=4096, GQA(4) keeps 25% of MHA's cache and decodes 1.3×
   faster than MHA (kv_prealloc, cpu/float32, B=2, h=16, d=1024)", and, for sliding windows, how decode
-  latency changes once the cache is longer than the window.
+  latency changes once the cache is longer than the window, and what bandwidth a decode step reaches:
+  "kv_prealloc MHA at T=4096 reads 8.4 MB per step at 6.1 GB/s, 45% of the measured 13.6 GB/s peak (…)".
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import FuncFormatter
 
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
@@ -72,6 +75,26 @@ def sentences(df: pd.DataFrame) -> list[str]:
                 out.append(f"{impl} {variant}: decode latency at T={hi['seq_len']} is {an.fmt_num(hi['median_s'] / lo['median_s'])}× "
                            f"that at T={lo['seq_len']} (both beyond the window of {w}; its cache holds "
                            f"{an.fmt_bytes(hi['kv_cache_bytes'])} at both), {config}.")
+        out += _bandwidth_sentences(rows, config)
+    return out
+
+
+def _has_bandwidth(ok: pd.DataFrame) -> pd.DataFrame:
+    """The decode rows with a bandwidth figure (runs older than the columns have none)."""
+    if "gbytes_per_s" not in ok.columns:
+        return ok.iloc[0:0]
+    return ok[np.isfinite(ok["gbytes_per_s"].astype(float)) & (ok["gbytes_per_s"].astype(float) > 0)]
+
+
+def _bandwidth_sentences(rows: pd.DataFrame, config: str) -> list[str]:
+    """One sentence per implementation and variant: its bandwidth at the longest cache, against the peak."""
+    out = []
+    for (impl, variant), r in _has_bandwidth(rows).groupby(["impl", "variant"], sort=False):
+        row = r.sort_values("seq_len").iloc[-1]
+        peak = float(row["peak_gbytes_per_s"])
+        of_peak = f", {100 * row['frac_peak_bw']:.0f}% of the measured {an.fmt_num(peak)} GB/s peak" if np.isfinite(peak) else ""
+        out.append(f"{impl} {variant} at T={row['seq_len']} reads {an.fmt_bytes(row['decode_bytes'])} per step "
+                   f"(KV cache + weights) at {an.fmt_num(row['gbytes_per_s'])} GB/s{of_peak} ({config}).")
     return out
 
 
@@ -120,10 +143,46 @@ def decode_latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[figs.F
                                        label=figs.label(f"{impl} {variant}", 48)))
         return out
 
-    return figs._paneled("decode-latency", "Decode latency vs cache length", df[df["mode"] == "decode"], _panels(ok),
-                         draw, handles, "One new token's attention step with T tokens already cached (prefill not "
-                         "timed). A sliding-window cache stops growing at the window, so its latency flattens.",
-                         out_dir, max_cols=3)
+    latency = figs._paneled("decode-latency", "Decode latency vs cache length", df[df["mode"] == "decode"], _panels(ok),
+                            draw, handles, "One new token's attention step with T tokens already cached (prefill not "
+                            "timed). A sliding-window cache stops growing at the window, so its latency flattens.",
+                            out_dir, max_cols=3)
+    return latency + _decode_bandwidth(df, ok, line, handles, out_dir)
+
+
+def _decode_bandwidth(df: pd.DataFrame, ok: pd.DataFrame, line: dict, handles, out_dir: Path) -> list[figs.Figure]:
+    """Decode GB/s against cache length, with the measured bandwidth peak dotted (and a fraction-of-peak axis)."""
+    ok = _has_bandwidth(ok)
+    if ok.empty:
+        return [figs.Figure("decode-bandwidth", "Decode bandwidth vs cache length",
+                            skipped="no decode cell has a bandwidth figure (gbytes_per_s is empty)")]
+
+    def draw(ax, g, seen):
+        for (impl, variant), r in g.rows.groupby(["impl", "variant"], sort=False):
+            r = r.sort_values("seq_len")
+            st = line[(impl, variant)]
+            ax.plot(r["seq_len"], r["gbytes_per_s"], color=st["color"], marker=st["marker"], linestyle=st["linestyle"])
+            seen.impls.add(f"{impl} {variant}")
+        figs._seq_axis(ax, g.rows["seq_len"])
+        ax.set_xlabel("tokens in the KV cache (T)")
+        ax.set_ylabel("GB/s (bytes a step must read / median)")
+        peaks = g.rows["peak_gbytes_per_s"].astype(float).dropna()
+        peaks = peaks[peaks > 0]
+        if not peaks.empty:
+            peak = float(peaks.median())
+            ax.axhline(peak, color="#555", linestyle=":", linewidth=1.3)
+            ax.set_ylim(0, peak * 1.15)
+            sec = ax.secondary_yaxis("right", functions=(lambda v: v / peak, lambda f: f * peak))
+            sec.set_ylabel("fraction of measured peak")
+            sec.yaxis.set_major_formatter(FuncFormatter(lambda f, _: f"{f:.0%}"))
+
+    def with_peak(seen):
+        return handles(seen) + [figs.Line2D([], [], color="#555", linestyle=":", label="measured peak GB/s (copy/triad)")]
+
+    return figs._paneled("decode-bandwidth", "Decode bandwidth vs cache length", df[df["mode"] == "decode"], _panels(ok),
+                         draw, with_peak, "A decode step is bound by memory: the bytes it must read (the KV cache it "
+                         "attends over plus the projection weights, decode_bytes) over its median time. Dotted: the "
+                         "run's STREAM-like copy/triad peak (right axis: the frac_peak_bw column).", out_dir, max_cols=3)
 
 
 @figs._styled

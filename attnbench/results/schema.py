@@ -52,6 +52,9 @@ COLUMNS: dict[str, str] = {
     "peak_bytes": "float64", "peak_reserved_bytes": "float64", "memory_method": "string",
     # KV cache (decode rows): measured from the cache tensors, and 2·b·min(T, window)·num_kv_heads·head_dim·bytes
     "kv_cache_bytes": "float64", "kv_cache_bytes_analytic": "float64",
+    # decode bandwidth (decode rows): bytes one step must read (KV cache it attends over + projection weights,
+    # measure.flops.decode_bytes), achieved GB/s, the run's measured STREAM-like peak GB/s, and the fraction of it
+    "decode_bytes": "float64", "gbytes_per_s": "float64", "peak_gbytes_per_s": "float64", "frac_peak_bw": "float64",
     # work
     "flops": "float64", "flops_counted": "float64", "gflops_per_s": "float64", "peak_gflops_per_s": "float64",
     "frac_peak": "float64",

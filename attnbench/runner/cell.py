@@ -32,7 +32,10 @@ from attnbench.measure import (
     analytic_flops,
     contention,
     counted_flops,
+    decode_bytes,
+    decode_rates,
     kv_cache_bytes_analytic,
+    peak_gbytes_per_s,
     peak_gflops,
     peak_memory,
     time_fn,
@@ -264,6 +267,10 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
         row["kv_cache_bytes"] = workload.kv_cache_bytes
         row["kv_cache_bytes_analytic"] = kv_cache_bytes_analytic(cell.batch, cell.seq_len, cell.kv_heads, cell.head_dim,
                                                                  cell.window, workload.x.element_size())
+        row.update(decode_rates(decode_bytes(cell.batch, cell.seq_len, cell.d_model, cell.d_model, num_heads=cell.num_heads,
+                                             num_kv_heads=cell.num_kv_heads, window=cell.window,
+                                             element_bytes=workload.x.element_size()),
+                                row["median_s"], peak_gbytes_per_s(str(workload.device))))
     if settings.flop_check and not built.compiled:
         # Under FlopCounterMode a compiled module recompiles (the mode fails its guards): counting
         # would cost a compile and measure the counter's trace, so compiled cells keep the model only.
@@ -273,7 +280,7 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
     row["peak_gflops_per_s"] = peak
     row["frac_peak"] = row["gflops_per_s"] / peak
     row["status"] = "ok"
-    row["notes"] = "; ".join(built.notes)
+    row["notes"] = "; ".join([*built.notes, *workload.notes])
 
 
 def record_failure(row: dict, exc: BaseException) -> None:
@@ -301,8 +308,10 @@ def close_row(row: dict) -> None:
 def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: float | None = None) -> None:
     """One cell timed on its own (:func:`attnbench.measure.timing.time_fn`), then its memory and work."""
     cell, device = built.cell, built.workload.device
+    workload = built.workload
     with contention.sampled() as load:  # what other processes and steal took while this cell was timed
-        timing = time_fn(built.workload.step, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
+        timing = time_fn(workload.timed_step or workload.step, device, between=workload.restore,  # restore: untimed
+                         warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
                          target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
                          max_samples=settings.max_samples, budget_s=settings.budget_s,
                          l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
@@ -341,6 +350,8 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
             merged[key] = max(values) if values else math.nan
         merged["gflops_per_s"] = merged["flops"] / merged["median_s"] / 1e9
         merged["frac_peak"] = merged["gflops_per_s"] / merged["peak_gflops_per_s"]
+        if merged.get("mode") == "decode":
+            merged.update(decode_rates(merged["decode_bytes"], merged["median_s"], merged["peak_gbytes_per_s"]))
         recompiles = [r["recompiles"] for r in rows if r["recompiles"] == r["recompiles"]]
         merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
         merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)

@@ -139,6 +139,7 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
     device, cell = first.workload.device, first.cell
     graph = settings.cuda_graph and device.type == "cuda" and cell.mode == "inference"
     fns: dict[str, Callable[[], object]] = {}
+    between: dict[str, Callable[[], object]] = {}
     for i in list(built):
         if graph:  # captured per member, outside any timed region; a capture that fails is the member's failure
             ok, replay = _step(rows[i], settings, lambda i=i: cuda_graph_replay(built[i].workload.step, device))
@@ -146,8 +147,10 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
                 del built[i]
                 continue
             fns[ids[i]] = replay
-        else:
-            fns[ids[i]] = built[i].workload.step
+        else:  # a decode step whose cache is restored (no rewind_cache): the restore runs untimed, in between
+            fns[ids[i]] = built[i].workload.timed_step or built[i].workload.step
+            if built[i].workload.restore is not None:
+                between[ids[i]] = built[i].workload.restore
     if not fns:
         return 0.0
     name = display_name(baseline)
@@ -180,7 +183,7 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
             target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
             min_cycles=MIN_CYCLES if len(fns) > 1 else 1, max_cycles=settings.max_samples,
             budget_s=settings.budget_s * len(fns), seed=_default_seed(cell, settings) if seed is None else seed,
-            l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard)
+            l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard, between=between)
     charge()
     share_s = (time.perf_counter() - t0) / len(fns)
     others = len(fns) - 1

@@ -16,6 +16,7 @@ from attnbench import registry
 from attnbench.correctness.decode import missing_protocol
 from attnbench.errors import PluginLoadError
 from attnbench.measure.memory import retained_bytes, storage_bytes
+from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
 from attnbench.spec import AttnSpec
@@ -32,8 +33,13 @@ class Workload:
     x: torch.Tensor  # (batch, seq_len, d_model)
     grad_out: torch.Tensor | None  # (batch, seq_len, d_model), forward+backward only
     device: torch.device
-    step: Callable[[], torch.Tensor]
+    step: Callable[[], torch.Tensor]  # leaves the module as it found it (a decode step restores its cache)
     kv_cache_bytes: float | None = None  # decode: the cache after the prefill (its tensors' storage, or the allocator's)
+    # Decode without rewind_cache: the timer times ``timed_step`` and calls ``restore`` after each call, outside
+    # the timed region (``step`` is the two together). None when ``step`` needs no restoring.
+    timed_step: Callable[[], torch.Tensor] | None = None
+    restore: Callable[[], None] | None = None
+    notes: tuple[str, ...] = ()  # how the cache was measured and restored, for the row's notes
 
     def check_output(self, out: torch.Tensor) -> str | None:
         """Why ``out`` is not a valid result (wrong shape, dtype or non-finite values), or ``None``."""
@@ -79,18 +85,36 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
     grad_out = None
     kv_bytes = None
 
+    timed_step = restore = None
+    notes: list[str] = []
     if cell.mode == "decode":
         module.eval()
         missing = missing_protocol(module)
         if missing:
             raise PluginLoadError(f"{impl.name} declares kv_cache but lacks {', '.join(missing)} (see implementations/kv_cache.py)")
         x_new = torch.randn(cell.batch, 1, cell.d_model, generator=g).to(device=device, dtype=dtype)
-        kv_bytes = _prefill(module, x, device)
+        with cache_state.default_dtype(dtype):  # a cache allocated as torch.zeros(...) gets the cell's dtype
+            kv_bytes, how = _prefill(module, x, device)
+        notes.append(how)
+        if callable(getattr(getattr(module, "_orig_mod", module), "rewind_cache", None)):
+            def step() -> torch.Tensor:  # one token against seq_len cached ones; rewinding keeps the cache length fixed
+                with torch.inference_mode():
+                    out = module(x_new, use_cache=True)
+                    module.rewind_cache(1)
+                    return out
+        else:
+            def timed_step() -> torch.Tensor:  # one token against seq_len cached ones
+                with torch.inference_mode():
+                    return module(x_new, use_cache=True)
 
-        def step() -> torch.Tensor:  # one token against seq_len cached ones; rewinding keeps the cache length fixed
-            with torch.inference_mode():
-                out = module(x_new, use_cache=True)
-                module.rewind_cache(1)
+            with cache_state.default_dtype(dtype):
+                restore = cache_state.step_restorer(module, timed_step, impl.name)
+            notes.append(f"no rewind_cache: the cache is restored after each step, outside the timed region (the step "
+                         f"{restore.describe()})")
+
+            def step() -> torch.Tensor:
+                out = timed_step()
+                restore()
                 return out
     elif cell.mode == "inference":
         module.eval()
@@ -118,20 +142,28 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
             return out
 
     return Workload(cell=cell, spec=spec, module=module, x=x, grad_out=grad_out, device=device, step=step,
-                    kv_cache_bytes=kv_bytes)
+                    kv_cache_bytes=kv_bytes, timed_step=timed_step, restore=restore, notes=tuple(notes))
 
 
-def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> float:
-    """Fill ``module``'s KV cache with ``x`` (outside any timed region); the bytes the cache then holds:
-    the storage of its ``cache_tensors()``, or what the prefill left allocated when it has no such method."""
+def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, str]:
+    """Fill ``module``'s KV cache with ``x`` (outside any timed region); the bytes the cache then holds and how
+    they were found: the storage of its ``cache_tensors()``; else of the tensor attributes and buffers the
+    prefill created, grew or wrote into (named); else what the prefill left allocated."""
     base = getattr(module, "_orig_mod", module)
 
     def prefill() -> None:
         with torch.inference_mode():
-            module.reset_cache()
+            cache_state.reset_cache(module)
             module(x, use_cache=True)  # the output is dropped: only the cache stays allocated
 
     if callable(getattr(base, "cache_tensors", None)):
         prefill()
-        return storage_bytes(base.cache_tensors())
-    return retained_bytes(prefill, device)
+        return storage_bytes(base.cache_tensors()), "kv_cache_bytes from cache_tensors()"
+    with torch.inference_mode():
+        cache_state.reset_cache(module)
+    tensors, names = cache_state.grown_cache_tensors(module, prefill)
+    if tensors:
+        return storage_bytes(tensors), f"kv_cache_bytes from the tensors the prefill created, grew or wrote into: {', '.join(names)}"
+    with torch.inference_mode():
+        cache_state.reset_cache(module)  # freed before measuring, so the prefill's allocation is not netted out
+    return retained_bytes(prefill, device), "kv_cache_bytes from the allocator (what the prefill left allocated)"

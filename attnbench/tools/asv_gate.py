@@ -53,7 +53,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.measure import cpu_env, machine_lock
 
 MACHINE = "attnbench-gate"
-HIGHER_IS_BETTER = re.compile(r"\.track_gflops\b")
+HIGHER_IS_BETTER = re.compile(r"\.track_(gflops|gbytes_per_s|frac_peak_bw)\b")
 """Benchmarks where a larger value is better; asv's compare assumes smaller is better for all."""
 TIMED = re.compile(r"\.time_\w+")
 """Benchmarks timed by asv with raw samples: the only ones whose slowdown fails the gate."""

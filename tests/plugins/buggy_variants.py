@@ -18,7 +18,8 @@ from torch import nn
 class GQABaseline(nn.Module):
     """Correct grouped-query attention with an optional sliding window (causal), written out step by step."""
 
-    attnbench_capabilities = {"gqa": True, "sliding_window": True}
+    # it takes ``causal`` but is always causal: declared, since a ``causal`` parameter says non-causal otherwise
+    attnbench_capabilities = {"gqa": True, "sliding_window": True, "non_causal": False}
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None,
                  window=None, causal=True):
@@ -81,7 +82,7 @@ class WindowOffByOne(GQABaseline):
 class CacheBaseline(GQABaseline):
     """Correct KV cache: preallocated buffers of context_length and a position pointer (full attention only)."""
 
-    attnbench_capabilities = {"gqa": True, "kv_cache": True}
+    attnbench_capabilities = {"gqa": True, "kv_cache": True, "sliding_window": False, "non_causal": False}
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None,
                  window=None, causal=True):
@@ -131,7 +132,7 @@ class CachePositionOffByOne(CacheBaseline):
 class GrowingCacheBaseline(GQABaseline):
     """Correct growing cache (torch.cat), the book's chapter-4 style."""
 
-    attnbench_capabilities = {"gqa": True, "kv_cache": True}
+    attnbench_capabilities = {"gqa": True, "kv_cache": True, "sliding_window": False, "non_causal": False}
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None,
                  window=None, causal=True):

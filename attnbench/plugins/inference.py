@@ -1,0 +1,161 @@
+"""What a user's class computes, read from what it declares and shows, never by trying it against the reference.
+
+* **KV cache**: ``forward`` takes ``use_cache`` and the class has a reset method (``reset_cache``,
+  ``reset_kv_cache``, ``clear_cache``, ...). ``use_cache`` without one is an error: the decode timer and the
+  decode property must be able to empty the cache.
+* **Grouped/multi-query attention**: a constructor parameter or config field that names the key/value heads
+  (``num_kv_heads``, ``n_kv_heads``, ``num_key_value_heads``, ``kv_heads``, the book's ``num_kv_groups``),
+  confirmed on a probe: built with 6 heads of 4 and 3 kv heads, the key/value projections must come out
+  ``3 × 4 = 12`` wide (a class that reads the name as a group size would give 8). A contradiction is an error.
+* **Sliding window**: ``window``, ``sliding_window``, ``sliding_window_size``, ``attention_window`` (a bare
+  ``window_size`` can size a cache, as in the book's optimized KV cache, so it is no evidence alone).
+* **Non-causal**: ``causal`` or ``is_causal``.
+* **Config objects** (``Attention(config)``): the fields the constructor reads on a probe are what it supports.
+
+``attnbench_capabilities`` overrides every inference; ``attnbench check -v`` prints each with its evidence.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import torch
+
+from attnbench.errors import PluginLoadError
+from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, SpecConfig
+from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
+from attnbench.spec import AttnSpec
+
+GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
+"""6 heads of 4, 3 kv heads: keys and values 12 wide; a kv-head name read as a group size (2) would give 8."""
+GUIDE = "README: Attention variants and KV-cache decoding"
+EXTERNAL_CACHE = frozenset({"past_key_value", "past_key_values", "layer_past", "past", "cache", "kv_cache", "cache_position"})
+"""``forward`` parameters that pass a cache in (Hugging Face, GPT-2 style): such a class keeps no cache of its own."""
+
+
+def _forward_params(target) -> set[str]:
+    forward = getattr(target, "forward", None) if inspect.isclass(target) else None
+    if forward is None:
+        return set()
+    try:
+        return set(inspect.signature(forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def config_fields_read(binding: Binding) -> list[str] | None:
+    """The config fields a ``Attention(config)`` constructor reads when built on a probe (``None``: not a config
+    constructor, or it does not build on the probe)."""
+    if binding.style != "config":
+        return None
+    from attnbench.plugins.layout import SQUARE_PROBE
+
+    config = SpecConfig.for_spec(replace(SQUARE_PROBE, num_kv_heads=2))
+    config.__dict__["_attnbench_read"] = []
+    try:
+        binding.target(**{binding.config_param: config})
+    except Exception:  # refuses the probe: nothing inferred from its config (the cases show what it does)
+        return None
+    return list(config.__dict__["_attnbench_read"])
+
+
+def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
+    """The variant capabilities of ``target`` (a class or factory, bound as ``binding``) and one line of
+    evidence per inference; ``declared`` (``attnbench_capabilities``) wins and is not inferred.
+
+    Raises :class:`PluginLoadError` for ``use_cache`` without a reset method and for a kv-head count the
+    layout contradicts."""
+    name = getattr(target, "__qualname__", repr(target))
+    caps: dict = {}
+    lines: list[str] = []
+    read = config_fields_read(binding)
+    if read is not None:
+        lines.append(f"config fields read (what it reads is what it supports): {', '.join(read) or 'none'}")
+        names, where = set(read), "reads config field"
+    elif binding.style == "keywords":
+        names, where = {p for p, _ in binding.params}, "constructor takes"
+    else:
+        names, where = set(), ""
+
+    kv_names = [n for n in ALIASES["num_kv_heads"] if n in names]
+    if kv_names and "gqa" not in declared:
+        caps["gqa"] = True
+        lines.append(f"gqa: yes ({where} {kv_names[0]}, the number of key/value heads; {_confirm_kv(binding, name, kv_names[0])})")
+    window_names = [n for n in WINDOW_EVIDENCE if n in names]
+    if window_names and "sliding_window" not in declared:
+        caps["sliding_window"] = True
+        lines.append(f"sliding_window: yes ({where} {window_names[0]})")
+    elif "window_size" in names and "sliding_window" not in declared:
+        lines.append("sliding_window: no (window_size alone can size a cache; declare "
+                     "attnbench_capabilities = {'sliding_window': True} if it is a sliding window)")
+    causal_names = [n for n in ALIASES["causal"] if n in names]
+    if causal_names and "non_causal" not in declared:
+        caps["non_causal"] = True
+        lines.append(f"non_causal: yes ({where} {causal_names[0]})")
+
+    forward = _forward_params(target)
+    external = sorted(forward & EXTERNAL_CACHE)
+    if "use_cache" in forward and external and "kv_cache" not in declared:
+        lines.append(f"kv_cache: no (forward takes use_cache with {external[0]}: the cache is passed in, not kept by the class)")
+    elif "use_cache" in forward and "kv_cache" not in declared:
+        reset = reset_method(target)
+        if reset is None:
+            raise PluginLoadError(f"{name}.forward takes use_cache but the class has no method to empty its cache "
+                                  f"({', '.join(RESET_METHODS[:3])}, ...); add reset_cache(), or declare "
+                                  f"attnbench_capabilities = {{'kv_cache': False}} ({GUIDE})")
+        caps["kv_cache"] = True
+        how = "rewind_cache() rewinds a step" if callable(getattr(target, "rewind_cache", None)) else \
+            f"no rewind_cache: the decode timer restores the cache state after each step; {_confirm_restorable(binding, name)}"
+        lines.append(f"kv_cache: yes (forward takes use_cache, the class has {reset}(); {how})")
+    for key in sorted(set(declared) & {"gqa", "sliding_window", "non_causal", "kv_cache"}):
+        lines.append(f"{key}: {'yes' if declared[key] else 'no'} (declared in attnbench_capabilities)")
+    return caps, lines
+
+
+def _confirm_restorable(binding: Binding, name: str) -> str:
+    """Decode one token on a probe, restore, decode it again: what the step changes, in words; raises
+    :class:`~attnbench.plugins.cache_state.CacheRestoreError` when the restored step decodes another token
+    (the class is compared with itself, never with the reference)."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    try:
+        module = binding(probe).eval()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1, 4, probe.d_in, generator=g)
+        with torch.no_grad():
+            reset_cache(module)
+            module(x[:, :3], use_cache=True)
+    except Exception:  # does not build or prefill at the probe's sizes: the decode cases show what it does
+        return "its state was not probed (it does not run at the probe's sizes)"
+    restore = step_restorer(module, lambda: module(x[:, 3:], use_cache=True), name)
+    return f"a step {restore.describe()}"
+
+
+def _confirm_kv(binding: Binding, name: str, param: str) -> str:
+    """Check on :data:`GQA_CONFIRM_PROBE` that the key/value projections are ``num_kv_heads × head_dim`` wide;
+    the words of the confirmation, or :class:`PluginLoadError` when the layout contradicts the name."""
+    from attnbench.plugins.layout import MappingError, discover
+
+    probe = GQA_CONFIRM_PROBE
+    if binding.same_width_only:
+        probe = replace(probe, d_in=probe.d_out)
+    try:
+        module = binding(probe)
+    except Exception:  # refuses the probe's sizes: the cases show what it computes
+        return "not confirmed: it does not build at the probe's sizes"
+    try:
+        discover(module, probe, has_qkv_bias=False)
+    except MappingError as exc:
+        about_kv = [p for p in exc.problems if "W_k" in p or "W_v" in p]
+        if about_kv:
+            raise PluginLoadError(
+                f"{name} takes {param} as the number of key/value heads, but built with num_heads={probe.num_heads}, "
+                f"{param}={probe.num_kv_heads} its key/value projections are not {probe.num_kv_heads} x head_dim "
+                f"{probe.head_dim} = {probe.kv_dim} wide ({about_kv[0]}); if {param} means something else, declare "
+                f"attnbench_capabilities = {{'gqa': False}} and give it a default ({GUIDE})") from None
+        return "not confirmed: its weights do not map at the probe's sizes"
+    except Exception:
+        return "not confirmed: its weights do not map at the probe's sizes"
+    return f"confirmed: with {probe.num_kv_heads} kv heads of {probe.head_dim} its key/value projections are {probe.kv_dim} wide"
