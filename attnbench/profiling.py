@@ -162,8 +162,11 @@ def profile_cell(cell: Cell, logdir: str | Path = "runs", wait: int = 1, warmup:
         for i in range(wait + warmup + active):
             if i == wait + warmup:  # recording has started: the metadata lands in this window's trace
                 prof.add_metadata_json("attnbench", meta)
-            workload.step()
+            (workload.timed_step or workload.step)()
             synchronize(workload.device)
+            if workload.restore is not None:  # a decode cache restored between steps: not part of a step's work
+                with torch.profiler.record_function("attnbench: restore the KV cache (not timed)"):
+                    workload.restore()
             with native_stderr():
                 prof.step()
     finally:
