@@ -17,9 +17,10 @@ from attnbench.cli.app import cli, console
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Output folder. [default: reports/<run-id>/]")
-@click.option("--baseline", default="weight_split", show_default=True,
-              help="Implementation the speed-ups are relative to (the first one present if it is missing).")
-def report_cmd(results: Path, out_dir: Path | None, baseline: str) -> None:
+@click.option("--baseline", default=None,
+              help="Implementation the speed-ups are relative to. [default: the run's own baseline (paired speed-ups), "
+                   "else weight_split; the first one present if it is missing]")
+def report_cmd(results: Path, out_dir: Path | None, baseline: str | None) -> None:
     """Figures, analysis and one self-contained HTML page for a run.
 
     RESULTS is a run folder (results/<run-id>) or its results.parquet. Writes report.html (figures

@@ -7,6 +7,8 @@ A figure that cannot be drawn (no successful cells, nothing measured) is not dra
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -85,14 +87,48 @@ def _new_figure(n_panels: int, panel_w: float = 3.7, panel_h: float = 3.0) -> tu
     return fig, axes
 
 
-def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path, str]:
+@dataclass(frozen=True)
+class Render:
+    """How figures are written: PNG resolution, and whether an SVG is written next to each PNG (the PNG is
+    always written: the page embeds it)."""
+
+    dpi: int = PNG_DPI
+    svg: bool = True
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The file formats written per figure."""
+        return ("png", "svg") if self.svg else ("png",)
+
+
+_render: contextvars.ContextVar[Render] = contextvars.ContextVar("attnbench_report_render", default=Render())
+
+
+@contextlib.contextmanager
+def rendering(render: Render):
+    """Write the figures made inside the block with ``render`` (``build_report``'s ``dpi`` and ``formats``)."""
+    token = _render.set(render)
+    try:
+        yield render
+    finally:
+        _render.reset(token)
+
+
+def current_render() -> Render:
+    """The :class:`Render` in effect."""
+    return _render.get()
+
+
+def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path | None, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
+    render = _render.get()
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None})
-    fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
-    fig.savefig(svg, metadata={"Date": None})
+    fig.savefig(png, dpi=render.dpi, metadata={"Software": None})
+    if render.svg:
+        fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
+        fig.savefig(svg, metadata={"Date": None})
     uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
-    return png, svg, uri
+    return png, svg if render.svg else None, uri
 
 
 def _seq_axis(ax, ts: Sequence[int]) -> None:
@@ -284,9 +320,15 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
                     "cannot run here) are left out; the failed and skipped cells list names them.", out_dir, notes=notes)
 
 
+HEATMAP_MIN_IMPLS = 7
+"""From this many implementations on, speed-ups are a heatmap (implementation x shape): lines would cross unreadably."""
+HEATMAP_MAX_COLUMNS = 12
+
+
 @_styled
 def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) -> list[Figure]:
-    """Speed-up over the baseline (baseline median / median) vs T, per configuration."""
+    """Speed-up over the baseline per configuration: lines vs T with their paired CI as a band for a few
+    implementations; from :data:`HEATMAP_MIN_IMPLS` on a heatmap of implementation x shape (:func:`speedup_heatmap`)."""
     title = f"Speed-up relative to {label(baseline)}" if baseline else "Speed-up relative to a baseline"
     if baseline is None:
         return [Figure("speedup", title, skipped="no successful cells, so there is no baseline")]
@@ -296,9 +338,12 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
         why = ("only one implementation has successful cells" if only else
                f"no other implementation has a successful cell at a configuration where {baseline} has one")
         return [Figure("speedup", title, skipped=why)]
+    if sp["impl"].nunique() >= HEATMAP_MIN_IMPLS:
+        return speedup_heatmap(df, sp, baseline, out_dir)
     gs = an.groups(an.ok_rows(df))  # the same groups (and indices) as analysis.speedups
     # one panel per group with speed-ups, its rows replaced by those speed-ups
     panels = [replace(g, rows=sp[sp["group"] == gi]) for gi, g in enumerate(gs) if gi in set(sp["group"])]
+    method = an.speedup_method(sp)
 
     def draw(ax, g, seen):
         part = g.rows
@@ -306,24 +351,113 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
         rest = part[part["impl"] != baseline]
         if rest.empty:
             return f"only {baseline} has successful cells here"
+        vals = [1.0]
         for impl in an.impl_order(rest):
             r = rest[rest["impl"] == impl].sort_values("seq_len")
             st = styles[impl]
             ax.plot(r["seq_len"], r["speedup"], color=st["color"], marker=st["marker"])
+            band = r[r["paired"] & np.isfinite(r["speedup_ci_low"])]
+            if len(band):
+                seen.marks.add("ci")
+                ax.fill_between(band["seq_len"], band["speedup_ci_low"], band["speedup_ci_high"], color=st["color"],
+                                alpha=0.2, linewidth=0)
+                vals += [*band["speedup_ci_low"], *band["speedup_ci_high"]]
+            shaky = r[r["unstable"]]
+            if len(shaky):
+                seen.marks.add("unstable")
+                ax.scatter(shaky["seq_len"], shaky["speedup"], s=110, facecolors="none", edgecolors="black",
+                           linewidths=1.1, linestyle="--", zorder=5)
+            vals += list(r["speedup"])
             seen.impls.add(impl)
         _seq_axis(ax, part["seq_len"])
-        vals = np.concatenate([rest["speedup"].to_numpy(), [1.0]])
+        vals = np.asarray([v for v in vals if np.isfinite(v) and v > 0])
         _log_y(ax, vals, lambda v: f"{v:.3g}×", base=2 if vals.max() / vals.min() > 8 else 10)
         ax.set_ylabel(f"speed-up vs {label(baseline, 24)} (>1 faster)")
 
     def handles(seen):
-        return [*(_impl_handle(i, styles[i]) for i in sorted(seen.impls)),
-                Line2D([], [], color=styles[baseline]["color"], linestyle="--",
-                       label=f"{label(baseline)} (baseline, 1×)")]
+        out = [*(_impl_handle(i, styles[i]) for i in sorted(seen.impls)),
+               Line2D([], [], color=styles[baseline]["color"], linestyle="--", label=f"{label(baseline)} (baseline, 1×)")]
+        if "ci" in seen.marks:
+            out.append(Patch(color="#888", alpha=0.3, label="paired 95% CI"))
+        if "unstable" in seen.marks:
+            out.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="black",
+                              linestyle="none", label="unstable: may move between runs"))
+        return out
 
-    return _paneled("speedup", title, df, panels, draw, handles,
-                    f"{baseline} median / implementation median at the same cell: above the dashed line is faster "
-                    "than the baseline, below is slower.", out_dir)
+    return _paneled("speedup", title, df, panels, draw, handles, _speedup_caption(baseline, method), out_dir)
+
+
+def _speedup_caption(baseline: str, method: str) -> str:
+    paired = (f"Paired speed-ups: {baseline} time / implementation time, from bursts of the two timed in "
+              "alternation (drift they share cancels), with their 95% CI.")
+    medians = (f"{baseline} median / implementation median at the same cell (ratio of medians, no CI: this run has "
+               "no paired speed-ups against this baseline).")
+    text = {"paired": paired, "medians": medians, "mixed": paired + " Where a cell has none: " + medians}[method]
+    return text + " Above 1 (the dashed line) is faster than the baseline, below is slower."
+
+
+def _column_label(values: dict, vary: list[str], t: int) -> str:
+    parts = [an.axis_label(a, values[a]) for a in vary]
+    return "\n".join([*parts, an.axis_label("seq_len", t)])
+
+
+@_styled
+def speedup_heatmap(df: pd.DataFrame, sp: pd.DataFrame, baseline: str, out_dir: Path) -> list[Figure]:
+    """Speed-ups as a heatmap: a row per implementation (ordered by geometric mean, fastest on top), a column
+    per shape (the configuration's varying axes and T), each cell annotated with the speed-up and its paired
+    CI; colour: log2 speed-up, diverging at 1. :data:`HEATMAP_MAX_COLUMNS` columns to a figure."""
+    title = f"Speed-up relative to {label(baseline)}"
+    rest = sp[(sp["impl"] != baseline) & np.isfinite(sp["speedup"]) & (sp["speedup"] > 0)]
+    order = list(an.geometric_mean_speedups(rest).index)
+    gs = an.groups(an.ok_rows(df))
+    cols = sorted({(int(gi), int(t)) for gi, t in zip(rest["group"], rest["seq_len"], strict=True)})
+    vary = an.varying_axes(pd.DataFrame([gs[gi].values for gi, _ in cols])) if cols else []
+    index = {(r.impl, int(r.group), int(r.seq_len)): r for r in rest.itertuples()}
+    span = float(np.abs(np.log2(rest["speedup"])).max()) or 1.0
+    cmap = matplotlib.colormaps["RdBu"]
+    norm = matplotlib.colors.Normalize(vmin=-span, vmax=span)
+    chunks = _chunks(cols, HEATMAP_MAX_COLUMNS)
+    method = an.speedup_method(sp)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        grid = np.full((len(order), len(chunk)), np.nan)
+        fig = MplFigure(figsize=(max(6.0, 1.25 * len(chunk) + 3.2), 1.4 + 0.5 * len(order)), layout="constrained")
+        ax = fig.add_subplot(1, 1, 1)
+        texts = []
+        for i, impl in enumerate(order):
+            for j, (gi, t) in enumerate(chunk):
+                r = index.get((impl, gi, t))
+                if r is None:
+                    texts.append((i, j, "–", "#666"))
+                    continue
+                grid[i, j] = math.log2(r.speedup)
+                text = f"{r.speedup:.2f}×"
+                if r.paired and np.isfinite(r.speedup_ci_low):
+                    text += f"\n{r.speedup_ci_low:.2f}–{r.speedup_ci_high:.2f}"
+                if r.unstable:
+                    text += "\nunstable"
+                dark = abs(grid[i, j]) > 0.6 * span
+                texts.append((i, j, text, "white" if dark else "black"))
+        ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
+        for i, j, text, colour in texts:
+            ax.text(j, i, text, ha="center", va="center", fontsize=7.5, color=colour, linespacing=1.1)
+        ax.set_xticks(range(len(chunk)), [_column_label(gs[gi].values, vary, t) for gi, t in chunk], fontsize=8)
+        ax.set_yticks(range(len(order)), [label(i, 28) for i in order])
+        ax.grid(False)
+        ax.tick_params(length=0)
+        for side in ("top", "right", "left", "bottom"):
+            ax.spines[side].set_visible(False)
+        bar = fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, shrink=0.8)
+        bar.set_label(f"speed-up vs {label(baseline, 24)}")
+        bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{2 ** v:.3g}×"))
+        t = _title(title, df, ci, len(chunks))
+        fig.suptitle(t.replace("$", r"\$"), fontsize=12)
+        fname = f"speedup{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, fname)
+        caption = (_speedup_caption(baseline, method) + " Each cell: speed-up, and below it its 95% CI where it "
+                   "is paired; rows ordered by geometric-mean speed-up (fastest on top); blue faster, red slower.")
+        out.append(Figure(fname, t, caption, png, svg, uri))
+    return out
 
 
 def _metric_panels(df: pd.DataFrame, column: str, name: str, title: str, ylabel: str, fmt, styles: dict,

@@ -333,7 +333,7 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     page = jinja_env().get_template("compare.html.j2").render(
         r=result, tables=t, figures=figures, styles=styles, n_regressions=len(result.regressions),
         n_improvements=len(result.improvements), files=[f"figures/{f.name}.{e}" for f in figures if not f.skipped
-                                                          for e in ("png", "svg")] + tables.files,
+                                                          for e in figs.current_render().formats] + tables.files,
     )
     path = out / "compare.html"
     path.write_text(page, encoding="utf-8")

@@ -42,6 +42,13 @@ COLUMNS: dict[str, str] = {
     "calls_per_sample": "int64", "warmup_calls": "int64", "timer": "string", "samples_s": "object",
     # samples_s in groups (one per round and process, sizes in order) and whether they agree
     "sample_groups": "object", "stability": "string",
+    # paired speed-up within the comparison group (cells that differ only in impl, timed interleaved):
+    # group_id = cell_id without the impl part; speedup = baseline time / this time (>1 faster), 1.0 on the
+    # baseline row, NaN when it could not be paired (notes say why), with its paired 95% CI
+    "group_id": "string", "baseline": "string", "speedup": "float64", "speedup_ci_low": "float64",
+    "speedup_ci_high": "float64",
+    # per-cycle per-call times aligned across the group's members, and the cycle-group sizes per round/process
+    "cycle_s": "object", "cycle_groups": "object",
     # memory (bytes over the pre-cell baseline)
     "peak_bytes": "float64", "peak_reserved_bytes": "float64", "memory_method": "string",
     # KV cache (decode rows): measured from the cache tensors, and 2·b·min(T, window)·num_kv_heads·head_dim·bytes
@@ -130,7 +137,8 @@ def empty_row(cell: Cell, run_id: str = "") -> dict:
     return row
 
 
-ADDED_COLUMNS = ("num_kv_heads", "window", "causal", "kv_cache_bytes", "kv_cache_bytes_analytic")
+ADDED_COLUMNS = ("num_kv_heads", "window", "causal", "kv_cache_bytes", "kv_cache_bytes_analytic", "group_id", "baseline",
+                 "speedup", "speedup_ci_low", "speedup_ci_high", "cycle_s", "cycle_groups")
 """Columns newer than the first results format: filled by :func:`fill_added_columns` in older tables."""
 
 
@@ -142,9 +150,13 @@ def fill_added_columns(df):
         df["window"] = float("nan")
     if "causal" not in df.columns:
         df["causal"] = True
-    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel"):
+    for name in ("kv_cache_bytes", "kv_cache_bytes_analytic", "ci_within_rel", "drift_rel", "speedup", "speedup_ci_low",
+                 "speedup_ci_high"):
         if name not in df.columns:
             df[name] = float("nan")
+    for name in ("group_id", "baseline", "cycle_s", "cycle_groups"):  # runs before paired speed-ups: none
+        if name not in df.columns:
+            df[name] = None
     return df
 
 
