@@ -101,7 +101,7 @@ class Render:
         return ("png", "svg") if self.svg else ("png",)
 
 
-_render: contextvars.ContextVar[Render] = contextvars.ContextVar("attnbench_report_render", default=Render())
+_render: contextvars.ContextVar[Render | None] = contextvars.ContextVar("attnbench_report_render", default=None)
 
 
 @contextlib.contextmanager
@@ -115,13 +115,13 @@ def rendering(render: Render):
 
 
 def current_render() -> Render:
-    """The :class:`Render` in effect."""
-    return _render.get()
+    """The :class:`Render` in effect (the defaults outside :func:`rendering`)."""
+    return _render.get() or Render()
 
 
 def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path | None, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    render = _render.get()
+    render = current_render()
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
     fig.savefig(png, dpi=render.dpi, metadata={"Software": None})
     if render.svg:
