@@ -7,12 +7,14 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
+import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
 from attnbench.results.schema import STATUSES
-from attnbench.results.text import fmt_bytes, fmt_time
+from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 
 
 def summary_table(df, title: str) -> Table:
@@ -22,7 +24,12 @@ def summary_table(df, title: str) -> Table:
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)).any())
     decode = bool((df["mode"] == "decode").any())
     cols = ["impl", "device", "dtype", "mode", "b", "T", "h", "d"] + (["kv", "window"] if variants else [])
-    cols += ["median", "±CI", "peak mem"] + (["KV cache"] if decode else []) + ["GFLOP/s", "% peak", "flag"]
+    # paired speed-ups (comparison groups timed interleaved) when the run has them
+    paired = "speedup" in df and bool(np.isfinite(pd.to_numeric(df["speedup"], errors="coerce")).any())
+    bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
+    sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
+    cols += ["median", "±CI"] + ([sp_col] if paired else []) + ["peak mem"] + (["KV cache"] if decode else [])
+    cols += ["GFLOP/s", "% peak", "flag"]
     for col in cols:
         table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
@@ -33,10 +40,23 @@ def summary_table(df, title: str) -> Table:
         kv = fmt_bytes(r.kv_cache_bytes)
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
-                      f"{100 * half / r.median_s:.1f}%", mem, *([kv] if decode else []), f"{r.gflops_per_s:.1f}",
+                      f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
+                      *([kv] if decode else []), f"{r.gflops_per_s:.1f}",
                       f"{100 * r.frac_peak:.0f}%",
                       "unstable" if str(getattr(r, "stability", "")) == "unstable" else "")
     return table
+
+
+def _speedup_text(r, name_baseline: bool) -> str:
+    """A row's paired speed-up for the console: ``baseline`` on the baseline's row, the CI, unstable said;
+    ``name_baseline``: the run has several baselines, so each speed-up names its own."""
+    baseline = str(getattr(r, "baseline", "") or "")
+    if baseline == r.impl:
+        return "baseline"
+    text = fmt_speedup(r.speedup, r.speedup_ci_low, r.speedup_ci_high, str(getattr(r, "stability", "")) == "unstable")
+    if text == "–":
+        return "– (not paired: see notes)" if baseline else text
+    return f"{text} vs {baseline}" if name_baseline and baseline else text
 
 
 @cli.command("run")

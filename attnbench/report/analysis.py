@@ -14,13 +14,14 @@ import numpy as np
 import pandas as pd
 
 from attnbench.results.schema import AXES, INT_AXES, MODES, fill_added_columns
-from attnbench.results.text import (  # noqa: F401  (fmt_bytes: the report's figures and pages read them from here too)
+from attnbench.results.text import (  # noqa: F401  (fmt_bytes, fmt_speedup: the report's figures and pages read them from here too)
     axis_label,
     cell_label,
     configuration_label,
     fmt_bytes,
     fmt_ci,
     fmt_num,
+    fmt_speedup,
     fmt_time,
     time_unit,
 )
@@ -312,16 +313,6 @@ def speedup_method(sp: pd.DataFrame) -> str:
     if sp.empty or sp["paired"].all():
         return "paired" if len(sp) else "medians"
     return "medians" if not sp["paired"].any() else "mixed"
-
-
-def fmt_speedup(speedup: float, lo: float = float("nan"), hi: float = float("nan"), unstable: bool = False) -> str:
-    """``1.23× (1.18–1.29)``; without a CI ``1.23×``; ``, unstable`` appended for an unstable member."""
-    if not math.isfinite(speedup):
-        return "–"
-    text = f"{speedup:.3g}×"
-    if math.isfinite(lo) and math.isfinite(hi):
-        text += f" ({lo:.3g}–{hi:.3g})"
-    return text + (", unstable" if unstable else "")
 
 
 def geometric_mean_speedups(sp: pd.DataFrame) -> pd.Series:
