@@ -323,6 +323,42 @@ def geometric_mean_speedups(sp: pd.DataFrame) -> pd.Series:
     return np.exp(np.log(good["speedup"]).groupby(good["impl"]).mean()).sort_values(ascending=False)
 
 
+@dataclass
+class SpeedupGrid:
+    """Speed-ups as implementation x shape: ``speedup`` (NaN where not measured) and ``text`` (the annotation:
+    speed-up, its paired CI on a second line, ``unstable`` on a third), rows ordered by geometric-mean speed-up
+    (fastest first), columns ``(group index, seq_len)`` with ``labels`` naming the shape."""
+
+    speedup: pd.DataFrame
+    text: pd.DataFrame
+    labels: list[str]
+
+
+def speedup_grid(df: pd.DataFrame, sp: pd.DataFrame, baseline: str) -> SpeedupGrid:
+    """The heatmap's numbers (see :class:`SpeedupGrid`): every implementation but ``baseline`` against every
+    (configuration, T) of ``sp`` (:func:`speedups`); a column's label names the configuration axes that vary
+    among the columns, and T."""
+    rest = sp[(sp["impl"] != baseline) & np.isfinite(sp["speedup"]) & (sp["speedup"] > 0)]
+    order = list(geometric_mean_speedups(rest).index)
+    cols = sorted({(int(gi), int(t)) for gi, t in zip(rest["group"], rest["seq_len"], strict=True)})
+    gs = groups(ok_rows(df))
+    vary = varying_axes(pd.DataFrame([gs[gi].values for gi, _ in cols])) if cols else []
+    labels = ["\n".join([*(axis_label(a, gs[gi].values[a]) for a in vary), axis_label("seq_len", t)]) for gi, t in cols]
+    speed = pd.DataFrame(np.nan, index=order, columns=pd.MultiIndex.from_tuples(cols, names=["group", "seq_len"])
+                         if cols else None)
+    text = pd.DataFrame("–", index=order, columns=speed.columns)
+    for r in rest.itertuples():
+        key = (int(r.group), int(r.seq_len))
+        speed.loc[r.impl, key] = r.speedup
+        lines = [f"{r.speedup:.2f}×"]
+        if r.paired and math.isfinite(r.speedup_ci_low):
+            lines.append(f"{r.speedup_ci_low:.2f}–{r.speedup_ci_high:.2f}")
+        if r.unstable:
+            lines.append("unstable")
+        text.loc[r.impl, key] = "\n".join(lines)
+    return SpeedupGrid(speed, text, labels)
+
+
 def speedup_sentences(sp: pd.DataFrame, baseline: str | None) -> dict[str, list[str]]:
     """Per configuration, one sentence per implementation: its speed-up over ``baseline`` at each T, with the
     paired CI where there is one, and whether that CI excludes 1 (a difference the run can tell)."""

@@ -48,6 +48,7 @@ class Figure:
     data_uri: str | None = None
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
+    kind: str = "panels"  # how it is drawn: "panels" (lines per configuration) or "heatmap"
 
 
 def impl_styles(names: Sequence[str]) -> dict[str, dict]:
@@ -396,53 +397,32 @@ def _speedup_caption(baseline: str, method: str) -> str:
     return text + " Above 1 (the dashed line) is faster than the baseline, below is slower."
 
 
-def _column_label(values: dict, vary: list[str], t: int) -> str:
-    parts = [an.axis_label(a, values[a]) for a in vary]
-    return "\n".join([*parts, an.axis_label("seq_len", t)])
-
-
 @_styled
 def speedup_heatmap(df: pd.DataFrame, sp: pd.DataFrame, baseline: str, out_dir: Path) -> list[Figure]:
-    """Speed-ups as a heatmap: a row per implementation (ordered by geometric mean, fastest on top), a column
-    per shape (the configuration's varying axes and T), each cell annotated with the speed-up and its paired
+    """Speed-ups as a heatmap (:func:`attnbench.report.analysis.speedup_grid`): a row per implementation (ordered
+    by geometric mean, fastest on top), a column per shape, each cell annotated with the speed-up and its paired
     CI; colour: log2 speed-up, diverging at 1. :data:`HEATMAP_MAX_COLUMNS` columns to a figure."""
     title = f"Speed-up relative to {label(baseline)}"
-    rest = sp[(sp["impl"] != baseline) & np.isfinite(sp["speedup"]) & (sp["speedup"] > 0)]
-    order = list(an.geometric_mean_speedups(rest).index)
-    gs = an.groups(an.ok_rows(df))
-    cols = sorted({(int(gi), int(t)) for gi, t in zip(rest["group"], rest["seq_len"], strict=True)})
-    vary = an.varying_axes(pd.DataFrame([gs[gi].values for gi, _ in cols])) if cols else []
-    index = {(r.impl, int(r.group), int(r.seq_len)): r for r in rest.itertuples()}
-    span = float(np.abs(np.log2(rest["speedup"])).max()) or 1.0
+    grid = an.speedup_grid(df, sp, baseline)
+    values = grid.speedup.to_numpy(dtype=float)
+    span = float(np.nanmax(np.abs(np.log2(values)))) or 1.0
     cmap = matplotlib.colormaps["RdBu"]
     norm = matplotlib.colors.Normalize(vmin=-span, vmax=span)
-    chunks = _chunks(cols, HEATMAP_MAX_COLUMNS)
+    chunks = _chunks(list(range(values.shape[1])), HEATMAP_MAX_COLUMNS)
     method = an.speedup_method(sp)
     out = []
     for ci, chunk in enumerate(chunks):
-        grid = np.full((len(order), len(chunk)), np.nan)
-        fig = MplFigure(figsize=(max(6.0, 1.25 * len(chunk) + 3.2), 1.4 + 0.5 * len(order)), layout="constrained")
+        logs = np.log2(values[:, chunk])
+        fig = MplFigure(figsize=(max(6.0, 1.25 * len(chunk) + 3.2), 1.4 + 0.5 * len(grid.speedup)), layout="constrained")
         ax = fig.add_subplot(1, 1, 1)
-        texts = []
-        for i, impl in enumerate(order):
-            for j, (gi, t) in enumerate(chunk):
-                r = index.get((impl, gi, t))
-                if r is None:
-                    texts.append((i, j, "–", "#666"))
-                    continue
-                grid[i, j] = math.log2(r.speedup)
-                text = f"{r.speedup:.2f}×"
-                if r.paired and np.isfinite(r.speedup_ci_low):
-                    text += f"\n{r.speedup_ci_low:.2f}–{r.speedup_ci_high:.2f}"
-                if r.unstable:
-                    text += "\nunstable"
-                dark = abs(grid[i, j]) > 0.6 * span
-                texts.append((i, j, text, "white" if dark else "black"))
-        ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
-        for i, j, text, colour in texts:
-            ax.text(j, i, text, ha="center", va="center", fontsize=7.5, color=colour, linespacing=1.1)
-        ax.set_xticks(range(len(chunk)), [_column_label(gs[gi].values, vary, t) for gi, t in chunk], fontsize=8)
-        ax.set_yticks(range(len(order)), [label(i, 28) for i in order])
+        ax.imshow(np.ma.masked_invalid(logs), cmap=cmap, norm=norm, aspect="auto")
+        for i in range(logs.shape[0]):
+            for j, col in enumerate(chunk):
+                dark = np.isfinite(logs[i, j]) and abs(logs[i, j]) > 0.6 * span
+                ax.text(j, i, grid.text.iat[i, col], ha="center", va="center", fontsize=7.5, linespacing=1.1,
+                        color="white" if dark else "black" if np.isfinite(logs[i, j]) else "#666")
+        ax.set_xticks(range(len(chunk)), [grid.labels[c] for c in chunk], fontsize=8)
+        ax.set_yticks(range(len(grid.speedup)), [label(i, 28) for i in grid.speedup.index])
         ax.grid(False)
         ax.tick_params(length=0)
         for side in ("top", "right", "left", "bottom"):
@@ -456,7 +436,7 @@ def speedup_heatmap(df: pd.DataFrame, sp: pd.DataFrame, baseline: str, out_dir: 
         png, svg, uri = _save(fig, out_dir, fname)
         caption = (_speedup_caption(baseline, method) + " Each cell: speed-up, and below it its 95% CI where it "
                    "is paired; rows ordered by geometric-mean speed-up (fastest on top); blue faster, red slower.")
-        out.append(Figure(fname, t, caption, png, svg, uri))
+        out.append(Figure(fname, t, caption, png, svg, uri, kind="heatmap"))
     return out
 
 
