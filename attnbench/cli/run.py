@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.errors import SweepError
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 
@@ -61,7 +62,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
 
 @cli.command("run")
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode.")
+@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode, "
+              "cpu-flash-rfc, cpu-flash-rfc-train.")
 @click.option("--impl", "impls", multiple=True, help="Implementations, comma-separated (also compiled:NAME, file.py:Class).")
 @click.option("--device", help="cpu, cuda, cuda:N (comma-separated).")
 @click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")
@@ -90,6 +92,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--drift", "drift", metavar="auto|FRACTION",
               help="Between-run term added to every CI (log-scale SD; 0.02 = 2%, 0 = off). Default auto: this "
               "machine's calibration (python -m attnbench.tools.reproducibility --calibrate), else the CPU default.")
+@click.option("--baseline", help="Implementation the paired speed-ups are relative to (each comparison group's "
+              "baseline). Default: sdpa when it is in the sweep, else the first implementation.")
 @click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
 @click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
@@ -103,7 +107,7 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
             cache, out, resume,
-            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift,
+            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift, baseline,
             cell_timeout_s, isolate, cuda_graph, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
@@ -123,7 +127,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
                                        processes=processes, cpu_allocator=cpu_allocator, drift=_drift(drift),
                                        cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
-                                       isolate=isolate, cuda_graph=cuda_graph).items()
+                                       isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
                 if v is not None}
     if threads is not None and threads < 1:
         raise click.BadParameter("must be >= 1", param_hint="--threads")
@@ -138,6 +142,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         sweep = None
     else:
         sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)
+        if baseline is not None and baseline not in sweep.impl:
+            raise SweepError(f"--baseline {baseline} is not one of the sweep's implementations "
+                             f"({', '.join(sweep.impl)}); add it to --impl or pick one of those")
 
     progress_bar = None
     if not quiet:

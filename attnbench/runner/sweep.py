@@ -41,6 +41,7 @@ class Settings:
     drift: float | None = None  # between-run term added to every CI (None: calibrated or default; attnbench.measure.drift)
     seed: int = 0
     flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
+    baseline: str | None = None  # comparison groups' baseline implementation (None: sdpa when swept, else the first)
 
 
 @dataclass(frozen=True)
