@@ -40,7 +40,7 @@ def _small_figures():
     """Reports here are read, not looked at: low-resolution PNG only, unless a test asks for the default
     (the ``full`` report checks the default output: 150 dpi PNG and SVG)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ENV_DPI, "50")
+        mp.setenv(ENV_DPI, "72")
         mp.setenv(ENV_FORMATS, "png")
         yield
 
@@ -460,11 +460,11 @@ def test_older_runs_fall_back_to_the_ratio_of_medians_and_say_so(tmp_path):
 
 def test_report_resolution_and_formats(tmp_path, monkeypatch):
     run = synthetic_run(tmp_path / "runs", impls=("weight_split", "sdpa"), seq_lens=(32, 64), failures=False)
-    html = build_report(run, out_dir=tmp_path / "low")  # the module's environment: 50 dpi, PNG only
+    html = build_report(run, out_dir=tmp_path / "low")  # the module's environment: 72 dpi, PNG only
     assert not list((tmp_path / "low" / "figures").glob("*.svg"))
     low = matplotlib.image.imread(tmp_path / "low" / "figures" / "latency.png")
     assert ".svg" not in html.read_text()
-    html = build_report(run, out_dir=tmp_path / "high", dpi=100, formats="png,svg")
+    html = build_report(run, out_dir=tmp_path / "high", dpi=144, formats="png,svg")
     high = matplotlib.image.imread(tmp_path / "high" / "figures" / "latency.png")
     assert high.shape[1] == pytest.approx(2 * low.shape[1], rel=0.02) and (tmp_path / "high" / "figures" / "latency.svg").is_file()
     monkeypatch.setenv(ENV_FORMATS, "pdf")
