@@ -569,9 +569,12 @@ def bars(df: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) ->
     ax.set_yticks(y, [label(i) for i in cells["impl"]])
     ax.grid(axis="y", visible=False)
     base_med = cells.loc[cells["impl"] == baseline, "median_s"]
-    for yi, (m, h, impl) in enumerate(zip(med, hi, cells["impl"], strict=True)):
+    for yi, (m, h, r) in enumerate(zip(med, hi, cells.itertuples(), strict=True)):
         text = f" {m:.3g} {unit}"
-        if len(base_med) and impl != baseline:
+        paired = str(getattr(r, "baseline", "") or "") == baseline and np.isfinite(getattr(r, "speedup", np.nan))
+        if paired and r.impl != baseline:  # the paired speed-up, measured in alternation with the baseline
+            text += f"  ({r.speedup:.2f}× vs {label(baseline, 24)}, paired)"
+        elif len(base_med) and r.impl != baseline:
             text += f"  ({float(base_med.iloc[0]) / (m * scale):.2f}× vs {label(baseline, 24)})"
         ax.text(m + h, yi, text, va="center", fontsize=8.5)
     ax.set_xlim(0, (med + hi).max() * 1.45)
