@@ -436,8 +436,14 @@ def test_sentences_and_the_crossover_use_the_paired_speedups(tmp_path):
         rows.append(ok_row(new, [1.1e-4] * 9, **paired_columns(new, "base", 1.05, (1.02, 1.08)),
                            **({"stability": "unstable", "notes": "unstable: modes 1.0e-04 and 1.2e-04"} if t == 128
                               else {})))
+    lost = Cell(impl="new", seq_len=256)  # its baseline failed in this group: no paired speed-up
+    rows.append(ok_row(lost, [1e-4] * 9, **{**paired_columns(lost, "base", float("nan"), (float("nan"),) * 2),
+                                           "notes": "no paired speed-up: the baseline base failed"}))
+    rows.append(failed_row(Cell(impl="base", seq_len=256), "error", "boom"))
     html, page = _report(tmp_path, rows, baseline=None)
     v = page.visible
+    assert "1 cell(s) have no paired speed-up and are left out: new @ cpu/float32/forward (B=1, h=4, d=256) T=256: " \
+           "no paired speed-up: the baseline base failed" in v
     assert "Baseline for speed-ups: base" in v  # the run's own baseline by default
     assert "new vs base (paired, 95% CI): 1.05× (1.02–1.08) at T=64; 1.05× (1.02–1.08) at T=128." in v
     assert "Unstable at T=128: the speed-up there may move between runs." in v

@@ -302,6 +302,16 @@ def speedups(df: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     return out
 
 
+def unpaired(df: pd.DataFrame, baseline: str | None) -> list[str]:
+    """``cell: notes`` of every ok cell measured against ``baseline`` whose speed-up could not be paired (the
+    baseline failed in its group, ...): :func:`speedups` leaves them out, the report lists them."""
+    if baseline is None or "speedup" not in df.columns or "baseline" not in df.columns:
+        return []
+    ok = ok_rows(df)
+    bad = ok[(ok["baseline"] == baseline) & (ok["impl"] != baseline) & ~np.isfinite(ok["speedup"].astype(float))]
+    return [f"{cell_label(r)}: {r.notes or 'no reason recorded'}" for r in bad.itertuples()]
+
+
 def _unstable_mask(rows: pd.DataFrame) -> pd.Series:
     if "stability" not in rows.columns:
         return pd.Series(False, index=rows.index)

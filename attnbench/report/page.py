@@ -237,6 +237,11 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         t["speedup"] = tables.add("speedup", sp_disp, sp_raw,
                                   classes=["noisy" if u else "" for u in sp_raw["unstable"]])
     speedup_sentences = an.speedup_sentences(sp, chosen)
+    missing = an.unpaired(df, chosen)
+    if missing:
+        speedup_note = " ".join(filter(None, [speedup_note, (
+            f"{len(missing)} cell(s) have no paired speed-up and are left out: " + "; ".join(missing[:8])
+            + (" …" if len(missing) > 8 else ""))]))
     cross, cross_notes = an.crossovers(df, chosen, sp)
     cross_t = [("" if v is None or v != v else int(v)) for v in cross["crossover_T"]]
     t["crossovers"] = tables.add("crossovers", cross[["configuration", "a", "b", "kind", "crossover_T", "n_T"]]
