@@ -51,7 +51,8 @@ def summary_table(df, title: str) -> Table:
 def _speedup_text(r, name_baseline: bool) -> str:
     """A row's paired speed-up for the console: ``baseline`` on the baseline's row, the CI, unstable said;
     ``name_baseline``: the run has several baselines, so each speed-up names its own."""
-    baseline = str(getattr(r, "baseline", "") or "")
+    baseline = getattr(r, "baseline", None)
+    baseline = "" if baseline is None or (not isinstance(baseline, str) and pd.isna(baseline)) else str(baseline)
     if baseline == r.impl:
         return "baseline"
     text = fmt_speedup(r.speedup, r.speedup_ci_low, r.speedup_ci_high, str(getattr(r, "stability", "")) == "unstable")

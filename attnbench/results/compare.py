@@ -161,6 +161,11 @@ SPEEDUP_COLUMNS = ("baseline", "speedup_a", "speedup_a_low", "speedup_a_high", "
                    "speedup_b_high")
 
 
+def _text(value) -> str:
+    """A string cell as text: "" for None, NaN and pandas' NA."""
+    return "" if value is None or (not isinstance(value, str) and pd.isna(value)) else str(value)
+
+
 def _finite(*values) -> bool:
     try:
         return all(v is not None and np.isfinite(float(v)) for v in values)
@@ -195,7 +200,7 @@ def _erfinv(x: float) -> float:
 
 def _speedup_cell(ra: dict, rb: dict, row: dict, threshold: float, alpha: float) -> dict | None:
     """``row`` completed with the comparison of the two rows' paired speed-ups; None for a baseline row."""
-    base_a, base_b = str(ra.get("baseline") or ""), str(rb.get("baseline") or "")
+    base_a, base_b = _text(ra.get("baseline")), _text(rb.get("baseline"))
     if ra["impl"] in (base_a, base_b) or rb["impl"] in (base_a, base_b):
         return None  # the baseline's speed-up is 1 by definition
     sa = tuple(float(ra.get(k)) if _finite(ra.get(k)) else float("nan") for k in ("speedup", "speedup_ci_low",
@@ -210,7 +215,7 @@ def _speedup_cell(ra: dict, rb: dict, row: dict, threshold: float, alpha: float)
         why.append(f"the runs' baselines differ (A {base_a or 'none'}, B {base_b or 'none'})")
     for side, r, sp in (("A", ra, sa), ("B", rb, sb)):
         if not _finite(*sp) or sp[0] <= 0 or sp[1] <= 0:
-            reason = next((n for n in str(r.get("notes") or "").split("; ") if "speed-up" in n or "paired" in n), "")
+            reason = next((n for n in _text(r.get("notes")).split("; ") if "speed-up" in n or "paired" in n), "")
             why.append(f"no paired speed-up with a CI in {side}" + (f" ({reason})" if reason else
                                                                    " (a run before paired speed-ups?)"))
     if why:
