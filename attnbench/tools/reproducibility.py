@@ -205,7 +205,9 @@ def _split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Options after -- go to every `attnbench run` as they are, e.g. "
+                                            "-- --target-ci 0.01 --cell-timeout 60.")
     parser.add_argument("--runs", "-k", type=int, default=4, help="independent runs per allocator (default 4)")
     parser.add_argument("--impl", default="weight_split,fused_qkv,einsum,sdpa")
     parser.add_argument("--seq", default="256,512")
