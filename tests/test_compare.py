@@ -298,10 +298,16 @@ def paired_run(root: Path, run_id: str, seed: int, slow: dict[str, float] | None
                          drift_sigma=0.10, run_id=run_id, seed=seed, slow=slow)
 
 
-def test_speedups_ignore_a_uniform_drift_and_flag_a_real_change(tmp_path):
-    a = paired_run(tmp_path, "a", seed=1)
-    drifted = paired_run(tmp_path, "drifted", seed=2, slow=dict.fromkeys(PAIRED_IMPLS, 1.3))  # every time 1.3x
-    changed = paired_run(tmp_path, "changed", seed=3, slow={"fused_qkv": 1.3})  # one implementation 1.3x slower
+@pytest.fixture(scope="module")
+def paired_runs(tmp_path_factory):
+    """A run, the same with every time 1.3x (the machine drifted), and the same with fused_qkv 1.3x slower."""
+    root = tmp_path_factory.mktemp("paired")
+    return (paired_run(root, "a", seed=1), paired_run(root, "drifted", seed=2, slow=dict.fromkeys(PAIRED_IMPLS, 1.3)),
+            paired_run(root, "changed", seed=3, slow={"fused_qkv": 1.3}))
+
+
+def test_speedups_ignore_a_uniform_drift_and_flag_a_real_change(paired_runs):
+    a, drifted, changed = paired_runs
 
     assert compare_runs(a, drifted).has_regression  # the medians all moved: compare by times flags them
     res = compare_runs(a, drifted, speedups=True)
@@ -329,15 +335,14 @@ def test_speedup_ratio_combines_the_two_cis_on_the_log_scale():
     assert speedup_ratio((2.0, 1.9, 2.1), (2.0, 1.9, 2.1))[3] == pytest.approx(1.0)
 
 
-def test_speedups_of_a_run_without_paired_columns_are_untested(tmp_path, capsys):
-    a = paired_run(tmp_path, "a", seed=1)
+def test_speedups_of_a_run_without_paired_columns_are_untested(paired_runs, tmp_path, capsys):
+    a, _, changed = paired_runs
     old = synthetic_run(tmp_path, impls=PAIRED_IMPLS, seq_lens=(64, 256), failures=False, run_id="old")
     res = compare_runs(old, a, speedups=True)
     assert not res.has_regression and (res.cells["change"] == "untested").all()
     assert res.cells["note"].str.contains("no paired speed-up with a CI in A").all()
     assert any("without --speedups" in n for n in res.notes)
 
-    changed = paired_run(tmp_path, "changed", seed=3, slow={"fused_qkv": 1.3})
     out = tmp_path / "page"
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(a), str(changed), "--speedups", "-o", str(out)])

@@ -154,6 +154,8 @@ def test_report_writes_page_figures_and_tables(full):
     assert html.name == "report.html"
     for name in ("latency", "speedup", "memory", "throughput", "compile", "bars"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 2000
+    assert not list((out / "figures").glob("*.svg")) and ".svg" not in html.read_text()  # ATTNBENCH_REPORT_FORMATS=png
+    assert matplotlib.image.imread(out / "figures" / "bars.png").shape[1] == 8 * 72  # an 8-inch figure at 72 dpi
     for name in ("fastest", "crossovers", "scaling_latency", "scaling_memory", "noisy", "failures", "status_counts",
                  "compile", "speedup", "bars", "profile_ops_1"):
         assert (out / "tables" / f"{name}.csv").is_file(), name
@@ -398,23 +400,31 @@ def test_report_from_a_real_run(real_run, tmp_path):
 MANY = ("weight_split", "sdpa", "fused_qkv", "compiled:sdpa", "einsum", "torch_mha", "flex")
 
 
-def _figures_of(tmp_path: Path, impls, **kw) -> tuple[pd.DataFrame, pd.DataFrame, list]:
-    run = synthetic_run(tmp_path / "runs", impls=impls, failures=False, noisy=False, paired="sdpa", **kw)
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """Seven implementations with paired speed-ups against sdpa, two modes x two T: the prepared rows and speed-ups."""
+    run = synthetic_run(tmp_path_factory.mktemp("many"), impls=MANY, seq_lens=(64, 256), failures=False, noisy=False,
+                        paired="sdpa", modes=("inference", "forward+backward"))
     df = an.prepare(pd.read_parquet(run / "results.parquet"))
-    sp = an.speedups(df, "sdpa")
+    return df, an.speedups(df, "sdpa")
+
+
+def _speedup_figures(df: pd.DataFrame, sp: pd.DataFrame, out: Path) -> list:
     with figs.rendering(figs.Render(dpi=30, svg=False)):
-        return df, sp, figs.speedup(df, sp, "sdpa", impl_styles(df["impl"]), tmp_path / "figs")
+        return figs.speedup(df, sp, "sdpa", impl_styles(df["impl"]), out)
 
 
-def test_many_implementations_get_a_heatmap_a_few_get_lines(tmp_path):
-    _, _, many = _figures_of(tmp_path / "many", MANY, seq_lens=(64, 256))
-    assert [f.kind for f in many] == ["heatmap"] and "geometric-mean" in many[0].caption and many[0].png.is_file()
-    _, _, few = _figures_of(tmp_path / "few", MANY[:6], seq_lens=(64, 256))
-    assert {f.kind for f in few} == {"panels"} and "Paired speed-ups" in few[0].caption
+def test_many_implementations_get_a_heatmap_a_few_get_lines(many, tmp_path):
+    df, sp = many
+    heat = _speedup_figures(df, sp, tmp_path / "many")
+    assert [f.kind for f in heat] == ["heatmap"] and "geometric-mean" in heat[0].caption and heat[0].png.is_file()
+    six = df[df["impl"] != "flex"]
+    lines = _speedup_figures(six, an.speedups(six, "sdpa"), tmp_path / "six")
+    assert {f.kind for f in lines} == {"panels"} and "Paired speed-ups" in lines[0].caption
 
 
-def test_heatmap_cells_carry_the_speedup_and_its_ci_ordered_by_geometric_mean(tmp_path):
-    df, sp, _ = _figures_of(tmp_path, MANY, seq_lens=(64, 256), modes=("inference", "forward+backward"))
+def test_heatmap_cells_carry_the_speedup_and_its_ci_ordered_by_geometric_mean(many):
+    df, sp = many
     grid = an.speedup_grid(df, sp, "sdpa")
     assert "sdpa" not in grid.speedup.index and len(grid.speedup) == len(MANY) - 1
     geo = np.exp(np.log(grid.speedup).mean(axis=1))
@@ -464,15 +474,10 @@ def test_older_runs_fall_back_to_the_ratio_of_medians_and_say_so(tmp_path):
 
 def test_report_resolution_and_formats(tmp_path, monkeypatch):
     run = synthetic_run(tmp_path / "runs", impls=("weight_split", "sdpa"), seq_lens=(32, 64), failures=False)
-    html = build_report(run, out_dir=tmp_path / "low")  # the module's environment: 72 dpi, PNG only
-    assert not list((tmp_path / "low" / "figures").glob("*.svg"))
-    low = matplotlib.image.imread(tmp_path / "low" / "figures" / "latency.png")
-    assert ".svg" not in html.read_text()
     monkeypatch.delenv(ENV_DPI)
     monkeypatch.delenv(ENV_FORMATS)
     html = build_report(run, out_dir=tmp_path / "default")  # the default output: 150 dpi PNG and an SVG each
-    high = matplotlib.image.imread(tmp_path / "default" / "figures" / "latency.png")
-    assert high.shape[1] == pytest.approx(150 / 72 * low.shape[1], rel=0.02)
+    assert matplotlib.image.imread(tmp_path / "default" / "figures" / "latency.png").shape[1] == 7 * 150  # 7-inch figure
     for name in ("latency", "speedup", "memory", "throughput", "bars"):
         svg = (tmp_path / "default" / "figures" / f"{name}.svg").read_text()
         assert "<svg" in svg and not re.search(r"href=\"(https?:|//)", svg)  # fonts as paths, nothing fetched
