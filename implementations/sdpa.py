@@ -25,13 +25,13 @@ BACKENDS = {
 
 
 class SDPAttention(AttentionModule):
-    """Book projections + F.scaled_dot_product_attention(is_causal=True); optionally one backend forced."""
+    """Book projections + F.scaled_dot_product_attention(is_causal=causal); optionally one backend forced."""
 
     backend: SDPBackend | None = None
     explicit_mask = False
 
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, causal=True):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, causal=causal)
         add_book_projections(self, d_in, d_out, qkv_bias)
         self.dropout_p = dropout
         if self.explicit_mask:  # True = may attend (SDPA's meaning, the opposite of masked_fill's)
@@ -43,7 +43,7 @@ class SDPAttention(AttentionModule):
         if self.explicit_mask:
             T = q.shape[-2]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed[:T, :T], dropout_p=p)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (b, nh, T, hd)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)  # (b, nh, T, hd)
 
     def forward(self, x):
         self.check_input(x)
@@ -84,8 +84,9 @@ def _probe_for(backend: SDPBackend):
     return probe
 
 
+# non_causal: is_causal=False (PyTorch's CPU flash-attention RFC measures both; preset cpu-flash-rfc)
 register("sdpa", SDPAttention, source=f"{API} (is_causal=True, dispatcher picks the backend)",
-         description="F.scaled_dot_product_attention(is_causal=True); PyTorch picks the kernel")
+         description="F.scaled_dot_product_attention(is_causal=True); PyTorch picks the kernel", non_causal=True)
 for _name, _backend in BACKENDS.items():
     _cls = type(f"SDPAttention_{_name}", (SDPAttention,), {"backend": _backend, "__module__": __name__})
     globals()[_cls.__name__] = _cls
@@ -93,13 +94,17 @@ for _name, _backend in BACKENDS.items():
              description=f"F.scaled_dot_product_attention forced to the {_name} backend",
              probe=_probe_for(_backend), devices=("cpu", "cuda") if _name in ("math", "flash") else ("cuda",),
              dropout=("cuda",) if _name == "flash" else True,  # the CPU flash kernel has no dropout
-             sdpa_backend=None if _name == "math" else _name)  # on CUDA, PyTorch's own check decides per cell
+             sdpa_backend=None if _name == "math" else _name,  # on CUDA, PyTorch's own check decides per cell
+             non_causal=True)
 
 
 class SDPAttentionMask(SDPAttention):
-    """F.scaled_dot_product_attention with an explicit boolean causal mask (True = may attend)."""
+    """F.scaled_dot_product_attention with an explicit boolean causal mask (True = may attend); causal only."""
 
     explicit_mask = True
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
 
 
 register("sdpa_mask", SDPAttentionMask, source=f"{API} (attn_mask=tril bool, the custom-mask path)")

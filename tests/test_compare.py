@@ -10,14 +10,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from sample_runs import failed_row, ok_row
+from sample_runs import failed_row, ok_row, synthetic_run
 
 from attnbench.cli import main
-from attnbench.results.compare import bootstrap_ratio, compare_runs, write_compare_html
+from attnbench.report.page import ENV_DPI, ENV_FORMATS
+from attnbench.results.compare import bootstrap_ratio, compare_runs, speedup_ratio, write_compare_html
 from attnbench.results.schema import Cell
 from attnbench.results.store import RunStore
 
 META = {"command": "test", "torch_version": "2.5.0", "cpu_model": "test CPU"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_figures():
+    """Compare pages here are read, not looked at: low-resolution PNG only (one test checks the SVG default)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV_DPI, "40")
+        mp.setenv(ENV_FORMATS, "png")
+        yield
 
 
 def write_run(root: Path, run_id: str, rows: list[dict], meta: dict | None = None) -> Path:
@@ -191,7 +201,9 @@ class _Imgs(HTMLParser):
         self.text.append(data)
 
 
-def test_cli_exit_codes_console_table_and_page(tmp_path, capsys):
+def test_cli_exit_codes_console_table_and_page(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(ENV_FORMATS, "png,svg")  # the default output: PNG and SVG
+    monkeypatch.setenv(ENV_DPI, "150")
     evil = "evil<script>.py:X"
     cells = [Cell(impl=i, seq_len=t) for i in ("weight_split", evil) for t in (64, 128, 256)]
     a = write_run(tmp_path, "a", [ok_row(c, lognormal(1e-4 * c.seq_len / 64, seed=c.seq_len)) for c in cells])
@@ -273,3 +285,72 @@ def test_real_runs_flag_a_slowed_plugin(tmp_path, monkeypatch, isolated_registry
     # weight_split did not change; sequential runs on a busy machine can drift, so only a gross change would count
     assert not compare_runs(runs["before"], runs["after"], threshold=1.0).cells.set_index("impl").loc[
         "weight_split", "regression"]
+
+
+# ---------------------------------------------------------------- compare --speedups
+
+PAIRED_IMPLS = ("weight_split", "sdpa", "fused_qkv")
+
+
+def paired_run(root: Path, run_id: str, seed: int, slow: dict[str, float] | None = None) -> Path:
+    """A synthetic run with paired speed-ups against sdpa; the machine drifts ±10% from cycle to cycle."""
+    return synthetic_run(root, impls=PAIRED_IMPLS, seq_lens=(64, 256), failures=False, noisy=False, paired="sdpa",
+                         drift_sigma=0.10, run_id=run_id, seed=seed, slow=slow)
+
+
+@pytest.fixture(scope="module")
+def paired_runs(tmp_path_factory):
+    """A run, the same with every time 1.3x (the machine drifted), and the same with fused_qkv 1.3x slower."""
+    root = tmp_path_factory.mktemp("paired")
+    return (paired_run(root, "a", seed=1), paired_run(root, "drifted", seed=2, slow=dict.fromkeys(PAIRED_IMPLS, 1.3)),
+            paired_run(root, "changed", seed=3, slow={"fused_qkv": 1.3}))
+
+
+def test_speedups_ignore_a_uniform_drift_and_flag_a_real_change(paired_runs):
+    a, drifted, changed = paired_runs
+
+    assert compare_runs(a, drifted).has_regression  # the medians all moved: compare by times flags them
+    res = compare_runs(a, drifted, speedups=True)
+    assert res.kind == "speedups" and not res.has_regression and not len(res.improvements)
+    assert set(res.cells["impl"]) == {"weight_split", "fused_qkv"}  # the baseline's speed-up is 1: not compared
+    assert np.allclose(res.cells["ratio"], 1.0, atol=0.03)
+
+    res = compare_runs(a, changed, speedups=True)
+    cells = res.cells.set_index(["impl", "seq_len"])
+    for t in (64, 256):
+        assert cells.loc[("fused_qkv", t), "regression"] and cells.loc[("fused_qkv", t), "change"] == "slower"
+        assert cells.loc[("fused_qkv", t), "ci_high"] < 1 / 1.2
+        assert not cells.loc[("weight_split", t), "regression"]
+    assert res.cells.iloc[0]["impl"] == "fused_qkv"  # largest loss first
+
+
+def test_speedup_ratio_combines_the_two_cis_on_the_log_scale():
+    z = 1.959963984540054
+    ratio, lo, hi, p = speedup_ratio((2.0, 2.0 / np.exp(0.03 * z), 2.0 * np.exp(0.03 * z)),
+                                     (1.5, 1.5 / np.exp(0.04 * z), 1.5 * np.exp(0.04 * z)))
+    assert ratio == pytest.approx(0.75)
+    assert np.log(hi / ratio) == pytest.approx(0.05 * z)  # sqrt(0.03² + 0.04²) = 0.05
+    assert np.log(ratio / lo) == pytest.approx(0.05 * z)
+    assert p < 1e-6
+    assert speedup_ratio((2.0, 1.9, 2.1), (2.0, 1.9, 2.1))[3] == pytest.approx(1.0)
+
+
+def test_speedups_of_a_run_without_paired_columns_are_untested(paired_runs, tmp_path, capsys):
+    a, _, changed = paired_runs
+    old = synthetic_run(tmp_path, impls=PAIRED_IMPLS, seq_lens=(64, 256), failures=False, run_id="old")
+    res = compare_runs(old, a, speedups=True)
+    assert not res.has_regression and (res.cells["change"] == "untested").all()
+    assert res.cells["note"].str.contains("no paired speed-up with a CI in A").all()
+    assert any("without --speedups" in n for n in res.notes)
+
+    out = tmp_path / "page"
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(a), str(changed), "--speedups", "-o", str(out)])
+    assert exc.value.code == 1
+    printed = capsys.readouterr().out
+    assert "FAIL" in printed and "relative to the baselines" in printed and "fused_qkv" in printed
+    page = (out / "compare.html").read_text()
+    assert "paired speed-up" in page and (out / "tables" / "compare_speedups.csv").is_file()
+    assert not (out / "figures" / "latency_overlay.svg").exists()  # PNG only under ATTNBENCH_REPORT_FORMATS=png
+    main(["compare", str(a), str(a), "--speedups", "-o", str(tmp_path / "same")])
+    assert "OK: no significant slowdown beyond 10% relative to the baselines" in capsys.readouterr().out

@@ -17,13 +17,14 @@ import matplotlib.image
 import numpy as np
 import pandas as pd
 import pytest
-from sample_runs import failed_row, ok_row, synthetic_run
+from sample_runs import failed_row, ok_row, paired_columns, synthetic_run
 
 from attnbench.cli import main
 from attnbench.report import analysis as an
 from attnbench.report import build_report
+from attnbench.report import figures as figs
 from attnbench.report.figures import impl_styles
-from attnbench.report.page import markdown_table
+from attnbench.report.page import ENV_DPI, ENV_FORMATS, markdown_table
 from attnbench.results.schema import Cell
 
 EVIL = "evil<script>$\\nope$.py:X"  # HTML to escape, and mathtext that would not parse if matplotlib read it
@@ -32,6 +33,16 @@ SECTIONS = ["Summary", "Latency vs sequence length", "Speed-up relative to", "Pe
             "torch.compile", "Side by side at one configuration", "Fastest implementation per configuration",
             "Crossovers", "Scaling exponents", "Noisy measurements", "Failed and skipped cells",
             "Operator breakdown", "Environment"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_figures():
+    """Reports here are read, not looked at: low-resolution PNG only, unless a test asks for the default
+    (the ``full`` report checks the default output: 150 dpi PNG and SVG)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV_DPI, "72")
+        mp.setenv(ENV_FORMATS, "png")
+        yield
 
 
 class Page(HTMLParser):
@@ -133,7 +144,7 @@ def full(tmp_path_factory):
     run = synthetic_run(root, modes=("forward", "inference"), extra_rows=evil_rows, run_id="full-run")
     _ops_table(run)
     out = tmp_path_factory.mktemp("report")
-    html = build_report(run, out_dir=out)
+    html = build_report(run, out_dir=out)  # small PNGs only (_small_figures); the default output: its own test
     return run, html, check_page(html)
 
 
@@ -142,9 +153,9 @@ def test_report_writes_page_figures_and_tables(full):
     out = html.parent
     assert html.name == "report.html"
     for name in ("latency", "speedup", "memory", "throughput", "compile", "bars"):
-        assert (out / "figures" / f"{name}.png").stat().st_size > 5000
-        svg = (out / "figures" / f"{name}.svg").read_text()
-        assert "<svg" in svg and not re.search(r"href=\"(https?:|//)", svg)  # fonts as paths, nothing fetched
+        assert (out / "figures" / f"{name}.png").stat().st_size > 2000
+    assert not list((out / "figures").glob("*.svg")) and ".svg" not in html.read_text()  # ATTNBENCH_REPORT_FORMATS=png
+    assert matplotlib.image.imread(out / "figures" / "bars.png").shape[1] == 8 * 72  # an 8-inch figure at 72 dpi
     for name in ("fastest", "crossovers", "scaling_latency", "scaling_memory", "noisy", "failures", "status_counts",
                  "compile", "speedup", "bars", "profile_ops_1"):
         assert (out / "tables" / f"{name}.csv").is_file(), name
@@ -377,7 +388,100 @@ def test_report_from_a_real_run(real_run, tmp_path):
     for section in SECTIONS:
         assert any(h.startswith(section) for h in page.headings), section
     v = page.visible
-    assert "Baseline for speed-ups: weight_split" in v
+    baseline = an.paired_baseline(an.prepare(df)) or "weight_split"  # the run's own when it has paired speed-ups
+    assert f"Baseline for speed-ups: {baseline}" in v
     assert "needs >= 3 distinct T" in v  # only two sequence lengths
     assert "aten::" in v  # the real profiler's op table
     assert df["run_id"].iloc[0] in v
+
+
+# ---------------------------------------------------------------- paired speed-ups
+
+MANY = ("weight_split", "sdpa", "fused_qkv", "compiled:sdpa", "einsum", "torch_mha", "flex")
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """Seven implementations with paired speed-ups against sdpa, two modes x two T: the prepared rows and speed-ups."""
+    run = synthetic_run(tmp_path_factory.mktemp("many"), impls=MANY, seq_lens=(64, 256), failures=False, noisy=False,
+                        paired="sdpa", modes=("inference", "forward+backward"))
+    df = an.prepare(pd.read_parquet(run / "results.parquet"))
+    return df, an.speedups(df, "sdpa")
+
+
+def _speedup_figures(df: pd.DataFrame, sp: pd.DataFrame, out: Path) -> list:
+    with figs.rendering(figs.Render(dpi=30, svg=False)):
+        return figs.speedup(df, sp, "sdpa", impl_styles(df["impl"]), out)
+
+
+def test_many_implementations_get_a_heatmap_a_few_get_lines(many, tmp_path):
+    df, sp = many
+    heat = _speedup_figures(df, sp, tmp_path / "many")
+    assert [f.kind for f in heat] == ["heatmap"] and "geometric-mean" in heat[0].caption and heat[0].png.is_file()
+    six = df[df["impl"] != "flex"]
+    lines = _speedup_figures(six, an.speedups(six, "sdpa"), tmp_path / "six")
+    assert {f.kind for f in lines} == {"panels"} and "Paired speed-ups" in lines[0].caption
+
+
+def test_heatmap_cells_carry_the_speedup_and_its_ci_ordered_by_geometric_mean(many):
+    df, sp = many
+    grid = an.speedup_grid(df, sp, "sdpa")
+    assert "sdpa" not in grid.speedup.index and len(grid.speedup) == len(MANY) - 1
+    geo = np.exp(np.log(grid.speedup).mean(axis=1))
+    assert list(grid.speedup.index) == list(geo.sort_values(ascending=False).index)  # fastest on top
+    assert grid.labels == ["inference\nT=64", "inference\nT=256", "forward+backward\nT=64", "forward+backward\nT=256"]
+    r = sp[(sp["impl"] == "fused_qkv") & (sp["seq_len"] == 256)].iloc[0]
+    text = grid.text.loc["fused_qkv", (int(r["group"]), 256)]
+    assert text == f"{r['speedup']:.2f}×\n{r['speedup_ci_low']:.2f}–{r['speedup_ci_high']:.2f}"
+
+
+def test_sentences_and_the_crossover_use_the_paired_speedups(tmp_path):
+    # medians say "new" is 10% slower than the baseline; the paired speed-up (timed in alternation) says 5% faster
+    rows = []
+    for t in (64, 128):
+        base, new = Cell(impl="base", seq_len=t), Cell(impl="new", seq_len=t)
+        rows.append(ok_row(base, [1e-4] * 9, **paired_columns(base, "base", 1.0)))
+        rows.append(ok_row(new, [1.1e-4] * 9, **paired_columns(new, "base", 1.05, (1.02, 1.08)),
+                           **({"stability": "unstable", "notes": "unstable: modes 1.0e-04 and 1.2e-04"} if t == 128
+                              else {})))
+    lost = Cell(impl="new", seq_len=256)  # its baseline failed in this group: no paired speed-up
+    rows.append(ok_row(lost, [1e-4] * 9, **{**paired_columns(lost, "base", float("nan"), (float("nan"),) * 2),
+                                           "notes": "no paired speed-up: the baseline base failed"}))
+    rows.append(failed_row(Cell(impl="base", seq_len=256), "error", "boom"))
+    html, page = _report(tmp_path, rows, baseline=None)
+    v = page.visible
+    assert "1 cell(s) have no paired speed-up and are left out: new @ cpu/float32/forward (B=1, h=4, d=256) T=256: " \
+           "no paired speed-up: the baseline base failed" in v
+    assert "Baseline for speed-ups: base" in v  # the run's own baseline by default
+    assert "new vs base (paired, 95% CI): 1.05× (1.02–1.08) at T=64; 1.05× (1.02–1.08) at T=128." in v
+    assert "Unstable at T=128: the speed-up there may move between runs." in v
+    assert "new is faster than base at every T measured" in v and "by paired speed-up" in v
+    assert "ratios of medians" not in v
+    table = pd.read_csv(html.parent / "tables" / "speedup.csv")
+    assert table["paired"].all() and table.set_index("seq_len").loc[128, "unstable"]
+    shown = (html.parent / "tables" / "speedup.md").read_text()
+    assert "1.05× (1.02–1.08), unstable" in shown
+
+
+def test_older_runs_fall_back_to_the_ratio_of_medians_and_say_so(tmp_path):
+    html, page = _report(tmp_path, impls=("weight_split", "sdpa"), seq_lens=(32, 64), failures=False)
+    v = page.visible
+    assert "this run predates paired speed-ups" in v and "ratio of medians, no CI" in v
+    table = pd.read_csv(html.parent / "tables" / "speedup.csv")
+    assert not table["paired"].any()
+    assert np.allclose(table["speedup"], table["baseline_median_s"] / table["median_s"])
+
+
+def test_report_resolution_and_formats(tmp_path, monkeypatch):
+    run = synthetic_run(tmp_path / "runs", impls=("weight_split", "sdpa"), seq_lens=(32, 64), failures=False)
+    monkeypatch.delenv(ENV_DPI)
+    monkeypatch.delenv(ENV_FORMATS)
+    html = build_report(run, out_dir=tmp_path / "default")  # the default output: 150 dpi PNG and an SVG each
+    assert matplotlib.image.imread(tmp_path / "default" / "figures" / "latency.png").shape[1] == 7 * 150  # 7-inch figure
+    for name in ("latency", "speedup", "memory", "throughput", "bars"):
+        svg = (tmp_path / "default" / "figures" / f"{name}.svg").read_text()
+        assert "<svg" in svg and not re.search(r"href=\"(https?:|//)", svg)  # fonts as paths, nothing fetched
+        assert f"figures/{name}.svg" in html.read_text()
+    monkeypatch.setenv(ENV_FORMATS, "pdf")
+    with pytest.raises(Exception, match="formats png or png,svg"):
+        build_report(run, out_dir=tmp_path / "bad")

@@ -17,9 +17,10 @@ from attnbench.cli.app import cli, console
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Output folder. [default: reports/<run-id>/]")
-@click.option("--baseline", default="weight_split", show_default=True,
-              help="Implementation the speed-ups are relative to (the first one present if it is missing).")
-def report_cmd(results: Path, out_dir: Path | None, baseline: str) -> None:
+@click.option("--baseline", default=None,
+              help="Implementation the speed-ups are relative to. [default: the run's own baseline (paired speed-ups), "
+                   "else weight_split; the first one present if it is missing]")
+def report_cmd(results: Path, out_dir: Path | None, baseline: str | None) -> None:
     """Figures, analysis and one self-contained HTML page for a run.
 
     RESULTS is a run folder (results/<run-id>) or its results.parquet. Writes report.html (figures
@@ -47,33 +48,29 @@ def _default_compare_dir(label_a: str, label_b: str) -> Path:
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Folder for compare.html and tables. [default: reports/compare-<A>-vs-<B>/]")
 @click.option("--all", "show_all", is_flag=True, help="Print every matched cell, not just the changed ones.")
-def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path | None, show_all: bool) -> None:
+@click.option("--speedups", is_flag=True,
+              help="Compare each implementation's paired speed-up against its baseline (B's over A's) instead of the "
+                   "medians: drift of the machine between the runs cancels in it.")
+def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path | None, show_all: bool,
+                speedups: bool) -> None:
     """Compare run B against run A cell by cell; exit 1 on a significant slowdown beyond --threshold.
 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
     hierarchical bootstrap confidence interval and p-value (rounds and processes resampled, then samples).
+    With --speedups, each implementation's paired speed-up against its baseline instead (B/A below 1: it lost
+    ground), with a CI combining both runs' paired CIs.
     """
     from attnbench.results.compare import compare_runs, write_compare_html
-    from attnbench.results.text import configuration_label, fmt_num, fmt_time
 
     with console.status("comparing ..."):
-        result = compare_runs(a, b, threshold=threshold, alpha=alpha)
+        result = compare_runs(a, b, threshold=threshold, alpha=alpha, speedups=speedups)
         page = write_compare_html(result, out_dir or _default_compare_dir(result.label_a, result.label_b))
     cells = result.cells
     shown = cells if show_all else cells[cells["change"] != "no significant change"]
-    table = Table(title=f"B ({result.label_b}) vs A ({result.label_a}): ratio of medians B/A, "
-                        f"{1 - alpha:.0%} hierarchical bootstrap CI and p")
-    for col in ("impl", "configuration", "T", "A median", "B median", "B/A", "CI", "p", "change"):
-        table.add_column(col, justify="right" if col in ("T", "A median", "B median", "B/A", "CI", "p") else "left",
-                         overflow="fold")
-    for r in shown.itertuples():
-        style = "bold red" if r.regression else "green" if r.improvement else None
-        table.add_row(r.impl, configuration_label(r), str(r.seq_len), fmt_time(r.median_a),
-                      fmt_time(r.median_b), fmt_num(r.ratio) + "×" if np.isfinite(r.ratio) else "–",
-                      f"{fmt_num(r.ci_low)}–{fmt_num(r.ci_high)}" if np.isfinite(r.ci_low) else "–",
-                      f"{r.p_value:.2g}" if np.isfinite(r.p_value) else "–", r.change, style=style)
-    if len(shown):
-        console.print(table)
+    if speedups:
+        _print_speedup_table(result, shown, alpha)
+    else:
+        _print_time_table(result, shown, alpha)
     for r in cells[cells["unstable"]].itertuples() if "unstable" in cells else ():
         console.print(f"unstable {r.impl} T={r.seq_len} {r.mode}: {r.note}", markup=False)
     hidden = len(cells) - len(shown)
@@ -93,7 +90,46 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
         console.print(f"note: {note}", markup=False)
     console.print(result.summary(), markup=False)
     console.print(f"compare page: {page}", markup=False)
+    what = " relative to the baselines" if speedups else ""
     if result.has_regression:
-        console.print(f"[bold red]FAIL[/]: {len(result.regressions)} significant slowdown(s) beyond {threshold:.0%}")
+        console.print(f"[bold red]FAIL[/]: {len(result.regressions)} significant slowdown(s) beyond {threshold:.0%}{what}")
         sys.exit(1)
-    console.print(f"[green]OK[/]: no significant slowdown beyond {threshold:.0%}")
+    console.print(f"[green]OK[/]: no significant slowdown beyond {threshold:.0%}{what}")
+
+
+def _print_speedup_table(result, shown, alpha: float) -> None:
+    from attnbench.results.text import configuration_label, fmt_num, fmt_speedup
+
+    table = Table(title=f"B ({result.label_b}) vs A ({result.label_a}): paired speed-ups against the baseline, "
+                        f"ratio B/A (<1: lost ground) with a {1 - alpha:.0%} CI and p")
+    for col in ("impl", "configuration", "T", "baseline", "A speed-up", "B speed-up", "B/A", "CI", "p", "change"):
+        table.add_column(col, justify="right" if col in ("T", "B/A", "CI", "p") else "left", overflow="fold")
+    for r in shown.itertuples():
+        style = "bold red" if r.regression else "green" if r.improvement else None
+        table.add_row(r.impl, configuration_label(r), str(r.seq_len), r.baseline,
+                      fmt_speedup(r.speedup_a, r.speedup_a_low, r.speedup_a_high),
+                      fmt_speedup(r.speedup_b, r.speedup_b_low, r.speedup_b_high),
+                      fmt_num(r.ratio) + "×" if np.isfinite(r.ratio) else "–",
+                      f"{fmt_num(r.ci_low)}–{fmt_num(r.ci_high)}" if np.isfinite(r.ci_low) else "–",
+                      f"{r.p_value:.2g}" if np.isfinite(r.p_value) else "–",
+                      r.change + (f" ({r.note})" if r.change == "untested" else ""), style=style)
+    if len(shown):
+        console.print(table)
+
+
+def _print_time_table(result, shown, alpha: float) -> None:
+    from attnbench.results.text import configuration_label, fmt_num, fmt_time
+
+    table = Table(title=f"B ({result.label_b}) vs A ({result.label_a}): ratio of medians B/A, "
+                        f"{1 - alpha:.0%} hierarchical bootstrap CI and p")
+    for col in ("impl", "configuration", "T", "A median", "B median", "B/A", "CI", "p", "change"):
+        table.add_column(col, justify="right" if col in ("T", "A median", "B median", "B/A", "CI", "p") else "left",
+                         overflow="fold")
+    for r in shown.itertuples():
+        style = "bold red" if r.regression else "green" if r.improvement else None
+        table.add_row(r.impl, configuration_label(r), str(r.seq_len), fmt_time(r.median_a),
+                      fmt_time(r.median_b), fmt_num(r.ratio) + "×" if np.isfinite(r.ratio) else "–",
+                      f"{fmt_num(r.ci_low)}–{fmt_num(r.ci_high)}" if np.isfinite(r.ci_low) else "–",
+                      f"{r.p_value:.2g}" if np.isfinite(r.p_value) else "–", r.change, style=style)
+    if len(shown):
+        console.print(table)

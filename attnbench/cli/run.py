@@ -7,12 +7,15 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
+import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.errors import SweepError
 from attnbench.results.schema import STATUSES
-from attnbench.results.text import fmt_bytes, fmt_time
+from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 
 
 def summary_table(df, title: str) -> Table:
@@ -22,7 +25,12 @@ def summary_table(df, title: str) -> Table:
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)).any())
     decode = bool((df["mode"] == "decode").any())
     cols = ["impl", "device", "dtype", "mode", "b", "T", "h", "d"] + (["kv", "window"] if variants else [])
-    cols += ["median", "±CI", "peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else []) + ["GFLOP/s", "% peak", "flag"]
+    # paired speed-ups (comparison groups timed interleaved) when the run has them
+    paired = "speedup" in df and bool(np.isfinite(pd.to_numeric(df["speedup"], errors="coerce")).any())
+    bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
+    sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
+    cols += ["median", "±CI"] + ([sp_col] if paired else []) + ["peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else [])
+    cols += ["GFLOP/s", "% peak", "flag"]
     for col in cols:
         table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
@@ -35,8 +43,8 @@ def summary_table(df, title: str) -> Table:
             kv = ["-", "-", "-"]
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
-                      f"{100 * half / r.median_s:.1f}%", mem, *kv, f"{r.gflops_per_s:.1f}",
-                      f"{100 * r.frac_peak:.0f}%", _flags(r))
+                      f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
+                      *kv, f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%", _flags(r))
     return table
 
 
@@ -47,9 +55,23 @@ def _flags(r) -> str:
     return ", ".join(flags)
 
 
+def _speedup_text(r, name_baseline: bool) -> str:
+    """A row's paired speed-up for the console: ``baseline`` on the baseline's row, the CI, unstable said;
+    ``name_baseline``: the run has several baselines, so each speed-up names its own."""
+    baseline = getattr(r, "baseline", None)
+    baseline = "" if baseline is None or (not isinstance(baseline, str) and pd.isna(baseline)) else str(baseline)
+    if baseline == r.impl:
+        return "baseline"
+    text = fmt_speedup(r.speedup, r.speedup_ci_low, r.speedup_ci_high, str(getattr(r, "stability", "")) == "unstable")
+    if text == "–":
+        return "– (not paired: see notes)" if baseline else text
+    return f"{text} vs {baseline}" if name_baseline and baseline else text
+
+
 @cli.command("run")
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode.")
+@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode, "
+              "cpu-flash-rfc, cpu-flash-rfc-train.")
 @click.option("--impl", "impls", multiple=True, help="Implementations, comma-separated (also compiled:NAME, file.py:Class).")
 @click.option("--device", help="cpu, cuda, cuda:N (comma-separated).")
 @click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")
@@ -78,6 +100,8 @@ def _flags(r) -> str:
 @click.option("--drift", "drift", metavar="auto|FRACTION",
               help="Between-run term added to every CI (log-scale SD; 0.02 = 2%, 0 = off). Default auto: this "
               "machine's calibration (python -m attnbench.tools.reproducibility --calibrate), else the CPU default.")
+@click.option("--baseline", help="Implementation the paired speed-ups are relative to (each comparison group's "
+              "baseline). Default: sdpa when it is in the sweep, else the first implementation.")
 @click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
 @click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
@@ -95,7 +119,7 @@ def _flags(r) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
             cache, out, resume,
-            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift,
+            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift, baseline,
             cell_timeout_s, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
@@ -117,7 +141,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
                                        processes=processes, cpu_allocator=cpu_allocator, drift=_drift(drift),
                                        cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
-                                       isolate=isolate, cuda_graph=cuda_graph).items()
+                                       isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
                 if v is not None}
     if threads is not None and threads < 1:
         raise click.BadParameter("must be >= 1", param_hint="--threads")
@@ -132,6 +156,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         sweep = None
     else:
         sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)
+        if baseline is not None and baseline not in sweep.impl:
+            raise SweepError(f"--baseline {baseline} is not one of the sweep's implementations "
+                             f"({', '.join(sweep.impl)}); add it to --impl or pick one of those")
 
     progress_bar = None
     if not quiet:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.results.schema import AXES, INT_AXES, MODES, fill_added_columns
-from attnbench.results.text import (  # noqa: F401  (fmt_bytes: the report's figures and pages read them from here too)
+from attnbench.results.text import (  # noqa: F401  (fmt_bytes, fmt_speedup: the report's figures and pages read them from here too)
     axis_label,
     cell_label,
     configuration_label,
@@ -22,6 +22,7 @@ from attnbench.results.text import (  # noqa: F401  (fmt_bytes: the report's fig
     fmt_ci,
     fmt_contention,
     fmt_num,
+    fmt_speedup,
     fmt_time,
     time_unit,
 )
@@ -53,14 +54,15 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     df["causal"] = df["causal"].fillna(True).astype(bool)
     if "num_kv_heads" in df.columns:  # absent only when num_heads is too
         df["num_kv_heads"] = pd.to_numeric(df["num_kv_heads"], errors="coerce").fillna(0).astype("int64")
-    for col in ("impl", "device", "dtype", "mode", "cache", "status", "error", "notes", "cell_id"):
+    for col in ("impl", "device", "dtype", "mode", "cache", "status", "error", "notes", "cell_id", "baseline", "group_id"):
         if col in df.columns:
             df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
     for col in INT_AXES:
         if col in df.columns:
             df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0).astype("int64")
     for col in ("median_s", "iqr_s", "ci_low_s", "ci_high_s", "ci_rel", "ci_within_rel", "peak_bytes", "gflops_per_s",
-                "peak_gflops_per_s", "frac_peak", "compile_s", "flops", "mean_s", "min_s", "max_s"):
+                "peak_gflops_per_s", "frac_peak", "compile_s", "flops", "mean_s", "min_s", "max_s", "speedup",
+                "speedup_ci_low", "speedup_ci_high"):
         if col in df.columns:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     if "ci_rel" in df.columns:  # a run's own noise: its CI before the between-run term (older runs have only ci_rel)
@@ -200,13 +202,27 @@ def _overlap(a: pd.Series, b: pd.Series) -> bool:
     return max(lo) <= min(hi)
 
 
+def _paired_cells(cells: pd.DataFrame) -> bool:
+    """Whether every cell has a finite paired speed-up against one common baseline."""
+    if "speedup" not in cells.columns or "baseline" not in cells.columns:
+        return False
+    base = cells["baseline"].astype(object).where(cells["baseline"].notna(), "").astype(str)
+    return bool(np.isfinite(pd.to_numeric(cells["speedup"], errors="coerce")).all() and base.nunique() == 1
+                and base.iloc[0] != "")
+
+
 def fastest(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest implementation of every (configuration, seq_len), with the runner-up and its margin."""
+    """The fastest implementation of every (configuration, seq_len), with the runner-up and its margin.
+
+    When every member there has a paired speed-up against the same baseline, the order and the margin come
+    from those (a ratio of paired speed-ups is itself paired); otherwise from the medians."""
     cols = ["configuration", "seq_len", "fastest", "median", "ci", "runner_up", "runner_up_slower_x", "n_impls", "note"]
     rows = []
     for g in groups(ok_rows(df)):
         for t, cells in g.rows.groupby("seq_len", sort=True):
-            cells = cells.sort_values("median_s")
+            paired = _paired_cells(cells)
+            # paired speed-ups against one baseline order the members with the drift they share cancelled
+            cells = cells.sort_values("speedup", ascending=False) if paired else cells.sort_values("median_s")
             best = cells.iloc[0]
             notes = []
             if best["noise_rel"] > NOISY_CI_REL:
@@ -223,26 +239,163 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
                 "median": fmt_time(best["median_s"]),
                 "ci": fmt_ci(best["ci_low_s"], best["ci_high_s"]),
                 "runner_up": second["impl"] if second is not None else "–",
-                "runner_up_slower_x": fmt_num(second["median_s"] / best["median_s"]) if second is not None else "–",
+                "runner_up_slower_x": ("–" if second is None else fmt_num(best["speedup"] / second["speedup"]) if paired
+                                       else fmt_num(second["median_s"] / best["median_s"])),
                 "n_impls": len(cells), "note": ", ".join(notes),
             })
     return pd.DataFrame(rows, columns=cols)
 
 
+def paired_baseline(df: pd.DataFrame) -> str | None:
+    """The baseline of the run's paired speed-ups (the ``baseline`` of most ok rows with a finite ``speedup``),
+    or ``None`` for a run measured before comparison groups were timed interleaved."""
+    if "speedup" not in df.columns or "baseline" not in df.columns:
+        return None
+    ok = ok_rows(df)
+    has = ok[np.isfinite(pd.to_numeric(ok["speedup"], errors="coerce").to_numpy(dtype=float))]
+    names = has["baseline"].dropna().astype(str)
+    names = names[names != ""]
+    return str(names.value_counts().index[0]) if len(names) else None
+
+
+SPEEDUP_COLUMNS = ["group", "configuration", "impl", "seq_len", "median_s", "baseline_median_s", "speedup",
+                   "speedup_ci_low", "speedup_ci_high", "paired", "unstable", "note"]
+
+
 def speedups(df: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
-    """``baseline median / impl median`` per (configuration, seq_len, impl): > 1 means faster than the baseline."""
-    cols = ["group", "configuration", "impl", "seq_len", "median_s", "baseline_median_s", "speedup"]
+    """The speed-up over ``baseline`` (> 1: faster) per (configuration, seq_len, impl), with its 95% CI.
+
+    A row measured in a comparison group against this baseline gives its **paired** speed-up (the
+    ``speedup`` column and its CI, from per-cycle ratios of interleaved bursts: drift shared by the members
+    cancels); ``paired`` is then True. Otherwise (a run from before paired speed-ups, or another baseline
+    than the run's) it is the ratio of medians, ``baseline median / impl median``, without a CI. A row of a
+    group whose pairing failed (the baseline failed, ...) is left out: its ``notes`` say why.
+    ``unstable``: the member or its baseline was flagged unstable (two modes), so the speed-up may move
+    between runs.
+    """
     if baseline is None:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=SPEEDUP_COLUMNS)
     rows = []
+    have_paired = "speedup" in df.columns and "baseline" in df.columns
     for gi, g in enumerate(groups(ok_rows(df))):
-        base = g.rows[g.rows["impl"] == baseline].groupby("seq_len")["median_s"].median()
+        base_rows = g.rows[g.rows["impl"] == baseline]
+        base = base_rows.groupby("seq_len")["median_s"].median()
+        base_unstable = set(base_rows.loc[_unstable_mask(base_rows), "seq_len"])
         for r in g.rows.itertuples():
-            if r.seq_len in base.index:
-                b = float(base.loc[r.seq_len])
-                rows.append({"group": gi, "configuration": g.full_label, "impl": r.impl, "seq_len": int(r.seq_len),
-                             "median_s": r.median_s, "baseline_median_s": b, "speedup": b / r.median_s})
-    return pd.DataFrame(rows, columns=cols)
+            row_baseline = str(getattr(r, "baseline", "") or "") if have_paired else ""
+            sp = float(getattr(r, "speedup", float("nan"))) if have_paired else float("nan")
+            paired = row_baseline == baseline and math.isfinite(sp)
+            if row_baseline == baseline and not paired and r.impl != baseline:
+                continue  # measured against this baseline but could not be paired: its notes say why
+            if not paired and r.seq_len not in base.index:
+                continue
+            b = float(base.loc[r.seq_len]) if r.seq_len in base.index else float("nan")
+            unstable = str(getattr(r, "stability", "")) == "unstable" or r.seq_len in base_unstable
+            rows.append({"group": gi, "configuration": g.full_label, "impl": r.impl, "seq_len": int(r.seq_len),
+                         "median_s": r.median_s, "baseline_median_s": b,
+                         "speedup": sp if paired else b / r.median_s,
+                         "speedup_ci_low": float(r.speedup_ci_low) if paired else float("nan"),
+                         "speedup_ci_high": float(r.speedup_ci_high) if paired else float("nan"),
+                         "paired": paired, "unstable": unstable and r.impl != baseline,
+                         "note": "unstable: the speed-up may move between runs" if unstable and r.impl != baseline
+                         else ""})
+    out = pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
+    out["paired"] = out["paired"].astype(bool)
+    out["unstable"] = out["unstable"].astype(bool)
+    return out
+
+
+def unpaired(df: pd.DataFrame, baseline: str | None) -> list[str]:
+    """``cell: notes`` of every ok cell measured against ``baseline`` whose speed-up could not be paired (the
+    baseline failed in its group, ...): :func:`speedups` leaves them out, the report lists them."""
+    if baseline is None or "speedup" not in df.columns or "baseline" not in df.columns:
+        return []
+    ok = ok_rows(df)
+    bad = ok[(ok["baseline"] == baseline) & (ok["impl"] != baseline) & ~np.isfinite(ok["speedup"].astype(float))]
+    return [f"{cell_label(r)}: {r.notes or 'no reason recorded'}" for r in bad.itertuples()]
+
+
+def _unstable_mask(rows: pd.DataFrame) -> pd.Series:
+    if "stability" not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return rows["stability"].astype(str) == "unstable"
+
+
+def speedup_method(sp: pd.DataFrame) -> str:
+    """``paired``, ``medians`` or ``mixed``: how the speed-ups of :func:`speedups` were computed."""
+    if sp.empty or sp["paired"].all():
+        return "paired" if len(sp) else "medians"
+    return "medians" if not sp["paired"].any() else "mixed"
+
+
+def geometric_mean_speedups(sp: pd.DataFrame) -> pd.Series:
+    """Per implementation, the geometric mean of its speed-ups over every configuration and T (descending)."""
+    good = sp[np.isfinite(sp["speedup"]) & (sp["speedup"] > 0)]
+    if good.empty:
+        return pd.Series(dtype=float)
+    return np.exp(np.log(good["speedup"]).groupby(good["impl"]).mean()).sort_values(ascending=False)
+
+
+@dataclass
+class SpeedupGrid:
+    """Speed-ups as implementation x shape: ``speedup`` (NaN where not measured) and ``text`` (the annotation:
+    speed-up, its paired CI on a second line, ``unstable`` on a third), rows ordered by geometric-mean speed-up
+    (fastest first), columns ``(group index, seq_len)`` with ``labels`` naming the shape."""
+
+    speedup: pd.DataFrame
+    text: pd.DataFrame
+    labels: list[str]
+
+
+def speedup_grid(df: pd.DataFrame, sp: pd.DataFrame, baseline: str) -> SpeedupGrid:
+    """The heatmap's numbers (see :class:`SpeedupGrid`): every implementation but ``baseline`` against every
+    (configuration, T) of ``sp`` (:func:`speedups`); a column's label names the configuration axes that vary
+    among the columns, and T."""
+    rest = sp[(sp["impl"] != baseline) & np.isfinite(sp["speedup"]) & (sp["speedup"] > 0)]
+    order = list(geometric_mean_speedups(rest).index)
+    cols = sorted({(int(gi), int(t)) for gi, t in zip(rest["group"], rest["seq_len"], strict=True)})
+    gs = groups(ok_rows(df))
+    vary = varying_axes(pd.DataFrame([gs[gi].values for gi, _ in cols])) if cols else []
+    labels = ["\n".join([*(axis_label(a, gs[gi].values[a]) for a in vary), axis_label("seq_len", t)]) for gi, t in cols]
+    speed = pd.DataFrame(np.nan, index=order, columns=pd.MultiIndex.from_tuples(cols, names=["group", "seq_len"])
+                         if cols else None)
+    text = pd.DataFrame("–", index=order, columns=speed.columns)
+    for r in rest.itertuples():
+        key = (int(r.group), int(r.seq_len))
+        speed.loc[r.impl, key] = r.speedup
+        lines = [f"{r.speedup:.2f}×"]
+        if r.paired and math.isfinite(r.speedup_ci_low):
+            lines.append(f"{r.speedup_ci_low:.2f}–{r.speedup_ci_high:.2f}")
+        if r.unstable:
+            lines.append("unstable")
+        text.loc[r.impl, key] = "\n".join(lines)
+    return SpeedupGrid(speed, text, labels)
+
+
+def speedup_sentences(sp: pd.DataFrame, baseline: str | None) -> dict[str, list[str]]:
+    """Per configuration, one sentence per implementation: its speed-up over ``baseline`` at each T, with the
+    paired CI where there is one, and whether that CI excludes 1 (a difference the run can tell)."""
+    out: dict[str, list[str]] = {}
+    if baseline is None or sp.empty:
+        return out
+    for conf, part in sp[sp["impl"] != baseline].groupby("configuration", sort=False):
+        for impl in impl_order(part):
+            r = part[part["impl"] == impl].sort_values("seq_len")
+            bits, clear_fast, clear_slow, unclear = [], [], [], []
+            for x in r.itertuples():
+                bits.append(f"{fmt_speedup(x.speedup, x.speedup_ci_low, x.speedup_ci_high)} at T={x.seq_len}")
+                if x.paired and math.isfinite(x.speedup_ci_low):
+                    (clear_fast if x.speedup_ci_low > 1 else clear_slow if x.speedup_ci_high < 1 else unclear).append(
+                        x.seq_len)
+            how = "paired, 95% CI" if r["paired"].all() else "ratio of medians, no CI"
+            text = f"{impl} vs {baseline} ({how}): {'; '.join(bits)}."
+            if unclear:
+                text += f" At T={', '.join(map(str, unclear))} the CI includes 1: no difference the run can tell."
+            if r["unstable"].any():
+                text += (" Unstable at T=" + ", ".join(str(t) for t in r.loc[r["unstable"], "seq_len"])
+                         + ": the speed-up there may move between runs.")
+            out.setdefault(conf, []).append(text)
+    return out
 
 
 def _order_sentence(a: str, b: str, ts: list[int], faster: list[bool], where: str) -> tuple[str, int | None]:
@@ -266,14 +419,15 @@ def _order_sentence(a: str, b: str, ts: list[int], faster: list[bool], where: st
             f"and slower at T = {slow} (differences this small are often noise).", ts[changes[0]])
 
 
-def crossovers(df: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, list[str]]:
+def crossovers(df: pd.DataFrame, baseline: str | None, sp: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
     """How each implementation compares with every other over ``seq_len``, per configuration.
 
     Returns ``(table, notes)``. The table has one row per (configuration, a, b) pair with at least two
     common sequence lengths: ``kind`` is ``always_faster``, ``always_slower``, ``crossover`` or ``mixed``,
     ``crossover_T`` the first T of the new order, ``vs_baseline`` whether ``b`` is the baseline, and
     ``sentence`` says it in words (``short``: the same without the configuration, for under a heading).
-    ``notes`` explain configurations where nothing could be said.
+    ``notes`` explain configurations where nothing could be said. With ``sp`` (:func:`speedups`), a pair
+    with the baseline is ordered by its paired speed-ups where it has them (> 1: faster), not by medians.
     """
     cols = ["configuration", "a", "b", "vs_baseline", "kind", "crossover_T", "n_T", "sentence", "short"]
     rows, notes = [], []
@@ -291,8 +445,14 @@ def crossovers(df: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, li
             continue
         pairs = [(a, baseline) for a in impls if baseline in impls and a != baseline]
         pairs += [(a, b) for i, a in enumerate(impls) for b in impls[i + 1:] if baseline not in (a, b)]
+        paired = {}
+        if sp is not None and len(sp) and baseline in impls:
+            mine = sp[(sp["configuration"] == g.full_label) & sp["paired"]]
+            paired = {i: part.set_index("seq_len")["speedup"] for i, part in mine.groupby("impl")}
         for a, b in pairs:
             both = med[[a, b]].dropna()
+            if b == baseline and a in paired:  # a baseline / a time: the paired speed-up stands for the ratio
+                both = pd.DataFrame({a: 1.0 / paired[a], b: 1.0}).sort_index().dropna()
             if len(both) < 2:
                 continue
             ts = [int(t) for t in both.index]

@@ -7,6 +7,8 @@ A figure that cannot be drawn (no successful cells, nothing measured) is not dra
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -46,6 +48,7 @@ class Figure:
     data_uri: str | None = None
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
+    kind: str = "panels"  # how it is drawn: "panels" (lines per configuration) or "heatmap"
 
 
 def impl_styles(names: Sequence[str]) -> dict[str, dict]:
@@ -85,14 +88,48 @@ def _new_figure(n_panels: int, panel_w: float = 3.7, panel_h: float = 3.0) -> tu
     return fig, axes
 
 
-def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path, str]:
+@dataclass(frozen=True)
+class Render:
+    """How figures are written: PNG resolution, and whether an SVG is written next to each PNG (the PNG is
+    always written: the page embeds it)."""
+
+    dpi: int = PNG_DPI
+    svg: bool = True
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The file formats written per figure."""
+        return ("png", "svg") if self.svg else ("png",)
+
+
+_render: contextvars.ContextVar[Render | None] = contextvars.ContextVar("attnbench_report_render", default=None)
+
+
+@contextlib.contextmanager
+def rendering(render: Render):
+    """Write the figures made inside the block with ``render`` (``build_report``'s ``dpi`` and ``formats``)."""
+    token = _render.set(render)
+    try:
+        yield render
+    finally:
+        _render.reset(token)
+
+
+def current_render() -> Render:
+    """The :class:`Render` in effect (the defaults outside :func:`rendering`)."""
+    return _render.get() or Render()
+
+
+def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path | None, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
+    render = current_render()
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None})
-    fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
-    fig.savefig(svg, metadata={"Date": None})
+    fig.savefig(png, dpi=render.dpi, metadata={"Software": None})
+    if render.svg:
+        fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
+        fig.savefig(svg, metadata={"Date": None})
     uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
-    return png, svg, uri
+    return png, svg if render.svg else None, uri
 
 
 def _seq_axis(ax, ts: Sequence[int]) -> None:
@@ -284,9 +321,15 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
                     "cannot run here) are left out; the failed and skipped cells list names them.", out_dir, notes=notes)
 
 
+HEATMAP_MIN_IMPLS = 7
+"""From this many implementations on, speed-ups are a heatmap (implementation x shape): lines would cross unreadably."""
+HEATMAP_MAX_COLUMNS = 12
+
+
 @_styled
 def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) -> list[Figure]:
-    """Speed-up over the baseline (baseline median / median) vs T, per configuration."""
+    """Speed-up over the baseline per configuration: lines vs T with their paired CI as a band for a few
+    implementations; from :data:`HEATMAP_MIN_IMPLS` on a heatmap of implementation x shape (:func:`speedup_heatmap`)."""
     title = f"Speed-up relative to {label(baseline)}" if baseline else "Speed-up relative to a baseline"
     if baseline is None:
         return [Figure("speedup", title, skipped="no successful cells, so there is no baseline")]
@@ -296,9 +339,12 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
         why = ("only one implementation has successful cells" if only else
                f"no other implementation has a successful cell at a configuration where {baseline} has one")
         return [Figure("speedup", title, skipped=why)]
+    if sp["impl"].nunique() >= HEATMAP_MIN_IMPLS:
+        return speedup_heatmap(df, sp, baseline, out_dir)
     gs = an.groups(an.ok_rows(df))  # the same groups (and indices) as analysis.speedups
     # one panel per group with speed-ups, its rows replaced by those speed-ups
     panels = [replace(g, rows=sp[sp["group"] == gi]) for gi, g in enumerate(gs) if gi in set(sp["group"])]
+    method = an.speedup_method(sp)
 
     def draw(ax, g, seen):
         part = g.rows
@@ -306,24 +352,92 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
         rest = part[part["impl"] != baseline]
         if rest.empty:
             return f"only {baseline} has successful cells here"
+        vals = [1.0]
         for impl in an.impl_order(rest):
             r = rest[rest["impl"] == impl].sort_values("seq_len")
             st = styles[impl]
             ax.plot(r["seq_len"], r["speedup"], color=st["color"], marker=st["marker"])
+            band = r[r["paired"] & np.isfinite(r["speedup_ci_low"])]
+            if len(band):
+                seen.marks.add("ci")
+                ax.fill_between(band["seq_len"], band["speedup_ci_low"], band["speedup_ci_high"], color=st["color"],
+                                alpha=0.2, linewidth=0)
+                vals += [*band["speedup_ci_low"], *band["speedup_ci_high"]]
+            shaky = r[r["unstable"]]
+            if len(shaky):
+                seen.marks.add("unstable")
+                ax.scatter(shaky["seq_len"], shaky["speedup"], s=110, facecolors="none", edgecolors="black",
+                           linewidths=1.1, linestyle="--", zorder=5)
+            vals += list(r["speedup"])
             seen.impls.add(impl)
         _seq_axis(ax, part["seq_len"])
-        vals = np.concatenate([rest["speedup"].to_numpy(), [1.0]])
+        vals = np.asarray([v for v in vals if np.isfinite(v) and v > 0])
         _log_y(ax, vals, lambda v: f"{v:.3g}×", base=2 if vals.max() / vals.min() > 8 else 10)
         ax.set_ylabel(f"speed-up vs {label(baseline, 24)} (>1 faster)")
 
     def handles(seen):
-        return [*(_impl_handle(i, styles[i]) for i in sorted(seen.impls)),
-                Line2D([], [], color=styles[baseline]["color"], linestyle="--",
-                       label=f"{label(baseline)} (baseline, 1×)")]
+        out = [*(_impl_handle(i, styles[i]) for i in sorted(seen.impls)),
+               Line2D([], [], color=styles[baseline]["color"], linestyle="--", label=f"{label(baseline)} (baseline, 1×)")]
+        if "ci" in seen.marks:
+            out.append(Patch(color="#888", alpha=0.3, label="paired 95% CI"))
+        if "unstable" in seen.marks:
+            out.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="black",
+                              linestyle="none", label="unstable: may move between runs"))
+        return out
 
-    return _paneled("speedup", title, df, panels, draw, handles,
-                    f"{baseline} median / implementation median at the same cell: above the dashed line is faster "
-                    "than the baseline, below is slower.", out_dir)
+    return _paneled("speedup", title, df, panels, draw, handles, _speedup_caption(baseline, method), out_dir)
+
+
+def _speedup_caption(baseline: str, method: str) -> str:
+    paired = (f"Paired speed-ups: {baseline} time / implementation time, from bursts of the two timed in "
+              "alternation (drift they share cancels), with their 95% CI.")
+    medians = (f"{baseline} median / implementation median at the same cell (ratio of medians, no CI: this run has "
+               "no paired speed-ups against this baseline).")
+    text = {"paired": paired, "medians": medians, "mixed": paired + " Where a cell has none: " + medians}[method]
+    return text + " Above 1 (the dashed line) is faster than the baseline, below is slower."
+
+
+@_styled
+def speedup_heatmap(df: pd.DataFrame, sp: pd.DataFrame, baseline: str, out_dir: Path) -> list[Figure]:
+    """Speed-ups as a heatmap (:func:`attnbench.report.analysis.speedup_grid`): a row per implementation (ordered
+    by geometric mean, fastest on top), a column per shape, each cell annotated with the speed-up and its paired
+    CI; colour: log2 speed-up, diverging at 1. :data:`HEATMAP_MAX_COLUMNS` columns to a figure."""
+    title = f"Speed-up relative to {label(baseline)}"
+    grid = an.speedup_grid(df, sp, baseline)
+    values = grid.speedup.to_numpy(dtype=float)
+    span = float(np.nanmax(np.abs(np.log2(values)))) or 1.0
+    cmap = matplotlib.colormaps["RdBu"]
+    norm = matplotlib.colors.Normalize(vmin=-span, vmax=span)
+    chunks = _chunks(list(range(values.shape[1])), HEATMAP_MAX_COLUMNS)
+    method = an.speedup_method(sp)
+    out = []
+    for ci, chunk in enumerate(chunks):
+        logs = np.log2(values[:, chunk])
+        fig = MplFigure(figsize=(max(6.0, 1.25 * len(chunk) + 3.2), 1.4 + 0.5 * len(grid.speedup)), layout="constrained")
+        ax = fig.add_subplot(1, 1, 1)
+        ax.imshow(np.ma.masked_invalid(logs), cmap=cmap, norm=norm, aspect="auto")
+        for i in range(logs.shape[0]):
+            for j, col in enumerate(chunk):
+                dark = np.isfinite(logs[i, j]) and abs(logs[i, j]) > 0.6 * span
+                ax.text(j, i, grid.text.iat[i, col], ha="center", va="center", fontsize=7.5, linespacing=1.1,
+                        color="white" if dark else "black" if np.isfinite(logs[i, j]) else "#666")
+        ax.set_xticks(range(len(chunk)), [grid.labels[c] for c in chunk], fontsize=8)
+        ax.set_yticks(range(len(grid.speedup)), [label(i, 28) for i in grid.speedup.index])
+        ax.grid(False)
+        ax.tick_params(length=0)
+        for side in ("top", "right", "left", "bottom"):
+            ax.spines[side].set_visible(False)
+        bar = fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, shrink=0.8)
+        bar.set_label(f"speed-up vs {label(baseline, 24)}")
+        bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{2 ** v:.3g}×"))
+        t = _title(title, df, ci, len(chunks))
+        fig.suptitle(t.replace("$", r"\$"), fontsize=12)
+        fname = f"speedup{_suffix(ci, len(chunks))}"
+        png, svg, uri = _save(fig, out_dir, fname)
+        caption = (_speedup_caption(baseline, method) + " Each cell: speed-up, and below it its 95% CI where it "
+                   "is paired; rows ordered by geometric-mean speed-up (fastest on top); blue faster, red slower.")
+        out.append(Figure(fname, t, caption, png, svg, uri, kind="heatmap"))
+    return out
 
 
 def _metric_panels(df: pd.DataFrame, column: str, name: str, title: str, ylabel: str, fmt, styles: dict,
@@ -455,9 +569,12 @@ def bars(df: pd.DataFrame, baseline: str | None, styles: dict, out_dir: Path) ->
     ax.set_yticks(y, [label(i) for i in cells["impl"]])
     ax.grid(axis="y", visible=False)
     base_med = cells.loc[cells["impl"] == baseline, "median_s"]
-    for yi, (m, h, impl) in enumerate(zip(med, hi, cells["impl"], strict=True)):
+    for yi, (m, h, r) in enumerate(zip(med, hi, cells.itertuples(), strict=True)):
         text = f" {m:.3g} {unit}"
-        if len(base_med) and impl != baseline:
+        paired = str(getattr(r, "baseline", "") or "") == baseline and np.isfinite(getattr(r, "speedup", np.nan))
+        if paired and r.impl != baseline:  # the paired speed-up, measured in alternation with the baseline
+            text += f"  ({r.speedup:.2f}× vs {label(baseline, 24)}, paired)"
+        elif len(base_med) and r.impl != baseline:
             text += f"  ({float(base_med.iloc[0]) / (m * scale):.2f}× vs {label(baseline, 24)})"
         ax.text(m + h, yi, text, va="center", fontsize=8.5)
     ax.set_xlim(0, (med + hi).max() * 1.45)

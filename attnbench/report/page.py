@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -140,15 +141,44 @@ def _pick_profiles(tables: list[dict], limit: int = 6) -> list[dict]:
     return [p for _, p in best.values()][:limit]
 
 
-def build_report(results_path: str | Path, out_dir: str | Path | None = None, baseline: str | None = "weight_split",
-                 top_ops: int = 15) -> Path:
+DEFAULT_BASELINE = "weight_split"
+"""The report's baseline for a run without paired speed-ups (and no ``baseline`` asked for)."""
+ENV_DPI = "ATTNBENCH_REPORT_DPI"
+ENV_FORMATS = "ATTNBENCH_REPORT_FORMATS"
+
+
+def render_settings(dpi: int | None = None, formats: str | tuple[str, ...] | None = None) -> figs.Render:
+    """The figures' :class:`~attnbench.report.figures.Render`: the arguments, else the environment variables
+    ``ATTNBENCH_REPORT_DPI`` and ``ATTNBENCH_REPORT_FORMATS`` (``png`` or ``png,svg``), else 150 dpi, PNG and SVG."""
+    dpi = dpi if dpi is not None else os.environ.get(ENV_DPI) or figs.PNG_DPI
+    formats = formats if formats is not None else os.environ.get(ENV_FORMATS) or ("png", "svg")
+    names = tuple(f.strip().lower() for f in (formats.split(",") if isinstance(formats, str) else formats) if f.strip())
+    try:
+        dpi = int(dpi)
+    except ValueError:
+        raise ResultsError(f"report dpi must be a whole number, got {dpi!r} (check ${ENV_DPI})") from None
+    if dpi < 10 or set(names) - {"png", "svg"} or "png" not in names:
+        raise ResultsError(f"report figures need dpi >= 10 and formats png or png,svg; got dpi {dpi}, formats "
+                           f"{','.join(names) or 'none'} (check ${ENV_DPI} and ${ENV_FORMATS})")
+    return figs.Render(dpi=dpi, svg="svg" in names)
+
+
+def build_report(results_path: str | Path, out_dir: str | Path | None = None, baseline: str | None = None,
+                 top_ops: int = 15, dpi: int | None = None, formats: str | tuple[str, ...] | None = None) -> Path:
     """Write the report of one run and return the path of its ``report.html``.
 
     ``results_path`` is a run folder or its ``results.parquet``. ``out_dir`` defaults to
     ``reports/<run-id>/`` under the working directory. The page is self-contained (figures embedded
     as PNG data URIs, styles inline, no scripts, no network); figures are also written as PNG and SVG
-    under ``figures/`` and tables as CSV and Markdown under ``tables/``.
+    under ``figures/`` and tables as CSV and Markdown under ``tables/``. ``baseline``: the implementation
+    speed-ups are relative to; by default the run's own (its paired speed-ups), else ``weight_split``.
+    ``dpi`` and ``formats`` (``"png"`` or ``"png,svg"``): see :func:`render_settings`.
     """
+    with figs.rendering(render_settings(dpi, formats)):
+        return _build_report(results_path, out_dir, baseline, top_ops)
+
+
+def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline: str | None, top_ops: int) -> Path:
     path = Path(results_path)
     raw, meta = load_run(path)
     run_id = str(meta.get("run_id") or (path.name if path.is_dir() else path.parent.name) or "run")
@@ -161,11 +191,21 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
     df = an.prepare(raw)
     ok = an.ok_rows(df)
     styles = figs.impl_styles(df["impl"].tolist())
-    chosen, baseline_note = an.choose_baseline(df, baseline)
+    run_baseline = an.paired_baseline(df)
+    requested = baseline or run_baseline or DEFAULT_BASELINE
+    chosen, baseline_note = an.choose_baseline(df, requested)
     tables = Tables(out)
 
     # figures
     sp = an.speedups(df, chosen)
+    method = an.speedup_method(sp[sp["impl"] != chosen]) if len(sp) else "medians"
+    speedup_note = None
+    if chosen is not None and method != "paired":
+        speedup_note = (f"The speed-ups against {chosen} are ratios of medians (no CI): "
+                        + (f"this run's paired speed-ups are against {run_baseline}; `attnbench report --baseline "
+                           f"{run_baseline}` shows them." if run_baseline and run_baseline != chosen else
+                           "this run predates paired speed-ups (implementations timed in alternation), so drift "
+                           "between the implementations' timing blocks is in them."))
     bar_fig, bar_table = figs.bars(df, chosen, styles, fig_dir)
     figure_sections = [
         ("latency", "Latency vs sequence length", figs.latency(df, styles, fig_dir)),
@@ -186,13 +226,23 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
     fastest = an.fastest(df)
     t["fastest"] = tables.add("fastest", fastest, classes=["noisy" if "noisy" in n else "" for n in fastest["note"]])
     if len(sp):
-        sp_disp = sp[sp["impl"] != chosen].drop(columns=["group"])
-        sp_raw = sp_disp.copy()
-        sp_disp = _fmt_df(sp_disp, {"median_s": an.fmt_time, "baseline_median_s": an.fmt_time,
-                                    "speedup": lambda v: f"{v:.3g}×"})
-        t["speedup"] = tables.add("speedup", sp_disp.rename(columns={"median_s": "median",
-                                                                     "baseline_median_s": "baseline median"}), sp_raw)
-    cross, cross_notes = an.crossovers(df, chosen)
+        sp_raw = sp[sp["impl"] != chosen].drop(columns=["group"])
+        sp_disp = pd.DataFrame({
+            "configuration": sp_raw["configuration"], "impl": sp_raw["impl"], "seq_len": sp_raw["seq_len"],
+            "median": [an.fmt_time(v) for v in sp_raw["median_s"]],
+            "baseline median": [an.fmt_time(v) for v in sp_raw["baseline_median_s"]],
+            "speed-up (95% CI)": [an.fmt_speedup(r.speedup, r.speedup_ci_low, r.speedup_ci_high, r.unstable)
+                                  for r in sp_raw.itertuples()],
+            "paired": ["yes" if p else "no (ratio of medians)" for p in sp_raw["paired"]]})
+        t["speedup"] = tables.add("speedup", sp_disp, sp_raw,
+                                  classes=["noisy" if u else "" for u in sp_raw["unstable"]])
+    speedup_sentences = an.speedup_sentences(sp, chosen)
+    missing = an.unpaired(df, chosen)
+    if missing:
+        speedup_note = " ".join(filter(None, [speedup_note, (
+            f"{len(missing)} cell(s) have no paired speed-up and are left out: " + "; ".join(missing[:8])
+            + (" …" if len(missing) > 8 else ""))]))
+    cross, cross_notes = an.crossovers(df, chosen, sp)
     cross_t = [("" if v is None or v != v else int(v)) for v in cross["crossover_T"]]
     t["crossovers"] = tables.add("crossovers", cross[["configuration", "a", "b", "kind", "crossover_T", "n_T"]]
                                  .assign(crossover_T=cross_t), cross.drop(columns="short"))
@@ -257,11 +307,12 @@ def build_report(results_path: str | Path, out_dir: str | Path | None = None, ba
                             + (f" — {r.note}" if r.note else "") + ".")
 
     figure_files = [f"figures/{f.name}.{ext}" for _, _, fl in figure_sections for f in fl if not f.skipped
-                    for ext in ("png", "svg")]
+                    for ext in figs.current_render().formats]
     page = jinja_env().get_template("report.html.j2").render(
         run_id=run_id, meta=meta, summary=summary, baseline=chosen, requested_baseline=baseline,
         baseline_note=baseline_note, headline=headline, figure_sections=figure_sections, tables=t,
-        sentences=sentences, cross_notes=cross_notes, variant_sentences=variants.sentences(df),
+        sentences=sentences, cross_notes=cross_notes, speedup_sentences=speedup_sentences,
+        speedup_note=speedup_note, speedup_method=method, variant_sentences=variants.sentences(df),
         other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
         profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
         styles=styles, files=figure_files + tables.files, source=str(path),

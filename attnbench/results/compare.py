@@ -13,10 +13,21 @@ inputs give the same answer. A cell is a **significant slowdown** when
 status differs, and axes whose value sets differ are reported, never silently dropped. A cell flagged
 ``unstable`` (two modes) or ``contended`` (timed under other load) in either run says so in ``change`` when its
 difference is significant.
+
+With ``speedups=True`` (``attnbench compare A B --speedups``) the effect is instead the ratio of the two runs'
+**paired speed-ups** against their comparison group's baseline, ``speedup_B / speedup_A`` (< 1: the
+implementation lost ground against the baseline in B). Each run's speed-up comes from bursts of the group's
+members timed in alternation, so a drift of the machine between the runs, which moves every time alike,
+cancels in it. Its CI combines the two runs' paired 95% CIs on the log scale (their standard errors added in
+quadrature); the p-value is the normal test of that log-ratio. The decision rule is the same: a cell is a
+**significant slowdown** when ``p < alpha``, the ratio is below ``1 / (1 + threshold)`` and the CI's upper
+bound is below 1. Baseline rows (speed-up 1 by definition) are not compared; a row without a paired speed-up
+in either run is ``untested`` and says why.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +77,7 @@ class CompareResult:
     env_diff: list[tuple[str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     frames: tuple[pd.DataFrame, pd.DataFrame] | None = field(default=None, repr=False)
+    kind: str = "times"  # "times": ratio of medians B/A; "speedups": ratio of paired speed-ups B/A
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -85,10 +97,17 @@ class CompareResult:
     def summary(self) -> str:
         """One paragraph in words."""
         n = len(self.cells)
-        parts = [f"{n} cell{'s' if n != 1 else ''} timed in both runs: {len(self.regressions)} significantly slower "
-                 f"in B by more than {self.threshold:.0%}, {len(self.improvements)} significantly faster, "
-                 f"{n - len(self.regressions) - len(self.improvements)} without a significant change beyond the "
-                 "threshold."]
+        if self.kind == "speedups":
+            parts = [f"{n} speed-up{'s' if n != 1 else ''} compared: {len(self.regressions)} significantly lower "
+                     f"in B (the implementation lost more than {self.threshold:.0%} against its baseline), "
+                     f"{len(self.improvements)} significantly higher, "
+                     f"{n - len(self.regressions) - len(self.improvements)} without a significant change beyond the "
+                     "threshold."]
+        else:
+            parts = [f"{n} cell{'s' if n != 1 else ''} timed in both runs: {len(self.regressions)} significantly "
+                     f"slower in B by more than {self.threshold:.0%}, {len(self.improvements)} significantly faster, "
+                     f"{n - len(self.regressions) - len(self.improvements)} without a significant change beyond the "
+                     "threshold."]
         if self.only_in_a or self.only_in_b:
             parts.append(f"{len(self.only_in_a)} cell(s) only in A and {len(self.only_in_b)} only in B "
                          "were not compared.")
@@ -142,6 +161,87 @@ def ratio_p_value(draws: np.ndarray) -> float:
     return float(min(1.0, (2 * min(below, above) + 1) / (len(draws) + 1)))
 
 
+SPEEDUP_COLUMNS = ("baseline", "speedup_a", "speedup_a_low", "speedup_a_high", "speedup_b", "speedup_b_low",
+                   "speedup_b_high")
+
+
+def _text(value) -> str:
+    """A string cell as text: "" for None, NaN and pandas' NA."""
+    return "" if value is None or (not isinstance(value, str) and pd.isna(value)) else str(value)
+
+
+def _finite(*values) -> bool:
+    try:
+        return all(v is not None and np.isfinite(float(v)) for v in values)
+    except (TypeError, ValueError):
+        return False
+
+
+def speedup_ratio(a: tuple[float, float, float], b: tuple[float, float, float], alpha: float = 0.05,
+                  level: float = 0.95) -> tuple[float, float, float, float]:
+    """``(ratio, ci_low, ci_high, p)`` of ``speedup_b / speedup_a`` from each run's ``(speedup, ci_low, ci_high)``.
+
+    Each paired CI (at ``level``) gives a standard error of the log speed-up (its log half-width over the
+    normal quantile); the two runs are independent, so the log-ratio's standard error is their root sum of
+    squares. The CI is at ``1 - alpha``; ``p`` is the two-sided normal test of "the ratio is 1".
+    """
+    z_level = math.sqrt(2) * _erfinv(level)
+    se = [(math.log(hi) - math.log(lo)) / (2 * z_level) for _, lo, hi in (a, b)]
+    d = math.log(b[0]) - math.log(a[0])
+    se_d = math.hypot(*se)
+    z = math.sqrt(2) * _erfinv(1 - alpha)
+    if se_d == 0:
+        return math.exp(d), math.exp(d), math.exp(d), 1.0 if d == 0 else 0.0
+    p = math.erfc(abs(d) / se_d / math.sqrt(2))
+    return math.exp(d), math.exp(d - z * se_d), math.exp(d + z * se_d), float(p)
+
+
+def _erfinv(x: float) -> float:
+    from scipy.special import erfinv
+
+    return float(erfinv(x))
+
+
+def _speedup_cell(ra: dict, rb: dict, row: dict, threshold: float, alpha: float) -> dict | None:
+    """``row`` completed with the comparison of the two rows' paired speed-ups; None for a baseline row."""
+    base_a, base_b = _text(ra.get("baseline")), _text(rb.get("baseline"))
+    if ra["impl"] in (base_a, base_b) or rb["impl"] in (base_a, base_b):
+        return None  # the baseline's speed-up is 1 by definition
+    sa = tuple(float(ra.get(k)) if _finite(ra.get(k)) else float("nan") for k in ("speedup", "speedup_ci_low",
+                                                                                     "speedup_ci_high"))
+    sb = tuple(float(rb.get(k)) if _finite(rb.get(k)) else float("nan") for k in ("speedup", "speedup_ci_low",
+                                                                                     "speedup_ci_high"))
+    row.update(baseline=base_a if base_a == base_b else f"{base_a or '–'} / {base_b or '–'}",
+               speedup_a=sa[0], speedup_a_low=sa[1], speedup_a_high=sa[2],
+               speedup_b=sb[0], speedup_b_low=sb[1], speedup_b_high=sb[2])
+    why = []
+    if base_a != base_b:
+        why.append(f"the runs' baselines differ (A {base_a or 'none'}, B {base_b or 'none'})")
+    for side, r, sp in (("A", ra, sa), ("B", rb, sb)):
+        if not _finite(*sp) or sp[0] <= 0 or sp[1] <= 0:
+            reason = next((n for n in _text(r.get("notes")).split("; ") if "speed-up" in n or "paired" in n), "")
+            why.append(f"no paired speed-up with a CI in {side}" + (f" ({reason})" if reason else
+                                                                   " (a run before paired speed-ups?)"))
+    if why:
+        if _finite(sa[0], sb[0]) and sa[0] > 0 and base_a == base_b:
+            row["ratio"] = sb[0] / sa[0]
+        row["change"] = "untested"
+        row["note"] = "; ".join(why)
+        return row
+    ratio, lo, hi, p = speedup_ratio(sa, sb, alpha)
+    row.update(ratio=ratio, ci_low=lo, ci_high=hi, p_value=p)
+    significant = p < alpha
+    # lower speed-up in B: the implementation lost ground against its baseline (a slowdown)
+    row["regression"] = bool(significant and ratio < 1 / (1 + threshold) and hi < 1)
+    row["improvement"] = bool(significant and ratio > 1 + threshold and lo > 1)
+    row["change"] = ("slower" if row["regression"] else "faster" if row["improvement"] else
+                     "slower, within threshold" if significant and hi < 1 else
+                     "faster, within threshold" if significant and lo > 1 else "no significant change")
+    if row["unstable"] and significant:
+        row["change"] += " (unstable cell: the difference may be a change of mode)"
+    return row
+
+
 def _unstable_note(row: dict) -> str:
     """The row's ``unstable: ... modes ...`` note, or "" for a stable cell."""
     if str(row.get("stability")) != "unstable":
@@ -193,10 +293,12 @@ def _env(value) -> str:
 
 
 def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: int = 2000,
-                 seed: int = 0) -> CompareResult:
+                 seed: int = 0, speedups: bool = False) -> CompareResult:
     """Compare run ``b`` against run ``a`` (each a run folder, a ``results.parquet``, or a DataFrame).
 
-    See :class:`CompareResult` for what comes back and the module docstring for the decision rule.
+    See :class:`CompareResult` for what comes back and the module docstring for the decision rule;
+    ``speedups``: compare the paired speed-ups instead of the medians (``ratio`` is then
+    ``speedup_B / speedup_A`` and the cells carry :data:`SPEEDUP_COLUMNS`).
     """
     if threshold < 0:
         raise ResultsError(f"--threshold must be >= 0 (a fraction: 0.10 means 10%), got {threshold}")
@@ -236,6 +338,13 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
                "n_b": len(sb), "ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
                "p_value": float("nan"), "regression": False, "improvement": False, "change": "",
                "unstable": bool(unstable), "contended": contended, "note": ""}
+        if speedups:
+            done = _speedup_cell(ra, rb, row, threshold, alpha)
+            if done is not None:
+                if unstable:
+                    done["note"] = "; ".join(n for n in (done["note"], unstable) if n)
+                rows.append(done)
+            continue
         if len(sa) >= 2 and len(sb) >= 2 and np.median(sa) > 0:
             row["median_a"], row["median_b"] = group_median(ga), group_median(gb)  # as `attnbench run` reports them
             row["ratio"] = row["median_b"] / row["median_a"]
@@ -271,10 +380,15 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
         rows.append(row)
 
     cols = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
-            "regression", "improvement", "unstable", "contended", "note"]
+            "regression", "improvement", "unstable", "contended", "note"] + (list(SPEEDUP_COLUMNS) if speedups else [])
     cells = pd.DataFrame(rows, columns=cols)
+    if speedups and not len(cells) and common:
+        notes.append("no cell other than the baselines was ok in both runs; nothing to compare")
+    if speedups and len(cells) and not np.isfinite(cells["ci_low"]).any():
+        notes.append("neither run has paired speed-ups with CIs in common cells (runs before comparison groups "
+                     "were timed interleaved?); compare them without --speedups")
     if len(cells):
-        cells = cells.sort_values(["regression", "ratio"], ascending=[False, False], na_position="last",
+        cells = cells.sort_values(["regression", "ratio"], ascending=[False, not speedups], na_position="last",
                                   kind="stable").reset_index(drop=True)
         cells["regression"] = cells["regression"].astype(bool)
         cells["improvement"] = cells["improvement"].astype(bool)
@@ -295,15 +409,26 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
         status_changed=pd.DataFrame(changed, columns=[*AXES, "status_a", "status_b", "error_a", "error_b"]),
         axis_mismatch=mismatch, label_a=label_a, label_b=label_b, threshold=threshold, alpha=alpha,
         resamples=resamples, meta_a=meta_a, meta_b=meta_b, env_diff=env_diff, notes=notes,
-        frames=(dfa.drop(columns="_key"), dfb.drop(columns="_key")),
+        frames=(dfa.drop(columns="_key"), dfb.drop(columns="_key")), kind="speedups" if speedups else "times",
     )
 
 
 # ---------------------------------------------------------------- HTML
 
 
-def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
-    """Write ``compare.html`` (self-contained), the overlaid latency figures and ``compare.csv``; return the page."""
+def write_compare_html(result: CompareResult, out_dir: str | Path, dpi: int | None = None,
+                       formats: str | tuple[str, ...] | None = None) -> Path:
+    """Write ``compare.html`` (self-contained), the overlaid latency figures and ``compare.csv``; return the page.
+
+    ``dpi`` and ``formats``: as :func:`attnbench.report.build_report`'s (the environment variables too)."""
+    from attnbench.report import figures as figs
+    from attnbench.report.page import render_settings
+
+    with figs.rendering(render_settings(dpi, formats)):
+        return _write_compare_html(result, out_dir)
+
+
+def _write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     from attnbench.report import analysis as an
     from attnbench.report import figures as figs
     from attnbench.report.page import Tables, _fmt_df, jinja_env
@@ -317,6 +442,8 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     figures = figs.latency_overlay(pa, pb, result.label_a, result.label_b, styles, out / "figures")
 
     c = result.cells
+    if result.kind == "speedups":
+        return _write_speedup_page(result, out, tables, figures, styles)
     disp = pd.DataFrame({
         "impl": c["impl"],
         "configuration": [an.configuration_label(r) for r in c.itertuples()],
@@ -341,7 +468,46 @@ def write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     page = jinja_env().get_template("compare.html.j2").render(
         r=result, tables=t, figures=figures, styles=styles, n_regressions=len(result.regressions),
         n_improvements=len(result.improvements), files=[f"figures/{f.name}.{e}" for f in figures if not f.skipped
-                                                          for e in ("png", "svg")] + tables.files,
+                                                          for e in figs.current_render().formats] + tables.files,
+    )
+    path = out / "compare.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _write_speedup_page(result: CompareResult, out: Path, tables, figures, styles) -> Path:
+    """The page of ``compare --speedups``: each run's paired speed-up with its CI, and their ratio."""
+    from attnbench.report import analysis as an
+    from attnbench.report import figures as figs
+    from attnbench.report.page import _fmt_df, jinja_env
+
+    c = result.cells
+    disp = pd.DataFrame({
+        "impl": c["impl"],
+        "configuration": [an.configuration_label(r) for r in c.itertuples()],
+        "seq_len": c["seq_len"],
+        "baseline": c["baseline"],
+        "A speed-up": [an.fmt_speedup(s, lo, hi) for s, lo, hi in zip(c["speedup_a"], c["speedup_a_low"],
+                                                                        c["speedup_a_high"], strict=True)],
+        "B speed-up": [an.fmt_speedup(s, lo, hi) for s, lo, hi in zip(c["speedup_b"], c["speedup_b_low"],
+                                                                        c["speedup_b_high"], strict=True)],
+        "B/A": [an.fmt_num(v) + "×" if np.isfinite(v) else "–" for v in c["ratio"]],
+        f"{1 - result.alpha:.0%} CI": [f"{an.fmt_num(lo)} – {an.fmt_num(hi)}" if np.isfinite(lo) else "–"
+                                       for lo, hi in zip(c["ci_low"], c["ci_high"], strict=True)],
+        "p": [f"{p:.2g}" if np.isfinite(p) else "–" for p in c["p_value"]],
+        "change": c["change"],
+        "note": c["note"],
+    })
+    classes = ["regression" if r else "improvement" if i else ""
+               for r, i in zip(c["regression"], c["improvement"], strict=True)]
+    t = {"cells": tables.add("compare_speedups", disp, c, classes=classes, long_columns=("note",))}
+    t["only_a"] = tables.add("only_in_a", pd.DataFrame(result.only_in_a, columns=list(AXES)))
+    t["only_b"] = tables.add("only_in_b", pd.DataFrame(result.only_in_b, columns=list(AXES)))
+    t["status"] = tables.add("status_changed", _fmt_df(result.status_changed, {}), long_columns=("error_a", "error_b"))
+    page = jinja_env().get_template("compare.html.j2").render(
+        r=result, tables=t, figures=figures, styles=styles, n_regressions=len(result.regressions),
+        n_improvements=len(result.improvements), files=[f"figures/{f.name}.{e}" for f in figures if not f.skipped
+                                                          for e in figs.current_render().formats] + tables.files,
     )
     path = out / "compare.html"
     path.write_text(page, encoding="utf-8")

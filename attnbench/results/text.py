@@ -74,6 +74,17 @@ def fmt_contention(row) -> str:
     return "contended (" + ", ".join(p for p in parts if p) + ")"
 
 
+def fmt_speedup(speedup: float, lo: float = float("nan"), hi: float = float("nan"), unstable: bool = False) -> str:
+    """``1.23× (1.18–1.29)`` (a speed-up and its CI); ``1.23×`` without a CI; ``, unstable`` appended for a
+    member flagged unstable (its speed-up may move between runs); ``–`` for NaN or None."""
+    if not _finite(speedup):
+        return MISSING
+    text = f"{speedup:.3g}×"
+    if _finite(lo) and _finite(hi):
+        text += f" ({lo:.3g}–{hi:.3g})"
+    return text + (", unstable" if unstable else "")
+
+
 def axis_label(axis: str, value) -> str:
     """How one axis value reads (``B=1``, ``h=8``, ``T=128``, ``float32``, ``window 64``, ``non-causal`` ...)."""
     if axis == "window":  # NaN, None or 0: full attention

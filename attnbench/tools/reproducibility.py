@@ -20,11 +20,19 @@ another: coverage measured on the calibration runs themselves is optimistic.
 
 The whole set of runs holds the machine's measurement lock (:mod:`attnbench.measure.machine_lock`), so no other
 measurement slips in between them; each run measures under it (it finds the lock held by this process).
+``--speedups`` adds the same questions about the speed-ups against each comparison group's baseline
+(:func:`speedup_agreement`): how far each paired speed-up moves between runs (max/min, worst and mean; next
+to it the ratio of medians, the unpaired speed-up, for comparison), how often one run's paired CI covers another
+run's speed-up, and whether a speed-up whose CI excludes 1 ever lands on the other side of 1 in another run.
+``--load memory|cpu`` runs a contention generator on the spare core for the whole set
+(:mod:`attnbench.tools.load`; bounded, and stopped when the tool ends). ``--baseline IMPL`` and anything
+after ``--`` go to every ``attnbench run``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import subprocess
@@ -39,6 +47,7 @@ from attnbench.devices import parse_device_type
 from attnbench.measure import drift, machine_lock
 from attnbench.results.schema import AXES
 from attnbench.results.store import load_run
+from attnbench.tools import load as contention_load
 
 CONFIG = [a for a in AXES if a != "impl"]
 """The axes that make a configuration; implementations are ranked within one."""
@@ -54,6 +63,9 @@ def run_once(args: argparse.Namespace, allocator: str, out: Path) -> Path:
         cmd += ["--drift", args.drift]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.baseline:
+        cmd += ["--baseline", args.baseline]
+    cmd += list(getattr(args, "run_args", []))  # what followed `--`: attnbench run's own options
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"reproducibility: `{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
@@ -102,8 +114,102 @@ def agreement(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, dict]:
     return cells, summary
 
 
+def _group_key(cell_id: str) -> str:
+    """A cell's comparison group: its ``cell_id`` without the implementation (the ``group_id`` column's rule)."""
+    return cell_id.split("|", 1)[1] if "|" in cell_id else cell_id
+
+
+def _with_speedups(df: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
+    """One run's ok rows with ``group``, ``base`` (the row's baseline, else ``baseline``, else sdpa when swept, else
+    the first implementation), ``sp_medians`` (baseline median / median, the unpaired speed-up) and the paired
+    ``speedup`` columns (NaN in a run before paired speed-ups)."""
+    ok = df[df.status == "ok"].copy()
+    for col in ("speedup", "speedup_ci_low", "speedup_ci_high"):
+        ok[col] = pd.to_numeric(ok[col], errors="coerce") if col in ok else float("nan")
+    ok["group"] = [_group_key(str(c)) for c in ok.cell_id]
+    impls = list(dict.fromkeys(ok.impl))
+    fallback = baseline or ("sdpa" if "sdpa" in impls else impls[0] if impls else "")
+    own = ok["baseline"].astype(object).where(ok["baseline"].notna(), "") if "baseline" in ok else ""
+    ok["base"] = [str(b) if b else fallback for b in (own if len(ok) and "baseline" in ok else [""] * len(ok))]
+    medians = {(r.impl, r.group): r.median_s for r in ok.itertuples()}
+    ok["sp_medians"] = [medians.get((b, g), float("nan")) / m for b, g, m in zip(ok.base, ok.group, ok.median_s,
+                                                                                   strict=True)]
+    return ok[ok.impl != ok.base]
+
+
+def speedup_agreement(frames: list[pd.DataFrame], baseline: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Per cell (implementation other than its group's baseline), how its speed-up agrees across runs.
+
+    ``max_min``: max/min of the paired speed-up across runs; ``max_min_medians`` the same for the ratio of
+    medians (the unpaired speed-up, measured in separate blocks). ``coverage``: the share of ordered pairs of
+    runs (i, j) where run i's paired CI holds run j's speed-up. ``reversed``: some run's CI excludes 1 and
+    another run's speed-up is on the other side of 1. Runs without paired speed-ups give only the medians.
+    """
+    ok = pd.concat([_with_speedups(f, baseline).assign(run=i) for i, f in enumerate(frames)])
+    rows = []
+    for cell_id, g in ok.groupby("cell_id", sort=False):
+        if len(g) < 2:
+            continue
+        first = g.iloc[0]
+        sp, lo, hi = g.speedup.to_numpy(), g.speedup_ci_low.to_numpy(), g.speedup_ci_high.to_numpy()
+        paired = bool(np.isfinite(sp).all() and np.isfinite(lo).all() and np.isfinite(hi).all())
+        row = {"impl": first.impl, "baseline": first.base, "seq_len": first.seq_len, "mode": first["mode"],
+               "dtype": first.dtype, "cell_id": cell_id, "runs": len(g),
+               "speedup": float(np.median(sp)) if paired else float("nan"),
+               "max_min": float(sp.max() / sp.min()) if paired else float("nan"),
+               "max_min_medians": float(np.nanmax(g.sp_medians) / np.nanmin(g.sp_medians)),
+               "coverage": float("nan"), "reversed": False, "excludes_1": False}
+        if paired:
+            i, j = np.nonzero(~np.eye(len(g), dtype=bool))
+            row["coverage"] = float(np.mean((lo[i] <= sp[j]) & (sp[j] <= hi[i])))
+            faster, slower = lo > 1, hi < 1
+            row["excludes_1"] = bool((faster | slower).any())
+            row["reversed"] = bool((faster.any() and (sp < 1).any()) or (slower.any() and (sp > 1).any()))
+        rows.append(row)
+    cells = pd.DataFrame(rows, columns=["impl", "baseline", "seq_len", "mode", "dtype", "cell_id", "runs", "speedup",
+                                        "max_min", "max_min_medians", "coverage", "reversed", "excludes_1"])
+    paired_cells = cells[np.isfinite(cells.max_min)] if len(cells) else cells
+    nan = float("nan")
+    summary = {"speedup_cells": len(cells), "paired_cells": len(paired_cells),
+               "speedup_worst_max_min": float(paired_cells.max_min.max()) if len(paired_cells) else nan,
+               "speedup_mean_max_min": float(paired_cells.max_min.mean()) if len(paired_cells) else nan,
+               "medians_worst_max_min": float(cells.max_min_medians.max()) if len(cells) else nan,
+               "medians_mean_max_min": float(cells.max_min_medians.mean()) if len(cells) else nan,
+               "speedup_coverage_pct": 100 * float(paired_cells.coverage.mean()) if len(paired_cells) else nan,
+               "excluding_1": int(paired_cells.excludes_1.sum()) if len(paired_cells) else 0,
+               "reversals": int(paired_cells.reversed.sum()) if len(paired_cells) else 0}
+    return cells, summary
+
+
+def print_speedups(cells: pd.DataFrame, summary: dict) -> None:
+    """The speed-up table and its summary line."""
+    if len(cells):
+        shown = cells[["impl", "baseline", "seq_len", "mode", "speedup", "max_min", "max_min_medians", "coverage",
+                       "reversed"]]
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if not summary["paired_cells"]:
+        print(f"speed-ups: no paired speed-ups in these runs; the ratio of medians moved by worst "
+              f"{summary['medians_worst_max_min']:.3f}, mean {summary['medians_mean_max_min']:.3f}")
+        return
+    print(f"paired speed-ups across runs: max/min worst {summary['speedup_worst_max_min']:.3f}, mean "
+          f"{summary['speedup_mean_max_min']:.3f} (ratio of medians: worst {summary['medians_worst_max_min']:.3f}, mean "
+          f"{summary['medians_mean_max_min']:.3f}); a run's paired CI covered another run's speed-up in "
+          f"{summary['speedup_coverage_pct']:.0f}% of pairs; {summary['reversals']} of {summary['excluding_1']} "
+          "speed-up(s) whose CI excluded 1 in some run reversed in another")
+
+
+def _split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` before ``--`` (this tool's) and after it (passed to every ``attnbench run``)."""
+    if "--" in argv:
+        k = argv.index("--")
+        return argv[:k], argv[k + 1:]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Options after -- go to every `attnbench run` as they are, e.g. "
+                                            "-- --target-ci 0.01 --cell-timeout 60.")
     parser.add_argument("--runs", "-k", type=int, default=4, help="independent runs per allocator (default 4)")
     parser.add_argument("--impl", default="weight_split,fused_qkv,einsum,sdpa")
     parser.add_argument("--seq", default="256,512")
@@ -123,7 +229,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cpu-allocator", default="pinned", help="comma-separated; the runs are interleaved")
     parser.add_argument("--keep", metavar="DIR", help="keep the run folders here (default: a temporary folder)")
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON at the end")
-    args = parser.parse_args(argv)
+    parser.add_argument("--baseline", help="--baseline of each run: the comparison groups' baseline implementation")
+    parser.add_argument("--speedups", action="store_true",
+                        help="also report how each speed-up against the baseline agrees across the runs")
+    parser.add_argument("--load", choices=contention_load.KINDS,
+                        help="run a contention generator on the spare core during the runs (memory: a copy loop over "
+                             "a buffer larger than the LLC, 3 s on / 2 s off; cpu: a busy loop)")
+    parser.add_argument("--load-limit", type=float, default=3600.0,
+                        help="the generator stops by itself after this many seconds (default 3600); it stops anyway "
+                             "when the runs are done or this tool exits")
+    own, run_args = _split_run_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own)
+    args.run_args = run_args
     if args.runs < 2:
         parser.error("--runs must be at least 2 (agreement needs two runs)")
     if args.calibrate and args.runs < 4:
@@ -133,7 +250,11 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="attnbench-repro-") as tmp:
         out = Path(args.keep or tmp)
         dirs: dict[str, list[Path]] = {a: [] for a in allocators}
-        with machine_lock.measuring([args.device], purpose=f"attnbench reproducibility: {args.runs} runs"):
+        load = contention_load.Load(args.load, args.load_limit) if args.load else None
+        with machine_lock.measuring([args.device], purpose=f"attnbench reproducibility: {args.runs} runs"), \
+                (load if load is not None else contextlib.nullcontext()):
+            if load is not None:
+                print(load.describe(), flush=True)
             for k in range(args.runs):
                 for allocator in allocators:
                     print(f"run {k + 1}/{args.runs} --cpu-allocator {allocator} ...", flush=True)
@@ -157,6 +278,12 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{summary['mean_max_min']:.3f}; CI covered another run's median in {summary['coverage_pct']:.0f}% "
                   f"of pairs; pairwise rankings agreed in {summary['ranking_agreement_pct']:.0f}% of "
                   f"{summary['pairs']} pairs; {summary['unstable_cells']} cell(s) flagged unstable in some run")
+            if args.speedups:
+                sp_cells, sp_summary = speedup_agreement(frames, args.baseline)
+                summary.update(sp_summary)
+                print_speedups(sp_cells, sp_summary)
+            if load is not None:
+                summary["load"] = load.describe()
             est = summary["drift_estimate"]
             print(f"CIs included a between-run term of ±{100 * summary['drift_used']:.2f}%; the within-run CIs alone "
                   f"covered {summary['coverage_within_pct']:.0f}%. Between-run term calibrated on these runs "
