@@ -46,3 +46,7 @@ class ResultsError(AttnbenchError, OSError):
 
 class RowError(ResultsError, ValueError):
     """A results row has a key that is not a column, or a value of the wrong type for its column."""
+
+
+class OlderResultsWarning(UserWarning):
+    """A run written by an older attnbench was read: the columns it lacked were filled in (the message names them)."""

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from attnbench.errors import RowError
+from attnbench.errors import OlderResultsWarning, RowError
 from attnbench.results.schema import COLUMNS, SCHEMA_VERSION, Cell, Row, check_row, empty_row, failed_row, fill_added_columns
 from attnbench.results.store import RunStore, load_run
 
@@ -66,7 +66,8 @@ def test_meta_records_the_schema_version_and_old_runs_say_what_was_filled(tmp_pa
     (old / "meta.json").write_text(json.dumps(meta))
     legacy = {k: v for k, v in row.items() if k not in ("num_kv_heads", "window", "causal", "drift_rel", "stability")}
     pd.DataFrame([legacy]).to_parquet(old / "cells" / "00000-aaaaaa.parquet")
-    df, _ = load_run(old)
+    with pytest.warns(OlderResultsWarning, match="filled in: .*num_kv_heads"):
+        df, _ = load_run(old)
     assert {"num_kv_heads", "window", "causal", "drift_rel", "stability"} <= set(df.attrs["filled_columns"])
     assert df.num_kv_heads[0] == df.num_heads[0] and bool(df.causal[0]) and math.isnan(df.window[0])
     assert "schema 1" in df.attrs["schema_note"] and "num_kv_heads" in df.attrs["schema_note"]

@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import sys
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from attnbench.errors import ResultsError
+from attnbench.errors import OlderResultsWarning, ResultsError
 from attnbench.results.lock import RUN_LOCK_NAME, lock_run
 from attnbench.results.schema import COLUMNS, SCHEMA_VERSION, check_row, fill_added_columns
 
@@ -306,6 +307,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
         version = meta.get("schema_version", 1) if meta else "unknown"
         df.attrs["schema_note"] = (f"results written with row schema {version} (this attnbench writes "
                                    f"{SCHEMA_VERSION}); filled in: {', '.join(filled)}")
+        warnings.warn(f"{path}: {df.attrs['schema_note']}", OlderResultsWarning, stacklevel=2)
     df, dropped = drop_duplicate_cells(df, names)
     if dropped:
         df.attrs["dropped_duplicates"] = dropped
