@@ -101,7 +101,7 @@ def test_the_load_stops_by_itself_within_its_bound(kind):
 def test_the_load_dies_with_its_parent():
     # a parent that starts a long load and is then killed: the load must not outlive it
     here = os.path.dirname(contention.__file__)  # imported by path: the parent need not import torch either
-    script = (f"import sys, time; sys.path.insert(0, {here!r}); from contention import Load; "
+    script = (f"import sys, time; sys.path.insert(0, {here!r}); from load import Load; "
               "l = Load('cpu', seconds=120).start(); print(l.process.pid, flush=True); time.sleep(120)")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:

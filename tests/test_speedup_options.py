@@ -42,5 +42,5 @@ def test_run_baseline_flag_sets_the_setting_and_rejects_an_implementation_not_sw
     with pytest.raises(SystemExit) as exc:
         main(["run", "--preset", "smoke", "--baseline", "sdpa_math"])
     err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and "--baseline sdpa_math is not one of the sweep's implementations" in err
+    assert exc.value.code == 2 and "--baseline 'sdpa_math' is not one of the sweep's implementations" in err
     assert len(err.splitlines()) == 1

@@ -13,7 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
-from attnbench.errors import SweepError
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 
@@ -155,10 +154,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
         sweep = None
     else:
-        sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)
-        if baseline is not None and baseline not in sweep.impl:
-            raise SweepError(f"--baseline {baseline} is not one of the sweep's implementations "
-                             f"({', '.join(sweep.impl)}); add it to --impl or pick one of those")
+        sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)  # checks --baseline
 
     progress_bar = None
     if not quiet:
