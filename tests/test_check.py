@@ -54,8 +54,8 @@ def test_unknown_name_raises_before_running_anything():
     assert seen == []
 
 
-def test_summarize_counts(repo_cwd):
-    df = run_matrix(["tests/plugins/buggy.py:DropoutIgnored"], kinds=["forward", "dropout_train"])
+def test_summarize_counts(repo_cwd, matrix_results):
+    df = matrix_results(["tests/plugins/buggy.py:DropoutIgnored"], kinds=["forward", "dropout_train"])
     summary = summarize(df)
     assert set(summary.columns) >= {"impl", "kind", "dtype", "cases", "passed", "failed", "errors", "skipped"}
     assert summary.cases.sum() == len(df)
@@ -68,8 +68,8 @@ def test_summarize_counts(repo_cwd):
 # --- correct implementations pass everything -----------------------------------------------------
 
 @pytest.mark.parametrize("name", GOOD_PLUGINS)
-def test_correct_plugins_pass_every_case(repo_cwd, name):
-    df = run_matrix([name])
+def test_correct_plugins_pass_every_case(repo_cwd, matrix_results, name):
+    df = matrix_results([name])
     assert len(df) == len(cases())
     assert _flagged(df).empty, _describe(df)
     unsupported = df.message.str.contains("does not support")  # GQA/window/non-causal/decode cases: not declared
@@ -77,8 +77,8 @@ def test_correct_plugins_pass_every_case(repo_cwd, name):
 
 
 @pytest.mark.parametrize("name", registry.available("cpu"))
-def test_builtin_passes_matrix_on_cpu(name):
-    df = run_matrix([name], device="cpu")
+def test_builtin_passes_matrix_on_cpu(matrix_results, name):
+    df = matrix_results([name], device="cpu")
     assert _flagged(df).empty, _describe(df)
     assert (_rows(df, "forward").status == "pass").any(), f"{name} skipped every forward case"
     for r in df[df.status == "skip"].itertuples():
@@ -186,8 +186,8 @@ BUGS = {
 
 
 @pytest.mark.parametrize("cls", list(BUGS))
-def test_buggy_plugin_is_flagged(repo_cwd, cls):
-    df = run_matrix([f"tests/plugins/buggy.py:{cls}"])
+def test_buggy_plugin_is_flagged(repo_cwd, matrix_results, cls):
+    df = matrix_results([f"tests/plugins/buggy.py:{cls}"])
     assert not _flagged(df).empty, f"{cls} passed every case"
     BUGS[cls](df)
 
@@ -245,3 +245,15 @@ def test_constructor_error_is_an_error_row(repo_cwd):
     result = run_case("tests/plugins/bad.py:RaisesInInit", cases(["forward"])[0])
     assert result.status == "error"
     assert "PluginLoadError" in result.message and "refuses to be built" in result.message
+
+
+def test_session_matrix_cache_returns_what_run_matrix_does(matrix_results):
+    """The tests' cache (conftest.matrix_results) gives run_matrix's rows, in its order, for the kinds asked."""
+    kinds = ["golden", "causality", "forward"]
+    first = matrix_results(["weight_split"], kinds=kinds)
+    again = matrix_results(["weight_split"], kinds=["forward"])
+    want = run_matrix(["weight_split"], kinds=kinds)
+    pd.testing.assert_frame_equal(first.reset_index(drop=True), want.reset_index(drop=True))
+    assert set(again.kind) == {"forward"} and len(again) == (want.kind == "forward").sum()
+    first.loc[:, "status"] = "edited"  # a test changing its copy changes nothing for the next
+    assert (matrix_results(["weight_split"], kinds=["golden"]).status == "pass").all()
