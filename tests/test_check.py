@@ -76,13 +76,28 @@ def test_correct_plugins_pass_every_case(repo_cwd, matrix_results, name):
     assert (df.status == "pass").sum() + unsupported.sum() >= len(df) - 1  # and golden: not one of the book's classes
 
 
-@pytest.mark.parametrize("name", registry.available("cpu"))
+SLOW_ON_CPU = ("flex",)
+"""Eager FlexAttention takes about 1 s per case on 2 cores (~30 s a matrix): its full matrix runs in the slow set,
+and test_flex_forward_and_causality_on_cpu keeps a fast check of it."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith(SLOW_ON_CPU) else n
+                                  for n in registry.available("cpu")])
 def test_builtin_passes_matrix_on_cpu(matrix_results, name):
     df = matrix_results([name], device="cpu")
     assert _flagged(df).empty, _describe(df)
     assert (_rows(df, "forward").status == "pass").any(), f"{name} skipped every forward case"
     for r in df[df.status == "skip"].itertuples():
         assert r.message, f"{name} skipped {r.kind} {r.shape} without a reason"
+
+
+@pytest.mark.parametrize("name", [n for n in registry.available("cpu") if n.startswith(SLOW_ON_CPU)])
+def test_flex_forward_and_causality_on_cpu(name):
+    chosen = [c for c in cases(["forward", "causality"]) if c.dtype == "float64" or c.shape.id == "gqa"]
+    chosen = [c for c in chosen if c.shape.id in ("oddT_din_ne_dout", "gqa", "window", "props")]
+    results = [run_case(name, case) for case in chosen]
+    assert {r.kind for r in results if r.status == "pass"} == {"forward", "causality"}
+    assert all(r.status in ("pass", "skip") for r in results), [(r.kind, r.shape, r.message) for r in results]
 
 
 @pytest.mark.cuda
