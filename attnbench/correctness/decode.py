@@ -120,10 +120,12 @@ class Decoding:
 
     @property
     def spec(self) -> AttnSpec:
+        """The case's spec."""
         return self.case.shape.spec
 
     @property
     def length(self) -> int:
+        """Tokens per sequence (every pattern decodes up to here)."""
         return self.case.shape.seq_len
 
     def fresh(self, dropout: float = 0.0) -> Built:
