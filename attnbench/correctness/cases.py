@@ -138,6 +138,10 @@ class Built:
         x64 = x.detach().cpu().to(DTYPES[self.dtype]).to(torch.float64)
         return reference(x64, self.weights.to(dtype=torch.float64), self.spec)
 
+    def zeroed(self, w: CanonicalWeights) -> CanonicalWeights:
+        """``w`` (unrounded, in its own dtype) with the canonical parameters the module lacks held at zero."""
+        return zero_held(self.module, w)
+
     def reload(self, w: CanonicalWeights) -> Built:
         """The same module with ``w`` loaded instead (a property that rescales weights), and its reference weights."""
         return _loaded(self.module, w, self.spec, self.dtype)
