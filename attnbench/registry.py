@@ -112,6 +112,7 @@ class Implementation:
 
 
 _REGISTRY: dict[str, Implementation] = {}
+_PREFIXES: dict[str, tuple[Callable[[str], Implementation], Callable[[], list[str]]]] = {}
 _RESOLVED: dict[str, Implementation] = {}
 _LOADED = {"builtins": False, "entry_points": False}
 
@@ -255,10 +256,8 @@ def get(name: str) -> Implementation:
         return _REGISTRY[name]
     if name.startswith("compiled:"):
         impl = _compiled(name)
-    elif name.startswith("hf:"):
-        from attnbench.implementations import hf
-
-        impl = hf.implementation(name)
+    elif name.partition(":")[0] + ":" in _PREFIXES:
+        impl = _PREFIXES[name.partition(":")[0] + ":"][0](name)
     elif ":" in name:
         target, _, attr = name.rpartition(":")
         if not target or not attr:
@@ -290,11 +289,18 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
-def listed() -> list[str]:
-    """What ``attnbench list`` shows: :func:`names`, then the shipped ``hf:`` names (resolved on demand)."""
-    from attnbench.implementations import hf
+def register_prefix(prefix: str, resolve_name: Callable[[str], Implementation], shipped: Callable[[], list[str]]) -> None:
+    """Names starting with ``prefix`` (``"hf:"``) are resolved on demand by ``resolve_name(name)``; ``shipped()`` lists
+    the ones ``attnbench list`` shows. Called by the implementation module that owns the prefix when the built-ins
+    load (``implementations/hf.py``), so the registry needs no import of it."""
+    _PREFIXES[prefix] = (resolve_name, shipped)
+    _RESOLVED.clear()
 
-    return names() + hf.names()
+
+def listed() -> list[str]:
+    """What ``attnbench list`` shows: :func:`names`, then the shipped names of each prefix (``hf:``; resolved on demand)."""
+    _load_builtins()
+    return names() + [n for _, shipped in _PREFIXES.values() for n in shipped()]
 
 
 def available(device: str = "cpu", dtype: str | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """Hugging Face ``transformers`` attention layers, checked and timed by name (``hf:llama@sdpa``).
 
-Names (resolved on demand by :func:`attnbench.registry.get`, never imported with the built-ins):
+Names (resolved on demand by :func:`attnbench.registry.get` through the prefix this module registers; never among
+the built-ins that default sweeps and a bare `check` run, and `transformers` is imported only when one is used):
 
 * ``hf:gpt2``, ``hf:llama``, ``hf:mistral``, ``hf:qwen2``, ``hf:bert``: the model's own attention class
   (``GPT2Attention``, ``LlamaAttention``, ``MistralAttention``, ``Qwen2Attention``, ``BertSelfAttention``);
@@ -44,6 +45,7 @@ from torch import nn
 
 from attnbench.errors import InputShapeError, InvalidSpecError, PluginLoadError, UnavailableError, UnknownImplementationError
 from attnbench.plugins.binding import ALIASES, RESIDUAL_DROPOUT
+from attnbench.registry import Implementation, register_prefix
 from attnbench.spec import AttnSpec
 from attnbench.weights import Adapter, CanonicalWeights
 
@@ -97,8 +99,6 @@ def parse(name: str) -> tuple[str, str, str]:
 
 def implementation(name: str):
     """The :class:`~attnbench.registry.Implementation` called ``name`` (``hf:...``), capabilities from the config class."""
-    from attnbench.registry import Implementation
-
     module_path, cls_name, backend = parse(name)
     source = f"transformers {module_path}:{cls_name}, attn_implementation={backend!r}"
     missing = transformers_missing()
@@ -486,3 +486,6 @@ def _adapter(module: HFAttention) -> Adapter:
                                 W_o=like, b_o=st[f"{o}.bias"] if has_o_bias else like.new_zeros(s.d_out))
 
     return Adapter(to_state, from_state, frozenset(held))
+
+
+register_prefix("hf:", implementation, names)  # hf: names resolve through the registry, on demand

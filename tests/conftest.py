@@ -92,3 +92,35 @@ def _private_machine_lock(tmp_path_factory, monkeypatch):
     test's runs never wait for a real measurement (nor for each other), and a real measurement never waits for them."""
     monkeypatch.setenv("ATTNBENCH_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
     monkeypatch.setenv("ATTNBENCH_MACHINE_LOCK_HELD", "")  # restored after the test, even if a test leaks a holder
+
+
+@pytest.fixture(scope="session")
+def matrix_results():
+    """``run_matrix`` with the session's results kept per (implementation, kind, seed, device): a test that needs
+    cases another test already ran reads them, and only the kinds it asks for run or are returned.
+
+    Call it as ``matrix_results(impls, kinds=None, seed=0, device="cpu")``. Names are resolved by the registry as
+    usual, so use it only for names every test sees alike (built-ins and ``tests/plugins/...`` files from the
+    repository root, with ``repo_cwd``), never for names a test registers itself."""
+    import pandas as pd
+
+    from attnbench.correctness.matrix import cases, run_matrix
+
+    store: dict[tuple[str, str, int, str], pd.DataFrame] = {}
+    order = {(c.kind, "book" if c.kind == "golden" else c.shape.id, c.dtype): i for i, c in enumerate(cases())}
+
+    def run(impls, kinds=None, seed: int = 0, device: str = "cpu") -> pd.DataFrame:
+        wanted = list(kinds) if kinds is not None else list(dict.fromkeys(c.kind for c in cases()))
+        frames = []
+        for impl in impls:
+            missing = [k for k in wanted if (impl, k, seed, device) not in store]
+            if missing:
+                df = run_matrix([impl], device=device, kinds=missing, seed=seed)
+                for kind in missing:
+                    store[(impl, kind, seed, device)] = df[df.kind == kind]
+            part = pd.concat([store[(impl, k, seed, device)] for k in wanted], ignore_index=True)
+            rank = [order.get((r.kind, r.shape, r.dtype), len(order)) for r in part.itertuples()]
+            frames.append(part.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank"))
+        return pd.concat(frames, ignore_index=True).copy()
+
+    return run

@@ -54,8 +54,8 @@ def test_unknown_name_raises_before_running_anything():
     assert seen == []
 
 
-def test_summarize_counts(repo_cwd):
-    df = run_matrix(["tests/plugins/buggy.py:DropoutIgnored"], kinds=["forward", "dropout_train"])
+def test_summarize_counts(repo_cwd, matrix_results):
+    df = matrix_results(["tests/plugins/buggy.py:DropoutIgnored"], kinds=["forward", "dropout_train"])
     summary = summarize(df)
     assert set(summary.columns) >= {"impl", "kind", "dtype", "cases", "passed", "failed", "errors", "skipped"}
     assert summary.cases.sum() == len(df)
@@ -68,21 +68,36 @@ def test_summarize_counts(repo_cwd):
 # --- correct implementations pass everything -----------------------------------------------------
 
 @pytest.mark.parametrize("name", GOOD_PLUGINS)
-def test_correct_plugins_pass_every_case(repo_cwd, name):
-    df = run_matrix([name])
+def test_correct_plugins_pass_every_case(repo_cwd, matrix_results, name):
+    df = matrix_results([name])
     assert len(df) == len(cases())
     assert _flagged(df).empty, _describe(df)
     unsupported = df.message.str.contains("does not support")  # GQA/window/non-causal/decode cases: not declared
     assert (df.status == "pass").sum() + unsupported.sum() >= len(df) - 1  # and golden: not one of the book's classes
 
 
-@pytest.mark.parametrize("name", registry.available("cpu"))
-def test_builtin_passes_matrix_on_cpu(name):
-    df = run_matrix([name], device="cpu")
+SLOW_ON_CPU = ("flex",)
+"""Eager FlexAttention takes about 1 s per case on 2 cores (~30 s a matrix): its full matrix runs in the slow set,
+and test_flex_forward_and_causality_on_cpu keeps a fast check of it."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith(SLOW_ON_CPU) else n
+                                  for n in registry.available("cpu")])
+def test_builtin_passes_matrix_on_cpu(matrix_results, name):
+    df = matrix_results([name], device="cpu")
     assert _flagged(df).empty, _describe(df)
     assert (_rows(df, "forward").status == "pass").any(), f"{name} skipped every forward case"
     for r in df[df.status == "skip"].itertuples():
         assert r.message, f"{name} skipped {r.kind} {r.shape} without a reason"
+
+
+@pytest.mark.parametrize("name", [n for n in registry.available("cpu") if n.startswith(SLOW_ON_CPU)])
+def test_flex_forward_and_causality_on_cpu(name):
+    chosen = [c for c in cases(["forward", "causality"]) if c.dtype == "float64" or c.shape.id == "gqa"]
+    chosen = [c for c in chosen if c.shape.id in ("oddT_din_ne_dout", "gqa", "window", "props")]
+    results = [run_case(name, case) for case in chosen]
+    assert {r.kind for r in results if r.status == "pass"} == {"forward", "causality"}
+    assert all(r.status in ("pass", "skip") for r in results), [(r.kind, r.shape, r.message) for r in results]
 
 
 @pytest.mark.cuda
@@ -186,8 +201,8 @@ BUGS = {
 
 
 @pytest.mark.parametrize("cls", list(BUGS))
-def test_buggy_plugin_is_flagged(repo_cwd, cls):
-    df = run_matrix([f"tests/plugins/buggy.py:{cls}"])
+def test_buggy_plugin_is_flagged(repo_cwd, matrix_results, cls):
+    df = matrix_results([f"tests/plugins/buggy.py:{cls}"])
     assert not _flagged(df).empty, f"{cls} passed every case"
     BUGS[cls](df)
 
@@ -245,3 +260,15 @@ def test_constructor_error_is_an_error_row(repo_cwd):
     result = run_case("tests/plugins/bad.py:RaisesInInit", cases(["forward"])[0])
     assert result.status == "error"
     assert "PluginLoadError" in result.message and "refuses to be built" in result.message
+
+
+def test_session_matrix_cache_returns_what_run_matrix_does(matrix_results):
+    """The tests' cache (conftest.matrix_results) gives run_matrix's rows, in its order, for the kinds asked."""
+    kinds = ["golden", "causality", "forward"]
+    first = matrix_results(["weight_split"], kinds=kinds)
+    again = matrix_results(["weight_split"], kinds=["forward"])
+    want = run_matrix(["weight_split"], kinds=kinds)
+    pd.testing.assert_frame_equal(first.reset_index(drop=True), want.reset_index(drop=True))
+    assert set(again.kind) == {"forward"} and len(again) == (want.kind == "forward").sum()
+    first.loc[:, "status"] = "edited"  # a test changing its copy changes nothing for the next
+    assert (matrix_results(["weight_split"], kinds=["golden"]).status == "pass").all()

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import ast
 import math
-import subprocess
-import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from attnbench import registry
+from attnbench.correctness import cases as case_tools
 from attnbench.correctness import properties
 from attnbench.correctness.matrix import RUNNERS, Case, cases, run_case, run_matrix
-from attnbench.tools.false_alarms import correct_implementations, false_alarms
+from attnbench.spec import AttnSpec
+from attnbench.tools.false_alarms import correct_implementations, false_alarms, main
+from attnbench.weights import random_weights
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 BAD = ("fail", "error")
 PLUGIN = "tests/plugins/buggy_round2.py"
+MODERN = [f"tests/plugins/modern.py:{c}" for c in
+          ("NanoGPTSelfAttention", "LlamaStyleAttention", "QwenStyleAttention", "FusedNoBias")]
+"""Correct classes in today's styles, most without some or all biases (every property must pass them unchanged)."""
+CORRECT_PLUGINS = ["tests/plugins/good.py:PlainAttention", "tests/plugins/good.py:SDPAAttention",
+                   "tests/plugins/buggy.py:Baseline", "tests/plugins/buggy_round2.py:Baseline",
+                   "tests/plugins/styles/bias_free.py:BiasFree", *MODERN,
+                   "tests/plugins/buggy_decode.py:ChapterFourCache", "tests/plugins/buggy_decode.py:RingCache"]
+"""The correct test plug-ins the false-alarm check runs besides the built-ins."""
+PACKAGE = Path(__file__).resolve().parent.parent / "attnbench"
 
 
 def _flagged(df: pd.DataFrame) -> pd.DataFrame:
@@ -43,11 +55,73 @@ def test_properties_are_matrix_kinds():
     assert any(shape.spec.context_length - T <= 1 for shape, Ts in properties.LONG_SHAPES.values() for T in Ts)
 
 
-def test_properties_module_imports_first():
-    """Importing the properties before the matrix still registers every kind (no import cycle)."""
-    code = ("import attnbench.correctness.properties as p, attnbench.correctness.matrix as m; "
-            "assert set(p.RUNNERS) <= set(m.RUNNERS), sorted(m.RUNNERS)")
-    subprocess.run([sys.executable, "-c", code], check=True)
+def _module_imports() -> dict[str, set[str]]:
+    """attnbench module -> the attnbench modules it imports at import time (module-level statements)."""
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                subs = {f"{base}.{a.name}" for a in node.names}
+                targets |= (subs & set(modules)) or {base}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_correctness_modules_import_no_module_that_imports_them_back():
+    """matrix builds its table from basic/decode/properties, which never import it (issue 18: no import cycles)."""
+    graph = _module_imports()
+    assert {"attnbench.correctness.basic", "attnbench.correctness.decode",
+            "attnbench.correctness.properties"} <= graph["attnbench.correctness.matrix"]
+    ours = [m for m in graph if m.startswith(("attnbench.correctness", "attnbench.tools"))]
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo += graph.get(m, ())
+        return False
+
+    cycles = [(m, t) for m in ours for t in graph[m] if reaches(t, m)]
+    assert cycles == [], cycles
+    for path in PACKAGE.rglob("*.py"):  # package code never reads the tests (docstrings may show a command line)
+        tree = ast.parse(path.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        used = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and id(n) not in docs and "tests/" in n.value]
+        imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tests")]
+        assert not used and not imports, (path, used)
+
+
+def test_reference_weights_come_from_one_place():
+    """Only cases.build loads weights into a module under test, and it hands back the weights the reference uses."""
+    for path in (PACKAGE / "correctness").glob("*.py"):
+        text = path.read_text()
+        if path.name != "cases.py":
+            assert "load_weights" not in text and "zero_held" not in text and "impl.build(" not in text, path.name
+    spec = AttnSpec(16, 16, 12, 0.0, 2, qkv_bias=True)
+    w = random_weights(spec, seed=3)
+    x = torch.randn(2, 7, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for name, held in (("tests/plugins/modern.py:FusedNoBias", {"b_q", "b_k", "b_v", "b_o"}),
+                       ("tests/plugins/modern.py:QwenStyleAttention", {"b_o"}), ("weight_split", set())):
+        built = case_tools.build(registry.get(name), spec, "cpu", "float64", w)
+        zeroed = {n for n, t in built.weights.items() if not t.any()}
+        assert zeroed == held, name
+        with torch.no_grad():
+            assert case_tools.rel_error(built.module(x), built.reference(x)) < 1e-12, name
 
 
 def test_seed_draws_other_weights_and_inputs():
@@ -62,7 +136,8 @@ def test_extreme_weights_reach_the_target(kind):
     case = cases(["extreme_logits"])[0]
     spec = case.shape.spec
     w, x = properties._weights_and_input(case)
-    scores = properties._logits(x, properties._extreme_weights(x, w, spec.num_heads, 100.0, kind), spec.num_heads)
+    w, x = properties._extreme_weights(x, w, spec.num_heads, 100.0, kind)
+    scores = properties._logits(x, w, spec.num_heads)
     allowed = scores[scores.isfinite()]
     assert float(allowed.abs().max()) <= 100.0 * (1 + 1e-9)
     if kind == "overflow":
@@ -114,9 +189,9 @@ EXPECTED = {  # class -> (kind that must flag it, text its message must contain)
 
 
 @pytest.mark.parametrize("cls", list(EXPECTED))
-def test_round2_bug_is_flagged_by_its_property(repo_cwd, cls):
+def test_round2_bug_is_flagged_by_its_property(repo_cwd, matrix_results, cls):
     kind, text = EXPECTED[cls]
-    df = run_matrix([f"{PLUGIN}:{cls}"], kinds=list(properties.RUNNERS))
+    df = matrix_results([f"{PLUGIN}:{cls}"], kinds=list(properties.RUNNERS))
     rows = df[df.kind == kind]
     flagged = _flagged(rows)
     assert not flagged.empty, f"{cls} passed {kind}:\n{rows.to_string()}"
@@ -131,9 +206,29 @@ def test_every_round2_class_is_tested(repo_cwd):
     assert variants == set(EXPECTED)
 
 
-def test_round2_baseline_passes_every_case(repo_cwd):
-    df = run_matrix([f"{PLUGIN}:Baseline"])
+def test_round2_baseline_passes_every_case(repo_cwd, matrix_results):
+    df = matrix_results([f"{PLUGIN}:Baseline"])
     assert _flagged(df).empty, _describe(df)
+
+
+@pytest.mark.parametrize("name", MODERN + ["tests/plugins/styles/bias_free.py:BiasFree"])
+def test_modern_style_passes_every_property_unchanged(repo_cwd, matrix_results, name):
+    """Layers without some or all biases, fused and separate: every case and property runs and passes."""
+    df = matrix_results([name])
+    assert _flagged(df).empty, _describe(df)
+    ran = df[df.status == "pass"]
+    assert set(properties.RUNNERS) - {"dropout_mean"} <= set(ran.kind), sorted(set(df.kind) - set(ran.kind))
+    assert {"float64", "float32", "float16", "bfloat16"} <= set(ran[ran.kind == "forward"].dtype)
+
+
+def test_llama_style_with_grouped_query_attention(isolated_registry, repo_cwd):
+    """The Llama-like class computes GQA through expand + reshape: declared, the GQA cases run and pass."""
+    base = registry.get(MODERN[1])
+    registry.register("llama_gqa", base.factory, description="Llama-like, GQA declared", gqa=True,
+                      same_width_only=True)
+    df = run_matrix(["llama_gqa"], kinds=["forward", "backward", "extreme_logits", "shape_sequence"])
+    assert _flagged(df).empty, _describe(df)
+    assert (df[df["shape"] == "gqa"].status == "pass").all() and len(df[df["shape"] == "gqa"]) == 3
 
 
 def test_long_seq_names_the_shortest_failing_length(repo_cwd):
@@ -152,16 +247,26 @@ def test_strided_refusal_says_why(repo_cwd):
 # --- no false alarms -------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_no_false_alarm_over_20_seeds(repo_cwd):
-    """Every correct implementation (built-ins and test plug-ins), every case, 20 consecutive seeds.
+def test_no_false_alarm_over_20_seeds(repo_cwd, matrix_results):
+    """Every correct implementation (built-ins and test plug-ins in today's styles), every case, 20 consecutive seeds.
     (On CUDA, tests/test_check.py::test_builtin_passes_matrix_on_cuda runs these property kinds too.)"""
-    impls = correct_implementations("cpu")
-    assert len(impls) > len(registry.available("cpu"))  # the plug-ins were found
+    impls = correct_implementations("cpu", CORRECT_PLUGINS)
+    assert impls[-len(CORRECT_PLUGINS):] == CORRECT_PLUGINS
     # FlexAttention is left to `python -m attnbench.tools.false_alarms` (every implementation): eager flex
     # takes about half of this test's time on 2 cores, and the properties judge its outputs like any other's.
     impls = [i for i in impls if not i.startswith("flex")]
-    bad = false_alarms(impls, range(20))
+    bad = false_alarms(impls, range(20), run=matrix_results)
     assert bad.empty, "\n".join(f"seed {r.seed}: {r.impl} {r.kind} {r.dtype}: {r.message}" for r in bad.itertuples())
+
+
+def test_false_alarm_tool_takes_its_plugins_as_arguments(repo_cwd, capsys):
+    """The tool reads no list from tests/: the correct plug-ins are arguments, and a flagged case exits 1."""
+    assert correct_implementations("cpu", [MODERN[0]]) == registry.available("cpu") + [MODERN[0]]
+    assert main(["--seeds", "1", "--first", "2", "--impl", "weight_split", "--also", MODERN[3],
+                 "--kind", "long_seq"]) == 0
+    assert "0 false alarm(s) over 1 seeds x 2 implementations" in capsys.readouterr().out
+    assert main(["--seeds", "1", "--impl", f"{PLUGIN}:TiledMask64", "--kind", "long_seq"]) == 1
+    assert "seed 0: fail tests/plugins/buggy_round2.py:TiledMask64 long_seq" in capsys.readouterr().out
 
 
 def test_cli_check_seed_and_property_failure(repo_cwd, capsys):

@@ -4,53 +4,46 @@ Cases (one :class:`Case` each) cover outputs in every dtype, gradients with resp
 every canonical parameter, shapes that expose real bugs (batch 1, T = 1, odd T, T < context_length,
 one head and several, head_dim 1 and 64, d_in != d_out, biases on and off) and properties (causality,
 batch independence, eval-mode determinism with dropout > 0, dropout active in train mode), plus the
-book's golden values for the book's own classes. Variant shapes (GQA, MQA, sliding windows, non-causal)
-run where an implementation declares the variant and are skipped with the reason elsewhere; ``decode``
-cases check prefill + token-by-token decoding with a KV cache against the full forward. The round-2
-properties (extreme logits, long T, dropout statistics, strided inputs, side effects, shape sequences,
-low precision) are in :mod:`attnbench.correctness.properties`, which adds its kinds to :data:`RUNNERS`.
+book's golden values for the book's own classes (runners in :mod:`attnbench.correctness.basic`). Variant
+shapes (GQA, MQA, sliding windows, non-causal) run where an implementation declares the variant and are
+skipped with the reason elsewhere; ``decode`` cases check KV-cache decoding patterns against the full
+forward (:mod:`attnbench.correctness.decode`). The round-2 properties (extreme logits, long T, dropout
+statistics, strided inputs, side effects, shape sequences, low precision) are in
+:mod:`attnbench.correctness.properties`. This module builds :data:`RUNNERS` from those three modules'
+tables; none of them imports this one.
 
 Errors are *relative max-norm* errors: ``max|out - ref| / max|ref|``, compared with a tolerance per
 dtype. Low-precision cases compare against a reference computed from the same rounded inputs and
-weights, so only the implementation's arithmetic is judged.
+weights, so only the implementation's arithmetic is judged; every reference uses the weights the module
+really has (:func:`attnbench.correctness.cases.build`).
 """
 
 from __future__ import annotations
 
-import contextvars
-import math
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import pandas as pd
 import torch
-from torch.func import functional_call
 
 from attnbench import registry
-from attnbench.correctness import decode, golden
-from attnbench.correctness.reference import reference_forward
-from attnbench.devices import DTYPES, parse_device
+from attnbench.correctness import basic, decode, properties
+from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
+    GRAD_TOLERANCE,
+    SEED,
+    TOLERANCE,
+    Case,
+    CaseResult,
+    Shape,
+    reference,
+    rel_error,
+)
+from attnbench.correctness.decode import DECODE_PREFILL, DECODE_SHAPES  # noqa: F401  (re-exported)
+from attnbench.devices import parse_device
 from attnbench.errors import AttnbenchError, SweepError, UnavailableError
 from attnbench.resolve import Skip, resolve
 from attnbench.spec import AttnSpec
-from attnbench.weights import CanonicalWeights, adapter_for, random_weights, state_from_canonical, zero_held
-
-TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
-"""Relative max-norm error allowed per dtype (TF32 is switched off while checking on CUDA)."""
-GRAD_TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
-"""Gradients are sums of many cancelling terms, so float32 gets a looser bound than the forward."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One point of the shape grid: a spec plus batch and sequence length."""
-
-    id: str
-    batch: int
-    seq_len: int
-    spec: AttnSpec
-
 
 SHAPES = [
     Shape("book_hd1", 2, 6, AttnSpec(3, 2, 6, 0.0, 2)),  # head_dim 1, d_in != d_out, T == context_length
@@ -64,7 +57,7 @@ SHAPES = [
 ]
 LOW_PRECISION_SHAPES = ("oddT_din_ne_dout", "hd64_bias", "gpt_like", "hd64_square")
 PROPERTY_SHAPE = Shape("props", 3, 11, AttnSpec(24, 24, 16, 0.0, 3, True))  # d_in == d_out: every impl runs it
-DROPOUT = 0.5
+DROPOUT = basic.DROPOUT
 VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped with the reason by the others
     Shape("gqa", 2, 9, AttnSpec(32, 32, 12, 0.0, 4, True, num_kv_heads=2)),  # 2 query heads per kv head
     Shape("mqa_din_ne_dout", 2, 7, AttnSpec(24, 16, 8, 0.0, 4, num_kv_heads=1)),  # one kv head
@@ -74,37 +67,6 @@ VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped w
     Shape("noncausal", 2, 9, AttnSpec(16, 16, 12, 0.0, 2, causal=False)),
     Shape("noncausal_mqa_window", 2, 10, AttnSpec(16, 16, 12, 0.0, 4, num_kv_heads=1, window=3, causal=False)),
 ]
-DECODE_SHAPES = [  # (prefill = DECODE_PREFILL tokens, then one token at a time up to seq_len)
-    Shape("decode_mha", 2, 12, AttnSpec(16, 16, 12, 0.0, 2, True)),  # T == context_length
-    Shape("decode_gqa", 2, 11, AttnSpec(32, 32, 16, 0.0, 4, num_kv_heads=2)),
-    Shape("decode_mqa_window", 2, 15, AttnSpec(16, 16, 16, 0.0, 4, num_kv_heads=1, window=4)),  # wraps 2x+
-    Shape("decode_window_long_prefill", 1, 14, AttnSpec(16, 16, 16, 0.0, 2, True, window=3)),  # prefill > window
-]
-DECODE_PREFILL = {"decode_window_long_prefill": 7}  # default 5
-
-
-@dataclass(frozen=True)
-class Case:
-    """One check of one implementation."""
-
-    kind: str  # forward | backward | causality | batch_independence | eval_deterministic | dropout_train | golden | decode
-    shape: Shape
-    dtype: str
-
-
-@dataclass
-class CaseResult:
-    """The verdict of one :class:`Case`: ``status`` is pass, fail, skip or error."""
-
-    impl: str
-    kind: str
-    shape: str
-    dtype: str
-    device: str
-    status: str
-    error: float | None  # worst relative error (or absolute, for golden), None when not applicable
-    tolerance: float | None
-    message: str = ""
 
 
 def cases(kinds: Iterable[str] | None = None) -> list[Case]:
@@ -131,211 +93,13 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 
-_SEED = contextvars.ContextVar("attnbench_check_seed", default=0)
-"""The run's seed (``run_case(..., seed=)``): every case's weights and inputs are drawn from it; 0 is the default."""
-
-
-def _seed_for(shape: Shape) -> int:
-    return sum(map(ord, shape.id)) + 1_000_003 * _SEED.get()
-
-
-def _inputs(shape: Shape, batch: int | None = None, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed + 1_000_003 * _SEED.get())
-    return torch.randn(batch or shape.batch, shape.seq_len, shape.spec.d_in, generator=g, dtype=torch.float64)
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 1e-12) -> float:
-    """``max|out - ref| / max(max|ref|, floor)`` in float64 (``inf`` for non-finite or mis-shaped output)."""
-    if out.shape != ref.shape:
-        return math.inf
-    out64, ref64 = out.detach().to(torch.float64), ref.detach().to(torch.float64)
-    if not torch.isfinite(out64).all():
-        return math.inf
-    scale = ref64.abs().max().clamp_min(floor)
-    return float((out64 - ref64).abs().max() / scale)
-
-
-def reference(x: torch.Tensor, w: CanonicalWeights, spec: AttnSpec) -> torch.Tensor:
-    """The float64 reference of ``spec``'s variant (GQA/MQA, window, causal or not)."""
-    return reference_forward(x, w, spec.num_heads, window=spec.window, causal=spec.causal)
-
-
-def _verdict(impl: str, case: Case, device: str, err: float, tol: float, what: str = "") -> CaseResult:
-    status = "pass" if err <= tol else "fail"
-    message = "" if status == "pass" else f"{what or case.kind} error {err:.3g} > tolerance {tol:.1g}"
-    return CaseResult(impl, case.kind, case.shape.id, case.dtype, device, status, err, tol, message)
-
-
-def _build(impl: registry.Implementation, spec: AttnSpec, device: torch.device, dtype: str,
-           weights: CanonicalWeights, train: bool = False):
-    module = impl.build(spec, device, dtype, weights=weights)
-    return module.train(train)
-
-
-def _run_forward(impl, case: Case, device: torch.device) -> CaseResult:
-    spec, dtype = case.shape.spec, case.dtype
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    x = _inputs(case.shape)
-    w_low, x_low = w.to(dtype=DTYPES[dtype]), x.to(DTYPES[dtype])  # the rounding the implementation sees
-    module = _build(impl, spec, device, dtype, w_low)
-    w_low = zero_held(module, w_low)  # a layer without some bias computes with it held at zero
-    ref = reference(x_low.double(), w_low.to(dtype=torch.float64), spec)
-    with torch.no_grad():
-        out = module(x_low.to(device)).cpu()
-    if out.dtype != DTYPES[dtype]:
-        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", None, None,
-                          f"output dtype {out.dtype} != input dtype {DTYPES[dtype]}")
-    if out.shape != ref.shape:
-        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", math.inf, None,
-                          f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}")
-    return _verdict(impl.name, case, str(device), rel_error(out, ref), TOLERANCE[dtype])
-
-
-def _run_backward(impl, case: Case, device: torch.device) -> CaseResult:
-    spec, dtype = case.shape.spec, case.dtype
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    x = _inputs(case.shape)
-    g = torch.randn(case.shape.batch, case.shape.seq_len, spec.d_out, generator=torch.Generator().manual_seed(7),
-                    dtype=torch.float64)
-    module = _build(impl, spec, device, dtype, w)
-    w = zero_held(module, w)
-    held = adapter_for(module).held_at_zero  # not parameters of this layer: no gradient to compare
-    names = ["x"] + [n for n, _ in w.items() if n not in held]
-
-    x_ref, w_ref = x.clone().requires_grad_(True), w.leaves()
-    ref_out = reference(x_ref, w_ref, spec)
-    ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for n, t in w_ref.items() if n not in held])
-
-    low = DTYPES[dtype]
-    x_t = x.to(device=device, dtype=low).requires_grad_(True)
-    w_t = w.to(device=device, dtype=low).leaves()
-    state = state_from_canonical(module, w_t, spec)
-    out = functional_call(module, state, (x_t,), strict=False)
-    if out.shape != ref_out.shape:  # a wrong shape may still broadcast against the output gradient
-        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", math.inf, None,
-                          f"output shape {tuple(out.shape)} != expected {tuple(ref_out.shape)}")
-    grads = torch.autograd.grad((out * g.to(device=device, dtype=low)).sum(),
-                                [x_t] + [t for n, t in w_t.items() if n not in held], allow_unused=True)
-    # Some true gradients are structurally ~0 (the key bias: softmax cancels a per-row constant), so
-    # each gradient's error is relative to at least 1% of the largest gradient, not to its own ~0.
-    floor = 1e-2 * max(float(r.abs().max()) for r in ref_grads)
-    worst, worst_name = 0.0, ""
-    for name, got, want in zip(names, grads, ref_grads, strict=False):
-        err = math.inf if got is None else rel_error(got.cpu(), want, floor)
-        if err > worst or worst_name == "":
-            worst, worst_name = err, name
-    result = _verdict(impl.name, case, str(device), worst, GRAD_TOLERANCE[dtype], what=f"grad {worst_name}")
-    if result.status == "pass":
-        result.message = f"worst: grad {worst_name}"
-    return result
-
-
-def _property_setup(impl, case: Case, device: torch.device, dropout: float = 0.0, train: bool = False):
-    """``(spec, weights, module, x)`` for a property case: the case's spec (with ``dropout``), seeded
-    canonical weights loaded into the module, and the case's float64 input (on the CPU)."""
-    spec = AttnSpec(**{**case.shape.spec.kwargs(), "dropout": dropout})
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    return spec, w, _build(impl, spec, device, case.dtype, w, train=train), _inputs(case.shape)
-
-
-def _run_causality(impl, case: Case, device: torch.device) -> CaseResult:
-    """Changing tokens at positions >= t must never change outputs before t (checked for several t)."""
-    _, _, module, x = _property_setup(impl, case, device)
-    worst, where = 0.0, 0
-    with torch.no_grad():
-        base = module(x.to(device)).cpu()
-        for t in range(1, case.shape.seq_len):
-            x2 = x.clone()
-            x2[:, t:] = torch.randn(x2[:, t:].shape, generator=torch.Generator().manual_seed(t), dtype=x.dtype) * 3
-            out = module(x2.to(device)).cpu()
-            err = rel_error(out[:, :t], base[:, :t])
-            if err > worst:
-                worst, where = err, t
-    result = _verdict(impl.name, case, str(device), worst, TOLERANCE[case.dtype])
-    if result.status == "fail":
-        result.message = f"outputs before position {where} changed when later tokens changed (error {worst:.3g})"
-    return result
-
-
-def _run_batch_independence(impl, case: Case, device: torch.device) -> CaseResult:
-    """Each batch row computed alone equals the same row computed in the batch."""
-    _, _, module, x = _property_setup(impl, case, device)
-    with torch.no_grad():
-        whole = module(x.to(device)).cpu()
-        alone = torch.cat([module(x[i:i + 1].to(device)).cpu() for i in range(x.shape[0])])
-    return _verdict(impl.name, case, str(device), rel_error(whole, alone), TOLERANCE[case.dtype])
-
-
-def _run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResult:
-    """Built with dropout > 0, eval mode is deterministic and equals the (dropout-free) reference."""
-    spec, w, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=False)
-    with torch.no_grad():
-        a, b = module(x.to(device)).cpu(), module(x.to(device)).cpu()
-    err = max(rel_error(a, reference(x, zero_held(module, w), spec)), rel_error(a, b))
-    return _verdict(impl.name, case, str(device), err, TOLERANCE[case.dtype], what="eval output with dropout>0")
-
-
-def _run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
-    """In train mode with dropout > 0 the output must change between calls (or no dropout is declared)."""
-    _, _, module, x = _property_setup(impl, case, device, dropout=DROPOUT, train=True)
-    x = x.to(device=device, dtype=DTYPES[case.dtype])
-    with torch.no_grad():
-        a, b = module(x).cpu(), module(x).cpu()
-        module.eval()
-        ev = module(x).cpu()
-    changed = min(rel_error(a, b), rel_error(a, ev))
-    ok = changed > 1e-3
-    return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), "pass" if ok else "fail",
-                      changed, 1e-3, "" if ok else "train-mode output does not change with dropout=0.5: dropout is "
-                      "not applied (if it has none, declare attnbench_capabilities = {'dropout': False}: README, Capabilities)")
-
-
-def _run_golden(impl, case: Case, device: torch.device) -> CaseResult:
-    expected = golden.GOLDEN_IMPLEMENTATIONS.get(impl.name)
-    if expected is None:
-        return CaseResult(impl.name, case.kind, "book", case.dtype, str(device), "skip", None, None,
-                          "not one of the book's classes")
-    torch.manual_seed(golden.SEED)
-    module = impl.factory(AttnSpec(**golden.ARGS))
-    with torch.no_grad():
-        same, worst = golden.matches(module(golden.batch()), expected)
-    return CaseResult(impl.name, case.kind, "book", case.dtype, "cpu", "pass" if same else "fail", worst, 5e-5,
-                      "" if same else "does not print the book's values to 4 decimals")
-
-
-def _run_decode(impl, case: Case, device: torch.device) -> CaseResult:
-    """Prefill, then decode token by token with the KV cache: every output equals the full forward there;
-    then the same after ``reset_cache()`` on another sequence (see :mod:`attnbench.correctness.decode`)."""
-    spec, dtype = case.shape.spec, case.dtype
-    w = random_weights(spec, seed=_seed_for(case.shape))
-    module = _build(impl, spec, device, dtype, w.to(dtype=DTYPES[dtype]))
-    missing = decode.missing_protocol(module)
-    if missing:
-        return CaseResult(impl.name, case.kind, case.shape.id, dtype, str(device), "fail", None, None,
-                          f"declares kv_cache but lacks the protocol method(s) {', '.join(missing)}")
-    worst, where = 0.0, ""
-    prefill = DECODE_PREFILL.get(case.shape.id, 5)
-    for seed, n0 in ((1, prefill), (2, max(1, prefill - 2))):  # the second pass runs after reset_cache()
-        x = _inputs(case.shape, seed=seed).to(DTYPES[dtype])
-        ref = reference(x.double(), w.to(dtype=DTYPES[dtype]).to(dtype=torch.float64), spec)
-        err, at = decode.decode_error(module, x.to(device), ref, n0, lambda o, r: rel_error(o.cpu(), r))
-        if err > worst or not where:
-            worst, where = err, at + (" (after reset_cache)" if seed == 2 else "")
-    result = _verdict(impl.name, case, str(device), worst, TOLERANCE[dtype], what=f"decode ({where})")
-    return result
-
-
-CASE_MODES = {"backward": "forward+backward", "dropout_train": "forward", "decode": "decode"}
-"""How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
-CASE_DROPOUT = {"dropout_train": DROPOUT, "eval_deterministic": DROPOUT}
-"""The dropout each case kind builds with (the others: none)."""
-
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
-    "forward": _run_forward, "backward": _run_backward, "causality": _run_causality,
-    "batch_independence": _run_batch_independence, "eval_deterministic": _run_eval_deterministic,
-    "dropout_train": _run_dropout_train, "golden": _run_golden, "decode": _run_decode,
-}
-
+    **basic.RUNNERS, "decode": decode.run_decode, **properties.RUNNERS}
+"""Case kind -> runner: the plain kinds, the decode property, then the round-2 properties."""
+CASE_MODES = {**basic.CASE_MODES, "decode": "decode", **properties.CASE_MODES}
+"""How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
+CASE_DROPOUT = {**basic.CASE_DROPOUT, **properties.CASE_DROPOUT}
+"""The dropout each case kind builds with (the others: none)."""
 
 def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu", seed: int = 0) -> CaseResult:
     """Run one case (weights and inputs drawn from ``seed``); a skip when the implementation declares it
@@ -349,7 +113,7 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     dev = outcome.device
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    seed_token = _SEED.set(seed)
+    seed_token = SEED.set(seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -365,7 +129,7 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
                           f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300] + hint)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-        _SEED.reset(seed_token)
+        SEED.reset(seed_token)
 
 
 def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: Iterable[str] | None = None,
@@ -412,8 +176,3 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 
     out = results.groupby(["impl", "kind", "dtype"], sort=False)[list(results.columns)].apply(agg).reset_index()
     return out.astype({c: int for c in counts})
-
-
-# The round-2 properties (extreme logits, long T, dropout statistics, strided inputs, side effects,
-# shape sequences, low precision) live in their own module, which adds its runners to RUNNERS.
-from attnbench.correctness import properties  # noqa: E402

@@ -34,9 +34,21 @@ import torch
 from scipy import stats
 from torch.nn import functional as F
 
-from attnbench import registry
-from attnbench.correctness import matrix
-from attnbench.correctness.matrix import GRAD_TOLERANCE, TOLERANCE, Case, CaseResult, Shape, rel_error
+from attnbench.correctness.basic import run_backward
+from attnbench.correctness.cases import (
+    GRAD_TOLERANCE,
+    TOLERANCE,
+    Built,
+    Case,
+    CaseResult,
+    Shape,
+    build,
+    exc_line,
+    inputs,
+    rel_error,
+    row,
+    seed_for,
+)
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES
 from attnbench.spec import AttnSpec
@@ -99,18 +111,17 @@ def cases() -> list[Case]:
     return out
 
 
-def _row(impl, case: Case, device, status: str, error: float | None, tol: float | None, message: str) -> CaseResult:
-    return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), status, error, tol, message)
-
-
-def _exc_line(exc: Exception) -> str:
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {first[:160]}"
+_row, _exc_line = row, exc_line
 
 
 def _weights_and_input(case: Case) -> tuple[CanonicalWeights, torch.Tensor]:
     """The case's seeded canonical weights and float64 input (both follow the run's seed)."""
-    return random_weights(case.shape.spec, seed=matrix._seed_for(case.shape)), matrix._inputs(case.shape)
+    return random_weights(case.shape.spec, seed=seed_for(case.shape)), inputs(case.shape)
+
+
+def _build(impl, case: Case, device: torch.device, w: CanonicalWeights, spec: AttnSpec | None = None) -> Built:
+    """The module under test with ``w`` and the weights its reference uses (:func:`attnbench.correctness.cases.build`)."""
+    return build(impl, spec or case.shape.spec, device, case.dtype, w)
 
 
 # --- judged relative to the harness's own math path -----------------------------------------------
@@ -124,32 +135,47 @@ def _logits(x: torch.Tensor, w: CanonicalWeights, num_heads: int) -> torch.Tenso
     return scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
 
 
-def _extreme_weights(x: torch.Tensor, w: CanonicalWeights, num_heads: int, target: float, kind: str) -> CanonicalWeights:
-    """``w`` rescaled so the scores reach ``target``.
+def _scaled(t: torch.Tensor | None, f: float) -> torch.Tensor | None:
+    return None if t is None else t * f
 
-    ``overflow``: q and k scaled until the largest score is ``+target``. ``underflow``: scores spread
-    over +-``target``/20, then in each head a large key bias adds ``q_i . b_k`` to every score of
-    row ``i`` (softmax ignores it): the row with the longest query is pushed to [-target, -0.9 target]
-    and no score leaves +-target.
+
+def _extreme_weights(x: torch.Tensor, w: CanonicalWeights, num_heads: int, target: float,
+                     kind: str) -> tuple[CanonicalWeights, torch.Tensor]:
+    """``(w, x)`` changed so the scores reach ``target``; ``w`` holds only what the module has (no bias it lacks).
+
+    ``overflow``: q and k scaled until the largest score is ``+target`` (``x`` unchanged). ``underflow``:
+    scores spread over +-``target``/20, then in each head every score of row ``i`` is shifted by ``q_i . u``
+    (softmax ignores it): the row with the longest query is pushed to [-target, -0.9 target] and no score
+    leaves +-target. The shift is a key bias carried by the input, so it works on layers without biases:
+    every token gets the same component along a unit direction ``e`` (``x -> x P + e``, ``P = I - e e^T``),
+    ``W_q`` and ``W_k`` ignore that component (``W P``), and a rank-one term ``u e^T`` of ``W_k`` turns it
+    into the same key offset ``u`` for every token.
     """
+    if kind == "underflow":
+        d_in = x.shape[-1]
+        e = torch.randn(d_in, generator=torch.Generator().manual_seed(d_in), dtype=x.dtype)
+        e = e / e.norm()  # (d_in,)
+        P = torch.eye(d_in, dtype=x.dtype) - torch.outer(e, e)  # (d_in, d_in), symmetric
+        x = x @ P + e  # every token's component along e is exactly 1
+        w = replace(w, W_q=w.W_q @ P, W_k=w.W_k @ P)
     scores = _logits(x, w, num_heads)
     allowed = scores.isfinite()
     top, bottom = float(scores[allowed].max()), float(scores[allowed].min())
     spread = target if kind == "overflow" else target / 20
     f = math.sqrt(spread / max(top, -bottom))
     sign = 1.0 if kind == "underflow" or top >= -bottom else -1.0  # overflow wants the +target side
-    w = replace(w, W_q=w.W_q * f * sign, b_q=w.b_q * f * sign, W_k=w.W_k * f, b_k=w.b_k * f)
+    w = replace(w, W_q=w.W_q * f * sign, b_q=_scaled(w.b_q, f * sign), W_k=w.W_k * f, b_k=_scaled(w.b_k, f))
     if kind == "overflow":
-        return w
+        return w, x
     b, T, _ = x.shape
     q = F.linear(x, w.W_q, w.b_q).view(b * T, num_heads, -1)  # (b*T, nh, hd)
     hd = q.shape[-1]
-    b_k = w.b_k.clone()
+    shift = torch.zeros_like(w.W_k[:, 0])  # (d_out,): the key offset of every token
     for h in range(num_heads):
         longest = q[q[:, h].norm(dim=-1).argmax(), h]  # (hd,)
         u = -longest / longest.norm()  # row shift q_i . u: most negative for the longest query, |.| <= that elsewhere
-        b_k[h * hd:(h + 1) * hd] += u * (0.95 * target * math.sqrt(hd) / float(longest.norm()))
-    return replace(w, b_k=b_k)
+        shift[h * hd:(h + 1) * hd] = u * (0.95 * target * math.sqrt(hd) / float(longest.norm()))
+    return replace(w, W_k=w.W_k + torch.outer(shift, e)), x
 
 
 def _rms_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -160,17 +186,16 @@ def _rms_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-300))
 
 
-def _judge_against_baseline(impl, case: Case, device: torch.device, spec: AttnSpec, w: CanonicalWeights,
-                            x: torch.Tensor, what: str) -> CaseResult:
+def _judge_against_baseline(impl, case: Case, device: torch.device, built: Built, x: torch.Tensor,
+                            what: str) -> CaseResult:
     """Forward in ``case.dtype`` against float64; its RMS and max errors may be RMS_FACTOR and MAX_FACTOR times
     those of the harness's math path (``reference_forward`` in the same dtype, on the same device)."""
     low = DTYPES[case.dtype]
-    w_low, x_low = w.to(dtype=low), x.to(low)  # the rounding the implementation sees
-    ref = reference_forward(x_low.double(), w_low.to(dtype=torch.float64), spec.num_heads)
-    baseline = reference_forward(x_low.to(device), w_low.to(device=device), spec.num_heads).cpu()
-    module = matrix._build(impl, spec, device, case.dtype, w_low)
+    x_low = x.to(low)  # the rounding the implementation sees
+    ref = built.reference(x_low)
+    baseline = reference_forward(x_low.to(device), built.weights.to(device=device), built.spec.num_heads).cpu()
     with torch.no_grad():
-        out = module(x_low.to(device)).cpu()
+        out = built.module(x_low.to(device)).cpu()
     floor = BASELINE_FLOOR[case.dtype]
     base_rms, base_max = _rms_error(baseline, ref), rel_error(baseline, ref)
     rms, worst = _rms_error(out, ref), rel_error(out, ref)
@@ -196,11 +221,13 @@ def _run_extreme_logits(impl, case: Case, device: torch.device) -> CaseResult:
     """Scores at +EXTREME_LOGIT (overflow), then a row with every score near -EXTREME_LOGIT (underflow)."""
     spec = case.shape.spec
     w, x = _weights_and_input(case)
+    built = _build(impl, case, device, w)
+    w = built.zeroed(w)  # what the module has (no bias it lacks), before rounding: the stress is built from it
     target = EXTREME_LOGIT[case.dtype]
     for kind, what in (("overflow", f"largest score +{target:g}"), ("underflow", f"a row of scores all in [-{target:g}, "
                                                                                    f"-{0.9 * target:g}]")):
-        result = _judge_against_baseline(impl, case, device, spec, _extreme_weights(x, w, spec.num_heads, target, kind),
-                                         x, f"{what} (T={case.shape.seq_len})")
+        w_x, x_x = _extreme_weights(x, w, spec.num_heads, target, kind)
+        result = _judge_against_baseline(impl, case, device, built.reload(w_x), x_x, f"{what} (T={case.shape.seq_len})")
         if result.status != "pass":
             return result
     return result
@@ -209,7 +236,7 @@ def _run_extreme_logits(impl, case: Case, device: torch.device) -> CaseResult:
 def _run_low_precision(impl, case: Case, device: torch.device) -> CaseResult:
     """float16/bfloat16 at long T: errors within a small factor of the math path's in the same dtype."""
     w, x = _weights_and_input(case)
-    return _judge_against_baseline(impl, case, device, case.shape.spec, w, x, f"T={case.shape.seq_len}")
+    return _judge_against_baseline(impl, case, device, _build(impl, case, device, w), x, f"T={case.shape.seq_len}")
 
 
 # --- long and awkward lengths ---------------------------------------------------------------------
@@ -219,11 +246,12 @@ def _run_long_seq(impl, case: Case, device: torch.device) -> CaseResult:
     spec = case.shape.spec
     lengths = LONG_SHAPES[case.shape.id][1]
     w, x_full = _weights_and_input(case)
-    module = matrix._build(impl, spec, device, case.dtype, w.to(dtype=DTYPES[case.dtype]))
+    built = _build(impl, case, device, w)
+    module = built.module
     worst = 0.0
     for T in lengths:
         x = x_full[:, :T].contiguous()
-        ref = reference_forward(x, w, spec.num_heads)
+        ref = built.reference(x)
         try:
             with torch.no_grad():
                 out = module(x.to(device=device, dtype=DTYPES[case.dtype])).cpu()
@@ -242,7 +270,7 @@ def _run_long_seq(impl, case: Case, device: torch.device) -> CaseResult:
         return _row(impl, case, device, "pass", worst, TOLERANCE[case.dtype],
                     f"T in {lengths}; no backward (declares none on {device.type})")
     try:
-        back = matrix._run_backward(impl, Case("backward", case.shape, case.dtype), device)
+        back = run_backward(impl, Case("backward", case.shape, case.dtype), device)
     except Exception as exc:
         return _row(impl, case, device, "error", None, None,
                     f"long_seq: backward at T={case.shape.seq_len} (every forward passes) raised {_exc_line(exc)}")
@@ -266,10 +294,10 @@ def _run_dropout_mean(impl, case: Case, device: torch.device) -> CaseResult:
     spec = replace(case.shape.spec, dropout=DROPOUT_P)
     w, x = _weights_and_input(case)
     low = DTYPES[case.dtype]
-    module = matrix._build(impl, spec, device, case.dtype, w.to(dtype=low))
+    module = _build(impl, case, device, w, spec).module
     x = x.to(device=device, dtype=low)
     many = x.repeat(DROPOUT_REPLICAS, 1, 1)  # (R*b, T, d_in): replica r is rows r*b:(r+1)*b
-    seed0 = 1_000 * matrix._seed_for(case.shape)
+    seed0 = 1_000 * seed_for(case.shape)
     with torch.no_grad(), _fork_rng(device):
         ev = module.eval()(x).double().cpu()
         module.train()
@@ -331,9 +359,9 @@ def _run_strided_input(impl, case: Case, device: torch.device) -> CaseResult:
     spec, low = case.shape.spec, DTYPES[case.dtype]
     b, T = case.shape.batch, case.shape.seq_len
     w, _ = _weights_and_input(case)
-    module = matrix._build(impl, spec, device, case.dtype, w.to(dtype=low))
+    module = _build(impl, case, device, w, spec).module
     backward = impl.supports_backward(device)
-    gen = torch.Generator().manual_seed(matrix._seed_for(case.shape))
+    gen = torch.Generator().manual_seed(seed_for(case.shape))
     g = torch.randn(b, T, spec.d_out, generator=gen, dtype=torch.float64).to(device=device, dtype=low)
     g_strided = g.transpose(1, 2).contiguous().transpose(1, 2)  # the same values: strided x gets a strided grad_output
     worst = 0.0
@@ -385,7 +413,7 @@ def _run_no_side_effects(impl, case: Case, device: torch.device) -> CaseResult:
     """x and every parameter bit-identical after an eval forward, a train forward and a backward."""
     spec, low = case.shape.spec, DTYPES[case.dtype]
     w, x = _weights_and_input(case)
-    module = matrix._build(impl, spec, device, case.dtype, w.to(dtype=low))
+    module = _build(impl, case, device, w, spec).module
     params = {n: p.detach().clone() for n, p in module.named_parameters()}
     x = x.to(device=device, dtype=low)
     x_before = x.clone()
@@ -419,9 +447,9 @@ def _run_no_side_effects(impl, case: Case, device: torch.device) -> CaseResult:
 def _run_shape_sequence(impl, case: Case, device: torch.device) -> CaseResult:
     """One module, eval calls of SEQUENCE's shapes in order: each output equals the reference of its own input."""
     spec, low = case.shape.spec, DTYPES[case.dtype]
-    w = random_weights(spec, seed=matrix._seed_for(case.shape))
-    module = matrix._build(impl, spec, device, case.dtype, w.to(dtype=low))
-    gen = torch.Generator().manual_seed(matrix._seed_for(case.shape) + 1)
+    built = _build(impl, case, device, random_weights(spec, seed=seed_for(case.shape)))
+    module = built.module
+    gen = torch.Generator().manual_seed(seed_for(case.shape) + 1)
     buffer, worst, seen = None, 0.0, []
     for i, (b, T) in enumerate(SEQUENCE):
         x = torch.randn(b, T, spec.d_in, generator=gen, dtype=torch.float64)
@@ -433,7 +461,7 @@ def _run_shape_sequence(impl, case: Case, device: torch.device) -> CaseResult:
             buffer = x_dev if buffer is None else buffer
         how = "same tensor as call 1, new values" if i == 1 else f"batch {b}, T={T}"
         before = ", ".join(f"({pb}, {pT})" for pb, pT in seen)
-        ref = reference_forward(x_dev.cpu().double(), w, spec.num_heads)  # before the call: it may write to x
+        ref = built.reference(x_dev)  # before the call: it may write to x
         try:
             with torch.no_grad():
                 out = module.eval()(x_dev).cpu()
@@ -452,11 +480,12 @@ def _run_shape_sequence(impl, case: Case, device: torch.device) -> CaseResult:
     return _row(impl, case, device, "pass", worst, TOLERANCE[case.dtype], f"{len(SEQUENCE)} calls")
 
 
-RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
+RUNNERS: dict[str, Callable[..., CaseResult]] = {
     "extreme_logits": _run_extreme_logits, "long_seq": _run_long_seq, "dropout_mean": _run_dropout_mean,
     "strided_input": _run_strided_input, "no_side_effects": _run_no_side_effects,
     "shape_sequence": _run_shape_sequence, "low_precision": _run_low_precision,
 }
-matrix.RUNNERS.update(RUNNERS)  # the matrix imports this module and runs these kinds after its own
-matrix.CASE_MODES["dropout_mean"] = "forward"  # train mode: the resolver skips implementations without dropout
-matrix.CASE_DROPOUT["dropout_mean"] = DROPOUT_P
+"""Case kind -> runner ``(impl, case, device) -> CaseResult``; :mod:`attnbench.correctness.matrix` runs them
+after its own kinds."""
+CASE_MODES = {"dropout_mean": "forward"}  # train mode: the resolver skips implementations without dropout
+CASE_DROPOUT = {"dropout_mean": DROPOUT_P}

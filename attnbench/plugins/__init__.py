@@ -13,7 +13,7 @@
   ``rewind_cache`` can be timed in decode mode.
 """
 
-from attnbench.plugins.binding import implementation_fields
+from attnbench.plugins.inference import implementation_fields
 from attnbench.plugins.layout import preflight
 from attnbench.plugins.loading import import_file, split_display_name
 

@@ -198,24 +198,3 @@ def capabilities(obj) -> dict:
         raise PluginLoadError(f"{getattr(obj, '__qualname__', obj)}.attnbench_capabilities has unknown key(s) "
                               f"{unknown}; the keys are {', '.join(_CAPABILITY_KEYS)} (README: Capabilities)")
     return caps
-
-
-def implementation_fields(obj, source: str) -> dict:
-    """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
-    constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
-    declared ``attnbench_capabilities`` (which win over what is inferred)."""
-    from attnbench.plugins.inference import infer
-    from attnbench.plugins.layout import with_layout
-
-    binding = bind(obj)
-    inferred: dict = {}
-    if binding.same_width_only:
-        inferred["same_width_only"] = True
-    if binding.style == "keywords" and "dropout" not in binding.fields:
-        inferred["dropout"] = ()  # nothing to pass the rate to: the class has no attention dropout
-    declared = capabilities(obj)
-    variants, evidence = infer(obj, binding, declared)
-    caps = {**inferred, **variants, **declared}
-    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields)
-    factory.evidence = evidence
-    return {"factory": factory, **caps, "source": caps.get("source", source)}

@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, SpecConfig
+from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, SpecConfig, bind, capabilities
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.spec import AttnSpec
 
@@ -159,3 +159,23 @@ def _confirm_kv(binding: Binding, name: str, param: str) -> str:
     except Exception:
         return "not confirmed: its weights do not map at the probe's sizes"
     return f"confirmed: with {probe.num_kv_heads} kv heads of {probe.head_dim} its key/value projections are {probe.kv_dim} wide"
+
+
+def implementation_fields(obj, source: str) -> dict:
+    """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
+    constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
+    declared ``attnbench_capabilities`` (which win over what is inferred)."""
+    from attnbench.plugins.layout import with_layout
+
+    binding = bind(obj)
+    inferred: dict = {}
+    if binding.same_width_only:
+        inferred["same_width_only"] = True
+    if binding.style == "keywords" and "dropout" not in binding.fields:
+        inferred["dropout"] = ()  # nothing to pass the rate to: the class has no attention dropout
+    declared = capabilities(obj)
+    variants, evidence = infer(obj, binding, declared)
+    caps = {**inferred, **variants, **declared}
+    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields)
+    factory.evidence = evidence
+    return {"factory": factory, **caps, "source": caps.get("source", source)}

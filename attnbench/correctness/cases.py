@@ -1,0 +1,162 @@
+"""What every correctness check shares: cases and their verdicts, the run's seed, errors, and the one way to
+build a module under test together with the weights its reference must use.
+
+The case kinds live in three modules that import only this one (and the float64 reference):
+:mod:`~attnbench.correctness.basic` (forward, backward, causality, ...), :mod:`~attnbench.correctness.properties`
+(the round-2 properties) and :mod:`~attnbench.correctness.decode` (the KV-cache property).
+:mod:`~attnbench.correctness.matrix` puts their runners in one table and runs them.
+
+**Reference weights come from one place.** :func:`build` loads canonical weights into the module and returns,
+with it, the weights the module really computes with: rounded to the case's dtype, and with every
+canonical parameter its layout lacks (an output bias, q/k/v biases) held at zero. A check compares the
+module with :meth:`Built.reference`, so no check can judge a bias-free layer against a reference that adds
+a bias the layer does not have.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnbench.correctness.reference import reference_forward
+from attnbench.devices import DTYPES
+from attnbench.spec import AttnSpec
+from attnbench.weights import CanonicalWeights, load_weights, zero_held
+
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
+"""Relative max-norm error allowed per dtype (TF32 is switched off while checking on CUDA)."""
+GRAD_TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
+"""Gradients are sums of many cancelling terms, so float32 gets a looser bound than the forward."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One point of the shape grid: a spec plus batch and sequence length."""
+
+    id: str
+    batch: int
+    seq_len: int
+    spec: AttnSpec
+
+
+@dataclass(frozen=True)
+class Case:
+    """One check of one implementation."""
+
+    kind: str  # forward | backward | causality | ... | decode | extreme_logits | ... (matrix.RUNNERS)
+    shape: Shape
+    dtype: str
+
+
+@dataclass
+class CaseResult:
+    """The verdict of one :class:`Case`: ``status`` is pass, fail, skip or error."""
+
+    impl: str
+    kind: str
+    shape: str
+    dtype: str
+    device: str
+    status: str
+    error: float | None  # worst relative error (or absolute, for golden), None when not applicable
+    tolerance: float | None
+    message: str = ""
+
+
+def row(impl, case: Case, device, status: str, error: float | None, tol: float | None, message: str = "") -> CaseResult:
+    """A :class:`CaseResult` of ``impl`` (an Implementation) for ``case``."""
+    return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(device), status, error, tol, message)
+
+
+def verdict(impl, case: Case, device, err: float, tol: float, what: str = "") -> CaseResult:
+    """Pass when ``err <= tol``, else a failure that says ``what`` (default: the case kind) and by how much."""
+    status = "pass" if err <= tol else "fail"
+    message = "" if status == "pass" else f"{what or case.kind} error {err:.3g} > tolerance {tol:.1g}"
+    return row(impl, case, device, status, err, tol, message)
+
+
+def exc_line(exc: BaseException) -> str:
+    """``TypeName: first line of the message`` (at most 160 characters of it)."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first[:160]}"
+
+
+# --- the run's seed -------------------------------------------------------------------------------
+
+SEED = contextvars.ContextVar("attnbench_check_seed", default=0)
+"""The run's seed (``run_case(..., seed=)``): every case's weights and inputs are drawn from it; 0 is the default."""
+
+
+def seed_for(shape: Shape) -> int:
+    """The weight seed of ``shape`` in this run."""
+    return sum(map(ord, shape.id)) + 1_000_003 * SEED.get()
+
+
+def inputs(shape: Shape, batch: int | None = None, seed: int = 1) -> torch.Tensor:
+    """The float64 input ``(batch or shape.batch, shape.seq_len, d_in)`` drawn from ``seed`` and the run's seed."""
+    g = torch.Generator().manual_seed(seed + 1_000_003 * SEED.get())
+    return torch.randn(batch or shape.batch, shape.seq_len, shape.spec.d_in, generator=g, dtype=torch.float64)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 1e-12) -> float:
+    """``max|out - ref| / max(max|ref|, floor)`` in float64 (``inf`` for non-finite or mis-shaped output)."""
+    if out.shape != ref.shape:
+        return math.inf
+    out64, ref64 = out.detach().to(torch.float64), ref.detach().to(torch.float64)
+    if not torch.isfinite(out64).all():
+        return math.inf
+    scale = ref64.abs().max().clamp_min(floor)
+    return float((out64 - ref64).abs().max() / scale)
+
+
+def reference(x: torch.Tensor, w: CanonicalWeights, spec: AttnSpec) -> torch.Tensor:
+    """``spec``'s variant (GQA/MQA, window, causal or not) computed by the reference in the dtype of ``x`` and ``w``."""
+    return reference_forward(x, w, spec.num_heads, window=spec.window, causal=spec.causal)
+
+
+# --- the one way to build a module under test ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Built:
+    """A module under test and the canonical weights it computes with.
+
+    ``weights`` are on the CPU in the case's dtype: the loaded weights after rounding to that dtype, with
+    the canonical parameters the module's layout lacks held at zero. Every reference is computed from them.
+    """
+
+    module: nn.Module
+    weights: CanonicalWeights
+    spec: AttnSpec
+    dtype: str
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The float64 reference output for ``x`` (rounded to the case's dtype first, as the module sees it)."""
+        x64 = x.detach().cpu().to(DTYPES[self.dtype]).to(torch.float64)
+        return reference(x64, self.weights.to(dtype=torch.float64), self.spec)
+
+    def zeroed(self, w: CanonicalWeights) -> CanonicalWeights:
+        """``w`` (unrounded, in its own dtype) with the canonical parameters the module lacks held at zero."""
+        return zero_held(self.module, w)
+
+    def reload(self, w: CanonicalWeights) -> Built:
+        """The same module with ``w`` loaded instead (a property that rescales weights), and its reference weights."""
+        return _loaded(self.module, w, self.spec, self.dtype)
+
+
+def _loaded(module: nn.Module, w: CanonicalWeights, spec: AttnSpec, dtype: str) -> Built:
+    w_low = w.to(device="cpu", dtype=DTYPES[dtype])  # the rounding the implementation sees
+    load_weights(module, w_low, spec)
+    return Built(module, zero_held(module, w_low), spec, dtype)
+
+
+def build(impl, spec: AttnSpec, device: torch.device | str, dtype: str, w: CanonicalWeights,
+          train: bool = False) -> Built:
+    """``impl`` built for ``spec`` on ``device`` in ``dtype`` with ``w`` loaded (in ``train`` mode or eval), and the
+    weights every reference for it must use (see :class:`Built`)."""
+    w_low = w.to(dtype=DTYPES[dtype])
+    module = impl.build(spec, device, dtype, weights=w_low).train(train)
+    return Built(module, zero_held(module, w_low), spec, dtype)
