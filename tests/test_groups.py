@@ -13,7 +13,7 @@ from attnbench.runner import engine
 from attnbench.runner.executors.local import InProcessExecutor
 
 LATE = str(Path(__file__).parent / "plugins" / "late_faults.py")
-FAST = {"budget_s": 0.2, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3, "threads": 1}
+FAST = {"budget_s": 0.05, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3, "threads": 1}
 TINY = dict(batch=[1], seq_len=[16], num_heads=[2], d_model=[16], mode=["inference"])
 
 

@@ -29,8 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 MISSING = hf.transformers_missing()
 needs_hf = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 ACCEPTANCE = [f"hf:{m}@{b}" for m in ("gpt2", "llama", "mistral", "bert") for b in ("eager", "sdpa")]
-BIAS_FREE = ("llama", "mistral")  # no output bias (and Mistral no q/k/v biases either)
-ISSUE_20 = pytest.mark.xfail(strict=False, reason="issue 20: bias-free false alarm, fixed on branch i20")
 SHAPE = {s.id: s for s in SHAPES + VARIANT_SHAPES + [matrix.PROPERTY_SHAPE] + matrix.DECODE_SHAPES}
 
 
@@ -323,7 +321,6 @@ def test_check_basic_cases_pass(name):
 
 @needs_hf
 @pytest.mark.slow  # ~1.5 s each: long T and float16 properties
-@pytest.mark.parametrize("name", [pytest.param(n, marks=ISSUE_20) if n[3:].split("@")[0] in BIAS_FREE else n
-                                  for n in ACCEPTANCE])
+@pytest.mark.parametrize("name", ACCEPTANCE)  # llama and mistral are bias-free: the round-2 properties hold their biases at zero
 def test_check_round2_properties_and_decode_pass(name):
     assert not _failures(name, ROUND2_KINDS)
