@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -274,3 +276,24 @@ def test_group_id_is_the_cell_id_without_the_implementation_and_older_runs_get_i
 
     old = fill_added_columns(pd.DataFrame({"cell_id": [a.cell_id], "num_heads": [4]}))
     assert old.group_id[0] == a.group_id and math.isnan(old.speedup[0]) and list(old.cycle_s[0]) == []
+
+
+def test_a_member_known_well_enough_leaves_the_cycles_while_the_baseline_stays():
+    rng = random.Random(0)
+
+    def steady():
+        time.sleep(5e-4)
+
+    def erratic():  # two very different call times: its median stays unknown within 10%
+        time.sleep(rng.choice([2e-4, 4e-3]))
+
+    t = time_interleaved({"a": steady, "b": steady, "c": erratic}, warmup_calls=1, warmup_s=0.0, min_samples=3,
+                         min_cycles=6, max_cycles=40, budget_s=60, burst_s=2e-3, min_block_s=0.0, baseline="a",
+                         target_rel_ci=0.1)
+    assert all(sorted(order) == ["a", "b", "c"] for order in t.orders[:6])  # everyone until min_cycles
+    assert any("b" not in order for order in t.orders[6:])  # b, known well enough, left the cycles
+    assert all("a" in order and "c" in order for order in t.orders)  # the baseline stays while c is timed
+    assert t.stopped_by in ("max_cycles", "ci") and not t.failures
+    gone = next(i for i, order in enumerate(t.orders) if "b" not in order)
+    assert all(math.isnan(v) for v in t.cycle_s["b"][gone:])  # its later cycles are empty, paired pairwise
+    assert t.speedup("b")[0] > 0

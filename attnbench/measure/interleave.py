@@ -80,10 +80,11 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     Each member is warmed up in turn (at least ``warmup_calls`` calls and ``warmup_s`` seconds), which also
     measures its call time; the burst length is then ``burst_s`` (default: about 10 calls of the slowest
     member, within 10-50 ms) and every member's calls per burst are fixed from its call time. Each cycle
-    runs every member's burst once, in an order shuffled per cycle (``random.Random(seed)``). Sampling stops
-    after at least ``min_cycles`` cycles once every member's median CI (its block samples, at least
-    ``min_samples`` of them) and, with a ``baseline``, every member's paired speed-up CI are within
-    ``target_rel_ci``; or after ``budget_s`` of cycles (and at least 3); or at ``max_cycles``.
+    runs every active member's burst once, in an order shuffled per cycle (``random.Random(seed)``). After
+    ``min_cycles`` cycles, a member whose median CI (its block samples, at least ``min_samples`` of them) and,
+    with a ``baseline``, whose paired speed-up CI are within ``target_rel_ci`` leaves the cycles (the baseline
+    stays while any other member is timed); sampling stops when every member has, or after ``budget_s`` of
+    cycles (and at least 3), or at ``max_cycles``.
 
     A member that raises (in warm-up or in a burst) is dropped from later cycles and reported in
     ``failures``; the others carry on. ``on_burst(name)`` is called before each member's warm-up and each
@@ -148,9 +149,15 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         if not active:
             stopped_by = "failed"
             break
-        if len(orders) >= min_cycles and _converged(samples, cycles, active, baseline, min_samples, target_rel_ci):
-            stopped_by = "ci"
-            break
+        if len(orders) >= min_cycles:
+            settled = _settled(samples, cycles, active, baseline, min_samples, target_rel_ci)
+            if settled == set(active):
+                stopped_by = "ci"
+                break
+            # a member known well enough (its median, and its speed-up against the baseline) leaves the cycles,
+            # so the group's time goes to the members still short of the target; the baseline stays while any
+            # other member is timed, since every paired ratio needs it in the same cycle
+            active = [n for n in active if n not in settled or n == baseline]
         if time.perf_counter() - start > budget_s and len(orders) >= min(3, max_cycles):
             stopped_by = "budget"
             break
@@ -220,22 +227,21 @@ def _burst_cuda(fn: Callable[[], object], calls: int, flush: Callable[[], None] 
     return [s.elapsed_time(e) * 1e-3 for s, e in pairs]
 
 
-def _converged(samples: dict[str, list[float]], cycles: dict[str, list[float]], active: list[str], baseline: str | None,
-               min_samples: int, target_rel_ci: float) -> bool:
-    """Every active member's median known within the target, and its paired speed-up too (with a baseline)."""
+def _settled(samples: dict[str, list[float]], cycles: dict[str, list[float]], active: list[str], baseline: str | None,
+             min_samples: int, target_rel_ci: float) -> set[str]:
+    """The active members known within the target: their median (block samples, at least ``min_samples``) and, with
+    an active baseline, their paired speed-up against it (the baseline: its median alone)."""
+    settled = set()
     for name in active:
         if len(samples[name]) < min_samples:
-            return False
-        ci_rel = summarize(samples[name])["ci_rel"]
-        if not ci_rel <= target_rel_ci:  # NaN is not converged
-            return False
-    if baseline is None or baseline not in active:
-        return True
-    for name in active:
-        if name == baseline:
             continue
-        # one group: the distribution-free interval of the median log ratio, no bootstrap (cheap between cycles)
-        s, lo, hi = paired_speedup([cycles[baseline]], [cycles[name]])
-        if not (hi - lo) / 2 / s <= target_rel_ci:
-            return False
-    return True
+        ci_rel = summarize(samples[name])["ci_rel"]
+        if not ci_rel <= target_rel_ci:  # NaN is not settled
+            continue
+        if baseline is not None and baseline in active and name != baseline:
+            # one group: the distribution-free interval of the median log ratio, no bootstrap (cheap between cycles)
+            s, lo, hi = paired_speedup([cycles[baseline]], [cycles[name]])
+            if not (hi - lo) / 2 / s <= target_rel_ci:
+                continue
+        settled.add(name)
+    return settled
