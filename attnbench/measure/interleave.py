@@ -25,7 +25,7 @@ import torch
 
 from attnbench.devices import synchronize
 from attnbench.measure.stats import paired_speedup, summarize
-from attnbench.measure.timing import l2_flusher
+from attnbench.measure.timing import cuda_event_intervals, l2_flusher
 
 MIN_BURST_S = 0.01
 MAX_BURST_S = 0.05
@@ -212,17 +212,7 @@ def _burst_cuda(fn: Callable[[], object], calls: int, flush: Callable[[], None] 
             events[i + 1].record()
         pairs = list(zip(events[:-1], events[1:], strict=True))
     else:
-        pairs = []
-        for _ in range(calls):
-            if flush is not None:
-                flush()  # outside the timed region: before the start event
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            if between is not None:
-                between()
-            pairs.append((start, end))
+        pairs = cuda_event_intervals(fn, calls, flush, between)
     torch.cuda.synchronize(device)
     return [s.elapsed_time(e) * 1e-3 for s, e in pairs]
 

@@ -121,6 +121,25 @@ def cuda_graph_replay(fn: Callable[[], object], device: torch.device) -> Callabl
     return graph.replay
 
 
+def cuda_event_intervals(fn: Callable[[], object], calls: int, flush: Callable[[], None] | None = None,
+                         between: Callable[[], object] | None = None) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    """A start and an end CUDA event around each of ``calls`` calls of ``fn`` on the current stream; ``flush`` runs
+    before the start event and ``between`` after the end event, both outside the timed region. Read the intervals
+    after a synchronisation."""
+    pairs = []
+    for _ in range(calls):
+        if flush is not None:
+            flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        if between is not None:
+            between()
+        pairs.append((start, end))
+    return pairs
+
+
 def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph,
                between=None) -> Timing:
     flush = l2_flusher(device) if l2_flush else None
@@ -133,17 +152,7 @@ def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, 
     sampling_start = time.perf_counter()
     batch = 10
     while len(samples) < max_samples:
-        events = []
-        for _ in range(batch):
-            if flush is not None:
-                flush()  # outside the timed region: before the start event
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            if between is not None:
-                between()  # after the end event: outside the timed region
-            events.append((start, end))
+        events = cuda_event_intervals(call, batch, flush, between)
         torch.cuda.synchronize(device)
         samples.extend(s.elapsed_time(e) * 1e-3 for s, e in events)
         if _converged(samples, min_samples, target_rel_ci):

@@ -431,7 +431,7 @@ def write_compare_html(result: CompareResult, out_dir: str | Path, dpi: int | No
 def _write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     from attnbench.report import analysis as an
     from attnbench.report import figures as figs
-    from attnbench.report.page import Tables, _fmt_df, jinja_env
+    from attnbench.report.page import Tables
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -442,65 +442,44 @@ def _write_compare_html(result: CompareResult, out_dir: str | Path) -> Path:
     figures = figs.latency_overlay(pa, pb, result.label_a, result.label_b, styles, out / "figures")
 
     c = result.cells
-    if result.kind == "speedups":
-        return _write_speedup_page(result, out, tables, figures, styles)
-    disp = pd.DataFrame({
-        "impl": c["impl"],
-        "configuration": [an.configuration_label(r) for r in c.itertuples()],
-        "seq_len": c["seq_len"],
-        "A median": [an.fmt_time(v) for v in c["median_a"]],
-        "B median": [an.fmt_time(v) for v in c["median_b"]],
-        "B/A": [an.fmt_num(v) + "×" if np.isfinite(v) else "–" for v in c["ratio"]],
-        f"{1 - result.alpha:.0%} CI": [f"{an.fmt_num(lo)} – {an.fmt_num(hi)}" if np.isfinite(lo) else "–"
-                                       for lo, hi in zip(c["ci_low"], c["ci_high"], strict=True)],
-        "p": [f"{p:.2g}" if np.isfinite(p) else "–" for p in c["p_value"]],
-        "n (A/B)": [f"{x}/{y}" for x, y in zip(c["n_a"], c["n_b"], strict=True)],
-        "change": c["change"],
-        "unstable": [n if u else "" for n, u in zip(c["note"], c["unstable"], strict=True)],
-        "contended": c["contended"],
-    })
-    classes = ["regression" if r else "improvement" if i else ""
-               for r, i in zip(c["regression"], c["improvement"], strict=True)]
-    t = {"cells": tables.add("compare", disp, c, classes=classes)}
-    t["only_a"] = tables.add("only_in_a", pd.DataFrame(result.only_in_a, columns=list(AXES)))
-    t["only_b"] = tables.add("only_in_b", pd.DataFrame(result.only_in_b, columns=list(AXES)))
-    t["status"] = tables.add("status_changed", _fmt_df(result.status_changed, {}), long_columns=("error_a", "error_b"))
-    page = jinja_env().get_template("compare.html.j2").render(
-        r=result, tables=t, figures=figures, styles=styles, n_regressions=len(result.regressions),
-        n_improvements=len(result.improvements), files=[f"figures/{f.name}.{e}" for f in figures if not f.skipped
-                                                          for e in figs.current_render().formats] + tables.files,
-    )
-    path = out / "compare.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    head = {"impl": c["impl"], "configuration": [an.configuration_label(r) for r in c.itertuples()],
+            "seq_len": c["seq_len"]}
+    ratio = {"B/A": [an.fmt_num(v) + "×" if np.isfinite(v) else "–" for v in c["ratio"]],
+             f"{1 - result.alpha:.0%} CI": [f"{an.fmt_num(lo)} – {an.fmt_num(hi)}" if np.isfinite(lo) else "–"
+                                            for lo, hi in zip(c["ci_low"], c["ci_high"], strict=True)],
+             "p": [f"{p:.2g}" if np.isfinite(p) else "–" for p in c["p_value"]]}
+    if result.kind == "speedups":  # each run's paired speed-up with its CI, and their ratio
+        disp = pd.DataFrame({
+            **head, "baseline": c["baseline"],
+            "A speed-up": [an.fmt_speedup(s, lo, hi) for s, lo, hi in zip(c["speedup_a"], c["speedup_a_low"],
+                                                                            c["speedup_a_high"], strict=True)],
+            "B speed-up": [an.fmt_speedup(s, lo, hi) for s, lo, hi in zip(c["speedup_b"], c["speedup_b_low"],
+                                                                            c["speedup_b_high"], strict=True)],
+            **ratio, "change": c["change"], "note": c["note"],
+        })
+        cells = tables.add("compare_speedups", disp, c, classes=_change_classes(c), long_columns=("note",))
+    else:
+        disp = pd.DataFrame({
+            **head, "A median": [an.fmt_time(v) for v in c["median_a"]],
+            "B median": [an.fmt_time(v) for v in c["median_b"]], **ratio,
+            "n (A/B)": [f"{x}/{y}" for x, y in zip(c["n_a"], c["n_b"], strict=True)], "change": c["change"],
+            "unstable": [n if u else "" for n, u in zip(c["note"], c["unstable"], strict=True)],
+            "contended": c["contended"],
+        })
+        cells = tables.add("compare", disp, c, classes=_change_classes(c))
+    return _render_compare_page(result, out, tables, cells, figures, styles)
 
 
-def _write_speedup_page(result: CompareResult, out: Path, tables, figures, styles) -> Path:
-    """The page of ``compare --speedups``: each run's paired speed-up with its CI, and their ratio."""
-    from attnbench.report import analysis as an
+def _change_classes(c: pd.DataFrame) -> list[str]:
+    return ["regression" if r else "improvement" if i else "" for r, i in zip(c["regression"], c["improvement"], strict=True)]
+
+
+def _render_compare_page(result: CompareResult, out: Path, tables, cells, figures, styles) -> Path:
+    """``compare.html`` from its cells table and the tables every comparison has (unmatched cells, status changes)."""
     from attnbench.report import figures as figs
     from attnbench.report.page import _fmt_df, jinja_env
 
-    c = result.cells
-    disp = pd.DataFrame({
-        "impl": c["impl"],
-        "configuration": [an.configuration_label(r) for r in c.itertuples()],
-        "seq_len": c["seq_len"],
-        "baseline": c["baseline"],
-        "A speed-up": [an.fmt_speedup(s, lo, hi) for s, lo, hi in zip(c["speedup_a"], c["speedup_a_low"],
-                                                                        c["speedup_a_high"], strict=True)],
-        "B speed-up": [an.fmt_speedup(s, lo, hi) for s, lo, hi in zip(c["speedup_b"], c["speedup_b_low"],
-                                                                        c["speedup_b_high"], strict=True)],
-        "B/A": [an.fmt_num(v) + "×" if np.isfinite(v) else "–" for v in c["ratio"]],
-        f"{1 - result.alpha:.0%} CI": [f"{an.fmt_num(lo)} – {an.fmt_num(hi)}" if np.isfinite(lo) else "–"
-                                       for lo, hi in zip(c["ci_low"], c["ci_high"], strict=True)],
-        "p": [f"{p:.2g}" if np.isfinite(p) else "–" for p in c["p_value"]],
-        "change": c["change"],
-        "note": c["note"],
-    })
-    classes = ["regression" if r else "improvement" if i else ""
-               for r, i in zip(c["regression"], c["improvement"], strict=True)]
-    t = {"cells": tables.add("compare_speedups", disp, c, classes=classes, long_columns=("note",))}
+    t = {"cells": cells}
     t["only_a"] = tables.add("only_in_a", pd.DataFrame(result.only_in_a, columns=list(AXES)))
     t["only_b"] = tables.add("only_in_b", pd.DataFrame(result.only_in_b, columns=list(AXES)))
     t["status"] = tables.add("status_changed", _fmt_df(result.status_changed, {}), long_columns=("error_a", "error_b"))

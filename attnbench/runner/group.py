@@ -36,10 +36,11 @@ from attnbench.runner.cell import (
     record_work,
     release,
     resolve_row,
+    run_cell,
     start_row,
     torch_threads,
 )
-from attnbench.runner.sweep import Settings, display_name
+from attnbench.runner.sweep import Settings, default_baseline, display_name
 
 _GROUPS_MEASURED = itertools.count()
 """Groups measured by this process so far: the default shuffle differs between the rounds a process measures."""
@@ -209,3 +210,16 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         rows[i]["cycle_s"] = [float(c) for c in timing.cycle_s[cid]]
         rows[i]["cycle_groups"] = [timing.cycles]
     return share_s
+
+
+def measure_unit(cells: tuple[Cell, ...] | list[Cell], settings: Settings, run_id: str, *,
+                 peak_gflops_per_s: float | None = None, on_member=None) -> list[dict]:
+    """The rows of a unit measured in this process: :func:`~attnbench.runner.cell.run_cell` for one cell, the
+    comparison group timed in alternation (:func:`~attnbench.runner.group.run_group`) for several. What every
+    measuring process (this one, a worker, a Ray worker) runs."""
+    if len(cells) == 1:
+        if on_member:
+            on_member(cells[0].cell_id)
+        return [run_cell(cells[0], settings, run_id, peak_gflops_per_s=peak_gflops_per_s)]
+    return run_group(list(cells), settings, run_id, baseline=settings.baseline or default_baseline([c.impl for c in cells]),
+                     peak_gflops_per_s=peak_gflops_per_s, on_member=on_member)

@@ -34,9 +34,9 @@ from dataclasses import asdict
 from attnbench.errors import AttnbenchError
 from attnbench.measure import cpu_env
 from attnbench.results.schema import Cell, failed_row, normalise_row
-from attnbench.runner.cell import run_cell
 from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
-from attnbench.runner.sweep import Settings, default_baseline
+from attnbench.runner.group import measure_unit
+from attnbench.runner.sweep import Settings
 
 STARTUP_TIMEOUT_S = 600.0
 """Longest wait for a worker to import torch and say it is ready (a loaded machine can take minutes)."""
@@ -204,21 +204,6 @@ def shared_workers():
     finally:
         _SHARED.close()
         _SHARED = outer
-
-
-def measure_unit(cells: tuple[Cell, ...] | list[Cell], settings: Settings, run_id: str, *,
-                 peak_gflops_per_s: float | None = None, on_member=None) -> list[dict]:
-    """The rows of a unit measured in this process: :func:`~attnbench.runner.cell.run_cell` for one cell, the
-    comparison group timed in alternation (:func:`~attnbench.runner.group.run_group`) for several. What every
-    measuring process (this one, a worker, a Ray worker) runs."""
-    if len(cells) == 1:
-        if on_member:
-            on_member(cells[0].cell_id)
-        return [run_cell(cells[0], settings, run_id, peak_gflops_per_s=peak_gflops_per_s)]
-    from attnbench.runner.group import run_group
-
-    return run_group(list(cells), settings, run_id, baseline=settings.baseline or default_baseline([c.impl for c in cells]),
-                     peak_gflops_per_s=peak_gflops_per_s, on_member=on_member)
 
 
 def resolvable(name: str, names: Iterable[str]) -> bool:

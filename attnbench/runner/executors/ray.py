@@ -183,7 +183,7 @@ def _prepare(cells: tuple[Cell, ...], settings: Settings, driver_cwd: str) -> di
 
 def _measure(cells: tuple[Cell, ...], settings: Settings, run_id: str, info: dict) -> list[dict]:
     """The rows of a unit measured in this Ray worker (one cell, or a comparison group timed in alternation)."""
-    from attnbench.runner.executors.local import measure_unit
+    from attnbench.runner.group import measure_unit
 
     targets = cells
     if cells[0].device.startswith("cuda:"):  # the task sees only the GPU Ray gave it, as cuda:0

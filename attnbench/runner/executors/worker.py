@@ -36,7 +36,7 @@ def _serve(label: str) -> None:
     from attnbench import registry
     from attnbench.results.schema import Cell
     from attnbench.runner.cell import run_cell
-    from attnbench.runner.executors.local import measure_unit
+    from attnbench.runner.group import measure_unit
     from attnbench.runner.sweep import Settings
 
     described = cpu_env.describe()
