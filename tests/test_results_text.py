@@ -34,3 +34,11 @@ def test_configuration_label_reads_dicts_pandas_rows_and_named_tuples():
     assert [configuration_label(r) for r in frame.itertuples()][1] == "cuda:0/float32/forward (B=2, h=4, d=64, cache=cold)"
     assert configuration_label(frame.iloc[0]) == configuration_label(axes)
     assert cell_label(axes) == "sdpa @ cpu/float32/forward (B=2, h=4, d=64) T=128"
+
+
+def test_a_full_attention_window_reads_as_full_whatever_its_key():
+    from attnbench.results.text import axis_label
+
+    for full in (None, float("nan"), 0, -1):  # -1: how compare keys full attention when matching cells
+        assert axis_label("window", full) == "full attention"
+    assert axis_label("window", 64) == "window 64"

@@ -87,8 +87,8 @@ def fmt_speedup(speedup: float, lo: float = float("nan"), hi: float = float("nan
 
 def axis_label(axis: str, value) -> str:
     """How one axis value reads (``B=1``, ``h=8``, ``T=128``, ``float32``, ``window 64``, ``non-causal`` ...)."""
-    if axis == "window":  # NaN, None or 0: full attention
-        return "full attention" if not _finite(value) or not value else f"window {int(value)}"
+    if axis == "window":  # NaN, None, 0 or -1 (compare's key for it): full attention
+        return "full attention" if not _finite(value) or value <= 0 else f"window {int(value)}"
     if axis == "causal":
         return "causal" if bool(value) else "non-causal"
     return _AXIS_LABEL.get(axis, "{}").format(value)
