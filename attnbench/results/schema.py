@@ -193,14 +193,19 @@ Row.of = classmethod(lambda cls, d: cls(**check_row(dict(d))))
 Row.as_dict = lambda self: asdict(self)
 
 
+def display_name(impl: str) -> str:
+    """The name rows show in ``impl`` for an implementation as given to ``--impl`` (``NAME`` of ``NAME=target``)."""
+    from attnbench.plugins.loading import split_display_name
+
+    return split_display_name(impl)[0] or impl
+
+
 def empty_row(cell: Cell, run_id: str = "") -> dict:
     """A row for ``cell`` with every column present and measurement columns NaN/empty (status ``error`` until the
     cell says otherwise)."""
-    from attnbench.plugins.loading import split_display_name
-
     row = Row(**cell.as_dict()).as_dict()
     row.update(num_kv_heads=cell.kv_heads, window=float("nan") if cell.window is None else cell.window)
-    row["impl"] = split_display_name(cell.impl)[0] or cell.impl  # NAME=target: tables and figures show NAME
+    row["impl"] = display_name(cell.impl)  # NAME=target: tables and figures show NAME
     row.update(run_id=run_id, cell_id=cell.cell_id, group_id=cell.group_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
                warmup_calls=0, threads=0, status="error", error="", notes="")
     return row

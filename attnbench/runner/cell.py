@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import math
 import os
 import signal
@@ -23,7 +22,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from attnbench.devices import device_name, synchronize
@@ -40,11 +38,11 @@ from attnbench.measure import (
     peak_memory,
     time_fn,
 )
-from attnbench.measure.stats import paired_speedup, summarize, summarize_groups
+from attnbench.measure.stats import paired_speedup, split_groups, summarize, summarize_groups
 from attnbench.resolve import Ready, Skip, resolve
-from attnbench.results.schema import Cell, clear_measurements, empty_row
+from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
 from attnbench.results.text import fmt_time
-from attnbench.runner.sweep import Settings, display_name
+from attnbench.runner.sweep import Settings
 
 if TYPE_CHECKING:
     from attnbench.runner.workload import Workload
@@ -417,10 +415,9 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
                 why = (f"no speed-up: its cycles ({'+'.join(map(str, mine))}) do not line up with the baseline's "
                        f"({'+'.join(map(str, theirs))})")
             else:
-                cuts = list(itertools.accumulate(mine))[:-1]
                 seed = zlib.crc32(str(row.get("cell_id")).encode())
-                s, lo, hi = paired_speedup(np.split(np.asarray(_as_list(base["cycle_s"]), dtype=float), cuts),
-                                           np.split(np.asarray(_as_list(row["cycle_s"]), dtype=float), cuts), seed=seed)
+                s, lo, hi = paired_speedup(split_groups(_as_list(base["cycle_s"]), mine),
+                                           split_groups(_as_list(row["cycle_s"]), mine), seed=seed)
                 if s == s:
                     row.update(speedup=s, speedup_ci_low=lo, speedup_ci_high=hi)
                 else:
@@ -428,7 +425,8 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
             unstable = [who for who, r in (("this implementation", row), (f"the baseline {name}", base))
                         if r.get("stability") == "unstable"]
             if why is None and unstable:
-                why = f"speed-up of unstable timings ({' and '.join(unstable)} has two modes): read it with care"
+                why = (f"speed-up of unstable timings ({' and '.join(unstable)} "
+                       f"{'have' if len(unstable) > 1 else 'has'} two modes): read it with care")
         if why:
             row["notes"] = "; ".join(n for n in (row.get("notes"), why) if n)
     return out

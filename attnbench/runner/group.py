@@ -21,7 +21,7 @@ from attnbench.measure import contention
 from attnbench.measure.interleave import time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
-from attnbench.results.schema import Cell
+from attnbench.results.schema import Cell, display_name
 from attnbench.runner.cell import (
     Built,
     add_speedups,
@@ -40,7 +40,7 @@ from attnbench.runner.cell import (
     start_row,
     torch_threads,
 )
-from attnbench.runner.sweep import Settings, default_baseline, display_name
+from attnbench.runner.sweep import Settings, default_baseline
 
 _GROUPS_MEASURED = itertools.count()
 """Groups measured by this process so far: the default shuffle differs between the rounds a process measures."""

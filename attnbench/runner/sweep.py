@@ -17,7 +17,7 @@ from pathlib import Path
 
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
-from attnbench.results.schema import AXES, CACHE_STATES, INT_AXES, MODES, Cell
+from attnbench.results.schema import AXES, CACHE_STATES, INT_AXES, MODES, Cell, display_name
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,6 @@ class Sweep:
                 seen.add(cell.cell_id)
                 out.append(cell)
         return out
-
-
-def display_name(impl: str) -> str:
-    """The name rows show in ``impl`` for an implementation as given to ``--impl`` (``NAME`` of ``NAME=target``)."""
-    from attnbench.plugins.loading import split_display_name
-
-    return split_display_name(impl)[0] or impl
 
 
 FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model", "num_kv_heads": "kv-heads"}
