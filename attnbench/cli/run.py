@@ -215,6 +215,31 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
         sys.exit(130)
+    failure = failure_line(df)
+    if failure:
+        err_console.print(f"error: {failure}", markup=False)
+        sys.exit(1)
+
+
+FAILED = ("error", "timeout", "oom", "invalid")
+"""Statuses that fail a run (exit 1); ``skipped`` cells are combinations declared impossible here, not failures."""
+
+
+def failure_line(df) -> str | None:
+    """Why the run exits 1: no cell measured (total failure), or some cells failed (partial); None: exit 0."""
+    if not len(df):
+        return None
+    counts = df.status.value_counts()
+    failed = {s: int(counts[s]) for s in FAILED if s in counts}
+    first = df[df.status != "ok"].iloc[0] if (df.status != "ok").any() else None
+    reason = f"; first: {first.cell_id}: {first.status}: {first.error}" if first is not None else ""
+    said = ", ".join(f"{n} {s}" for s, n in counts.items())
+    if not int(counts.get("ok", 0)):
+        return f"no cell was measured ({said}){reason}"
+    if failed:
+        return (f"{sum(failed.values())} of {len(df)} cells failed ({', '.join(f'{n} {s}' for s, n in failed.items())}); "
+                f"their rows and reasons are in the results{reason}")
+    return None
 
 
 def _drift(value: str | None) -> float | None:

@@ -1,0 +1,169 @@
+"""Issue 28: no silent failure. Every total or partial failure is a non-zero exit with one line saying why."""
+
+import errno
+import shutil
+from pathlib import Path
+
+import pytest
+from sample_runs import synthetic_run
+
+from attnbench.cli import main
+from attnbench.results.store import load_run
+
+PLUGINS = Path(__file__).parent / "plugins"
+TINY = ["--seq", "16", "--batch", "1", "--heads", "2", "--d-model", "16", "--mode", "forward", "--rounds", "1",
+        "--budget", "0.05", "--no-report", "-q"]
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    """``attnbench ARGV`` in this process: (exit status, stdout, stderr)."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def only_run(out: Path) -> Path:
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir
+
+
+# --- plug-ins that end the process ------------------------------------------------------------------
+
+def test_check_of_a_plugin_calling_os_exit_fails_and_says_so(capsys):
+    code, out, _ = cli(["check", "--impl", f"{PLUGINS / 'faulty.py'}:ExitsProcess", "--kind", "forward"], capsys)
+    assert code == 1
+    assert "called os._exit(0)" in out and "FAIL" in out
+
+
+def test_check_of_a_plugin_calling_sys_exit_in_forward_fails(capsys):
+    code, out, _ = cli(["check", "--impl", f"{PLUGINS / 'faulty.py'}:SysExits", "--kind", "forward"], capsys)
+    assert code == 1 and "called sys.exit(4)" in out
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_sys_exit_at_import_is_one_line_naming_it(command, tmp_path, capsys):
+    args = ["check", "--impl"] if command == "check" else ["run", "--out", str(tmp_path), *TINY, "--impl"]
+    code, _, err = cli([*args, f"{PLUGINS / 'exits_at_import.py'}:Attention"], capsys)
+    assert code == 2
+    assert error_lines(err) == [line for line in err.splitlines() if line.strip()]
+    assert len(error_lines(err)) == 1 and "called sys.exit(3)" in err and "exits_at_import.py" in err
+
+
+def test_run_of_a_plugin_calling_os_exit_records_the_call_and_keeps_the_other_rows(tmp_path, capsys):
+    code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--impl", f"sdpa,{PLUGINS / 'faulty.py'}:ExitsProcess"],
+                       capsys)
+    df, _ = load_run(only_run(tmp_path))
+    assert code == 1 and len(df) == 2
+    assert dict(zip(df.impl, df.status, strict=True))["sdpa"] == "ok"
+    assert "called os._exit(0)" in df[df.status == "error"].error.iloc[0]
+    assert "1 of 2 cells failed (1 error)" in error_lines(err)[0]
+
+
+# --- exit status of run and compare -----------------------------------------------------------------
+
+def test_run_with_every_cell_impossible_exits_1_and_says_why(tmp_path, capsys):
+    code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--impl", "sdpa", "--d-model", "30", "--heads", "4"],
+                       capsys)
+    assert code == 1
+    (line,) = error_lines(err)
+    assert "no cell was measured (1 skipped)" in line and "not divisible" in line
+    assert len(load_run(only_run(tmp_path))[0]) == 1
+
+
+def test_run_with_a_plugin_erroring_in_every_cell_exits_1(tmp_path, capsys):
+    code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--impl", f"{PLUGINS / 'faulty.py'}:Raises"], capsys)
+    assert code == 1
+    (line,) = error_lines(err)
+    assert "no cell was measured (1 error)" in line and "deliberate failure" in line
+
+
+def test_compare_of_runs_sharing_no_cell_exits_2(tmp_path, capsys):
+    a = synthetic_run(tmp_path, impls=("sdpa",), seq_lens=(32,), failures=False, run_id="a")
+    b = synthetic_run(tmp_path, impls=("sdpa",), seq_lens=(64,), failures=False, run_id="b")
+    code, out, err = cli(["compare", str(a), str(b), "-o", str(tmp_path / "cmp")], capsys)
+    assert code == 2
+    (line,) = error_lines(err)
+    assert "share no timed cell (1 cell(s) only in A, 1 only in B)" in line
+    assert "OK" not in out
+
+
+# --- run folders in either form ---------------------------------------------------------------------
+
+def test_a_run_folder_kept_as_results_parquet_and_meta_json_reads_whole(tmp_path, capsys):
+    run = synthetic_run(tmp_path, impls=("sdpa", "weight_split"), seq_lens=(32, 64), failures=False, run_id="kept")
+    full, _ = load_run(run)
+    shutil.rmtree(run / "cells")
+    df, meta = load_run(run)
+    assert len(df) == len(full) == 4 and set(df.cell_id) == set(full.cell_id) and meta["run_id"] == "kept"
+    code, out, _ = cli(["compare", str(run), str(run), "-o", str(tmp_path / "cmp")], capsys)
+    assert code == 0 and "4 cells timed in both runs" in out
+
+
+def test_a_partial_cells_folder_loses_no_row_of_results_parquet(tmp_path):
+    run = synthetic_run(tmp_path, impls=("sdpa", "weight_split"), seq_lens=(32,), failures=False, run_id="part")
+    first = sorted((run / "cells").glob("*.parquet"))[0]
+    first.unlink()
+    assert len(load_run(run)[0]) == 2
+
+
+# --- environment errors: one line, nothing half-written, nothing lost --------------------------------
+
+def test_out_on_a_path_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code, _, err = cli(["run", "--out", str(blocker / "results"), *TINY, "--impl", "sdpa"], capsys)
+    assert code == 2 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert line.startswith("error: cannot write") and "choose another --out" in line
+
+
+@pytest.mark.parametrize("code_, words", [(errno.EROFS, "read-only"), (errno.EACCES, "permission denied")])
+def test_an_unwritable_out_is_one_line(code_, words, tmp_path, capsys, monkeypatch):
+    real_mkdir = Path.mkdir
+
+    def refuse(self, *a, **kw):
+        if str(self).startswith(str(tmp_path / "ro")):
+            raise OSError(code_, "refused", str(self))
+        return real_mkdir(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    code, _, err = cli(["run", "--out", str(tmp_path / "ro"), *TINY, "--impl", "sdpa"], capsys)
+    assert code == 2
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert words in line and "choose another --out" in line
+
+
+def test_a_full_disk_is_one_line_leaves_no_tmp_and_resume_completes_the_run(tmp_path, capsys, monkeypatch):
+    from attnbench.results import store
+
+    real = store.pq.write_table
+    written = []
+
+    def fill_up(table, where, *a, **kw):
+        if "cells" in str(where) and written:  # the second cell's file: the disk is full halfway through it
+            Path(where).write_bytes(b"PAR1 half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(where)
+        return real(table, where, *a, **kw)
+
+    monkeypatch.setattr(store.pq, "write_table", fill_up)
+    code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--impl", "sdpa,weight_split"], capsys)
+    run_dir = only_run(tmp_path)
+    assert code == 2 and "Traceback" not in err
+    line = error_lines(err)[-1]
+    assert "the disk is full" in line and f"attnbench run --resume {run_dir}" in line
+    assert not list(run_dir.rglob("*.tmp"))
+    assert len(load_run(run_dir)[0]) == 1  # the first cell is kept
+    monkeypatch.setattr(store.pq, "write_table", real)
+    code, _, err = cli(["run", "--resume", str(run_dir), "-q", "--no-report"], capsys)
+    df, _ = load_run(run_dir)
+    assert code == 0, err
+    assert sorted(df.impl) == ["sdpa", "weight_split"] and set(df.status) == {"ok"}
