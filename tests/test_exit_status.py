@@ -167,3 +167,42 @@ def test_a_full_disk_is_one_line_leaves_no_tmp_and_resume_completes_the_run(tmp_
     df, _ = load_run(run_dir)
     assert code == 0, err
     assert sorted(df.impl) == ["sdpa", "weight_split"] and set(df.status) == {"ok"}
+
+
+# --- the smaller items ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("toml", "words"), [
+    ('[sweep]\nimpl = ["sdpa"]\nseq = "abc"\n', "[sweep] seq = 'abc' in 'sweep': 'abc' is not an integer"),
+    ('[sweep]\nimpl = ["sdpa"]\nheads = true\n', "[sweep] heads = True"),
+    ('[sweep]\nimpl = ["sdpa"]\n[measure]\nbudget_s = "fast"\n', "[measure] budget_s = 'fast' in 'sweep' must be a TOML float"),
+    ('[sweep]\nimpl = ["sdpa"]\n[measure]\nrounds = 1.5\n', "[measure] rounds = 1.5 in 'sweep' must be a TOML int"),
+    ("", "sweep file"),
+    ('[sweep]\nimpl = []\n', "[sweep] impl in 'sweep' is empty"),
+])
+def test_a_bad_toml_is_one_line_naming_its_key(toml, words, tmp_path, capsys):
+    path = tmp_path / "sweep.toml"
+    path.write_text(toml)
+    code, _, err = cli(["run", str(path), "--out", str(tmp_path / "out"), "--no-report"], capsys)
+    assert code == 2 and not (tmp_path / "out").exists()
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert words in line and "--" not in line.split(":")[0]
+    if not toml:
+        assert "is empty" in line
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_an_empty_impl_is_an_error_not_everything(command, tmp_path, capsys):
+    code, _, err = cli([command, "--impl", " ", *(["--out", str(tmp_path)] if command == "run" else [])], capsys)
+    assert code == 2 and "--impl" in err and "is empty" in err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # builds a report (seconds of matplotlib)
+def test_out_puts_the_report_beside_the_results(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = [a for a in TINY if a not in ("--no-report", "-q")]
+    code, out, _ = cli(["run", "--out", str(tmp_path / "mine"), *argv, "--impl", "sdpa"], capsys)
+    run_dir = only_run(tmp_path / "mine")
+    assert code == 0 and (run_dir / "report" / "report.html").is_file()
+    assert not (tmp_path / "reports").exists()
+    assert f"report:  {run_dir / 'report' / 'report.html'}" in out.replace("\n", "")

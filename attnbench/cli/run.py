@@ -113,7 +113,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--profile", is_flag=True, help="After timing, profile each ok cell with torch.profiler.")
 @click.option("--csv", is_flag=True, help="Also write results.csv (without raw samples).")
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
-@click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default reports/<run-id>).")
+@click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default: <run folder>/report "
+              "with --out, else reports/<run-id>).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
@@ -142,6 +143,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                                        cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
                                        isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
                 if v is not None}
+    if impls and not _split(impls):
+        raise click.BadParameter("is empty; name implementations (attnbench list), or leave --impl out to run every "
+                                 "available one", param_hint="--impl")
     if threads is not None and threads < 1:
         raise click.BadParameter("must be >= 1", param_hint="--threads")
     if budget_s is not None and budget_s <= 0:
@@ -182,7 +186,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
     report_path = None
     if not no_report and len(df):
-        report_path = _write_report(run_dir, report_dir, quiet)
+        report_path = _write_report(run_dir, report_dir or _default_report_dir(run_dir, resume), quiet)
     if as_json:
         click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
                                "status": counts, "results": str(run_dir / "results.parquet"),
@@ -310,6 +314,15 @@ def _warn_if_busy(run_dir: Path) -> None:
     if busy is not None and busy > 0.25:
         console.print(f"warning: other processes kept the CPUs {100 * busy:.0f}% busy just before the run started; "
                       "they compete for the cores, so timings are inflated and noisy", markup=False)
+
+
+def _default_report_dir(run_dir: Path, resume: str | None) -> str | None:
+    """Where the report goes without --report-dir: beside the results (``<run folder>/report``) when --out was given
+    (or the resumed run has its report there), else ``reports/<run-id>`` (None: :func:`build_report`'s default)."""
+    given = click.get_current_context().get_parameter_source("out") != click.core.ParameterSource.DEFAULT
+    if (given and not resume) or (resume and (run_dir / "report").is_dir()):
+        return str(run_dir / "report")
+    return None
 
 
 def _write_report(run_dir: Path, report_dir: str | None, quiet: bool) -> Path | None:
