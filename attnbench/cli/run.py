@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 
@@ -43,8 +44,22 @@ def summary_table(df, title: str) -> Table:
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
                       f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
-                      *kv, f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%", _flags(r))
+                      *kv, f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r))
     return table
+
+
+def _pct_of_peak(frac: float) -> str:
+    """A fraction of peak as a percentage; above 100% marked ``*`` (explained under the table)."""
+    return f"{100 * frac:.0f}%" + ("*" if frac > 1 else "")
+
+
+def _print_over_peak(df) -> None:
+    """Say why a fraction of peak reads above 100%: the peak was measured too low (a busy moment)."""
+    over = df[(df.status == "ok") & (pd.to_numeric(df.frac_peak, errors="coerce") > 1)]
+    if len(over):
+        console.print(f"note: * {len(over)} cell(s) ran faster than the peak GEMM measured in this run (the best of "
+                      "several tries, measured again when exceeded): the machine was busy while the peak was "
+                      "measured, so their % peak overstates the truth", markup=False)
 
 
 def _flags(r) -> str:
@@ -208,10 +223,11 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         if report_path:
             console.print(f"report:  {report_path}", markup=False)
         _warn_if_busy(run_dir)
-        within = df.ci_within_rel.where(df.ci_within_rel.notna(), df.ci_rel)  # the run's own noise, before drift
-        noisy = df[(df.status == "ok") & (within > 0.05)]
-        if len(noisy):
-            console.print(f"note: {len(noisy)} cell(s) have a within-run CI wider than ±5% of the median (noisy machine?)")
+        noisy = flag_counts(df)["noisy"]  # the report's count too (attnbench.results.quality)
+        if noisy:
+            console.print(f"note: {noisy} cell(s) are noisy: a within-run CI wider than ±{100 * NOISY_CI_REL:.0f}% of "
+                          "the median (noisy machine?)")
+        _print_over_peak(df)
         _print_drift(run_dir)
         _print_unstable(df)
         _print_contention(df, run_dir)
