@@ -38,7 +38,7 @@ def summary_table(df, title: str) -> Table:
         half = (r.ci_high_s - r.ci_low_s) / 2
         mem = fmt_bytes(r.peak_bytes)
         window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
-        kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", f"{100 * r.frac_peak_bw:.0f}%"] if decode else []
+        kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
@@ -60,6 +60,11 @@ def _print_over_peak(df) -> None:
         console.print(f"note: * {len(over)} cell(s) ran faster than the peak GEMM measured in this run (the best of "
                       "several tries, measured again when exceeded): the machine was busy while the peak was "
                       "measured, so their % peak overstates the truth", markup=False)
+    over_bw = df[(df.status == "ok") & (pd.to_numeric(df.frac_peak_bw, errors="coerce") > 1)]
+    if len(over_bw):
+        console.print(f"note: * {len(over_bw)} decode cell(s) read faster than the peak bandwidth measured in this "
+                      "run (the best of several tries): the KV cache fit in a cache, or the peak met a busy moment; "
+                      "their % BW overstates the share of memory bandwidth", markup=False)
 
 
 def _flags(r) -> str:
