@@ -9,7 +9,9 @@ Layout of ``<out>/<run_id>/``::
     results.csv          the same, without raw samples, on request
 
 A run killed at any point keeps every finished cell in ``cells/``; :func:`load_run` reads them
-whether or not ``results.parquet`` was written, and ``--resume`` skips their ``cell_id``.
+whether or not ``results.parquet`` was written, and ``--resume`` skips their ``cell_id``. A folder kept or shared
+as ``results.parquet`` plus ``meta.json`` alone reads the same (rows of ``results.parquet`` whose cell is not in
+``cells/`` are added). Every write is atomic and fails as one line (:mod:`attnbench.results.write_errors`).
 
 One row per cell, always: should ``cells/`` hold two files for one cell (two writers before the run lock
 existed, or a crash between a cell's write and its bookkeeping), :func:`load_run` keeps the complete one
