@@ -32,6 +32,7 @@ from torch import nn
 from attnbench import plugins
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError, PluginLoadError, UnknownImplementationError
+from attnbench.plugins.exits import PluginExit, plugin_exits
 from attnbench.resolve import Ready, Skip, resolve, set_name_lookup, variant_skip_reason  # noqa: F401  (re-exported)
 from attnbench.spec import QK_NORMS, ROPE_STYLES, AttnSpec
 from attnbench.weights import CanonicalWeights, adapter_for, load_weights
@@ -106,7 +107,8 @@ class Implementation:
         if isinstance(outcome, Skip):
             raise outcome.exception()
         try:
-            module = self.factory(spec)
+            with plugin_exits(f"{self.name}'s constructor"):
+                module = self.factory(spec)
         except AttnbenchError:
             raise
         except Exception as exc:  # a plug-in's constructor: name it and say what failed
@@ -213,7 +215,10 @@ def _load_file(path_text: str, attr: str, name: str) -> Implementation:
 
 def _load_module(mod_path: str, attr: str, name: str) -> Implementation:
     try:
-        module = importlib.import_module(mod_path)
+        with plugin_exits(f"importing {mod_path!r}"):
+            module = importlib.import_module(mod_path)
+    except PluginExit as exc:
+        raise PluginLoadError(str(exc)) from None
     except ModuleNotFoundError as exc:
         raise PluginLoadError(f"module {mod_path!r} not found ({exc}); install it or add its folder to PYTHONPATH") from exc
     except Exception as exc:

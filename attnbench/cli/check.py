@@ -34,6 +34,9 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
 
     parse_device(device)
     names = _split(impl_args + impls) or None
+    if (impl_args or impls) and not names:
+        raise click.BadParameter("is empty; name implementations (attnbench list), or leave it out to check every "
+                                 "available one", param_hint="--impl")
     for name in names or []:
         reason = registry.get(name).unavailable_reason(device)  # unknown names fail before anything runs
         if reason:

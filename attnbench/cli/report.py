@@ -10,7 +10,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from attnbench.cli.app import cli, console
+from attnbench.cli.app import cli, console, err_console
 
 
 @cli.command("report")
@@ -91,10 +91,25 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     console.print(result.summary(), markup=False)
     console.print(f"compare page: {page}", markup=False)
     what = " relative to the baselines" if speedups else ""
+    if not len(cells):  # a gate that compared nothing must not pass
+        err_console.print(f"error: {_nothing_compared(result, speedups)}", markup=False)
+        sys.exit(2)
     if result.has_regression:
         console.print(f"[bold red]FAIL[/]: {len(result.regressions)} significant slowdown(s) beyond {threshold:.0%}{what}")
         sys.exit(1)
     console.print(f"[green]OK[/]: no significant slowdown beyond {threshold:.0%}{what}")
+
+
+def _nothing_compared(result, speedups: bool) -> str:
+    """Why a comparison compared no cell, and what to do."""
+    if speedups:
+        return ("no paired speed-up is in both runs, so nothing was compared; run both with the same baseline "
+                "in the sweep, or compare the medians (without --speedups)")
+    if result.only_in_a or result.only_in_b:
+        return (f"the two runs share no timed cell ({len(result.only_in_a)} cell(s) only in A, {len(result.only_in_b)} "
+                "only in B), so nothing was compared; run B with A's sweep (its axes are in A's meta.json)")
+    return (f"no cell was timed (ok) in both runs ({len(result.status_changed)} failed in at least one), so nothing "
+            "was compared")
 
 
 def _print_speedup_table(result, shown, alpha: float) -> None:

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 
@@ -40,14 +41,33 @@ def summary_table(df, title: str) -> Table:
         mem = fmt_bytes(r.peak_bytes)
         window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
         window += f" {positional[r.Index]}" if positional[r.Index] else ""  # RoPE / QK-norm / scale / softcap
-        kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", f"{100 * r.frac_peak_bw:.0f}%"] if decode else []
+        kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]
         table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
                       f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
-                      *kv, f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%", _flags(r))
+                      *kv, f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r))
     return table
+
+
+def _pct_of_peak(frac: float) -> str:
+    """A fraction of peak as a percentage; above 100% marked ``*`` (explained under the table)."""
+    return f"{100 * frac:.0f}%" + ("*" if frac > 1 else "")
+
+
+def _print_over_peak(df) -> None:
+    """Say why a fraction of peak reads above 100%: the peak was measured too low (a busy moment)."""
+    over = df[(df.status == "ok") & (pd.to_numeric(df.frac_peak, errors="coerce") > 1)]
+    if len(over):
+        console.print(f"note: * {len(over)} cell(s) ran faster than the peak GEMM measured in this run (the best of "
+                      "several tries, measured again when exceeded): the machine was busy while the peak was "
+                      "measured, so their % peak overstates the truth", markup=False)
+    over_bw = df[(df.status == "ok") & (pd.to_numeric(df.frac_peak_bw, errors="coerce") > 1)]
+    if len(over_bw):
+        console.print(f"note: * {len(over_bw)} decode cell(s) read faster than the peak bandwidth measured in this "
+                      "run (the best of several tries): the KV cache fit in a cache, or the peak met a busy moment; "
+                      "their % BW overstates the share of memory bandwidth", markup=False)
 
 
 def _flags(r) -> str:
@@ -127,7 +147,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--profile", is_flag=True, help="After timing, profile each ok cell with torch.profiler.")
 @click.option("--csv", is_flag=True, help="Also write results.csv (without raw samples).")
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
-@click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default reports/<run-id>).")
+@click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default: <run folder>/report "
+              "with --out, else reports/<run-id>).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
@@ -159,6 +180,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                                        cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
                                        isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
                 if v is not None}
+    if impls and not _split(impls):
+        raise click.BadParameter("is empty; name implementations (attnbench list), or leave --impl out to run every "
+                                 "available one", param_hint="--impl")
     if threads is not None and threads < 1:
         raise click.BadParameter("must be >= 1", param_hint="--threads")
     if budget_s is not None and budget_s <= 0:
@@ -199,7 +223,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
     report_path = None
     if not no_report and len(df):
-        report_path = _write_report(run_dir, report_dir, quiet)
+        report_path = _write_report(run_dir, report_dir or _default_report_dir(run_dir, resume), quiet)
     if as_json:
         click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
                                "status": counts, "results": str(run_dir / "results.parquet"),
@@ -221,10 +245,11 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         if report_path:
             console.print(f"report:  {report_path}", markup=False)
         _warn_if_busy(run_dir)
-        within = df.ci_within_rel.where(df.ci_within_rel.notna(), df.ci_rel)  # the run's own noise, before drift
-        noisy = df[(df.status == "ok") & (within > 0.05)]
-        if len(noisy):
-            console.print(f"note: {len(noisy)} cell(s) have a within-run CI wider than ±5% of the median (noisy machine?)")
+        noisy = flag_counts(df)["noisy"]  # the report's count too (attnbench.results.quality)
+        if noisy:
+            console.print(f"note: {noisy} cell(s) are noisy: a within-run CI wider than ±{100 * NOISY_CI_REL:.0f}% of "
+                          "the median (noisy machine?)")
+        _print_over_peak(df)
         _print_drift(run_dir)
         _print_unstable(df)
         _print_contention(df, run_dir)
@@ -232,6 +257,31 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
         sys.exit(130)
+    failure = failure_line(df)
+    if failure:
+        err_console.print(f"error: {failure}", markup=False)
+        sys.exit(1)
+
+
+FAILED = ("error", "timeout", "oom", "invalid")
+"""Statuses that fail a run (exit 1); ``skipped`` cells are combinations declared impossible here, not failures."""
+
+
+def failure_line(df) -> str | None:
+    """Why the run exits 1: no cell measured (total failure), or some cells failed (partial); None: exit 0."""
+    if not len(df):
+        return None
+    counts = df.status.value_counts()
+    failed = {s: int(counts[s]) for s in FAILED if s in counts}
+    first = df[df.status != "ok"].iloc[0] if (df.status != "ok").any() else None
+    reason = f"; first: {first.cell_id}: {first.status}: {first.error}" if first is not None else ""
+    said = ", ".join(f"{n} {s}" for s, n in counts.items())
+    if not int(counts.get("ok", 0)):
+        return f"no cell was measured ({said}){reason}"
+    if failed:
+        return (f"{sum(failed.values())} of {len(df)} cells failed ({', '.join(f'{n} {s}' for s, n in failed.items())}); "
+                f"their rows and reasons are in the results{reason}")
+    return None
 
 
 def _drift(value: str | None) -> float | None:
@@ -302,6 +352,15 @@ def _warn_if_busy(run_dir: Path) -> None:
     if busy is not None and busy > 0.25:
         console.print(f"warning: other processes kept the CPUs {100 * busy:.0f}% busy just before the run started; "
                       "they compete for the cores, so timings are inflated and noisy", markup=False)
+
+
+def _default_report_dir(run_dir: Path, resume: str | None) -> str | None:
+    """Where the report goes without --report-dir: beside the results (``<run folder>/report``) when --out was given
+    (or the resumed run has its report there), else ``reports/<run-id>`` (None: :func:`build_report`'s default)."""
+    given = click.get_current_context().get_parameter_source("out") != click.core.ParameterSource.DEFAULT
+    if (given and not resume) or (resume and (run_dir / "report").is_dir()):
+        return str(run_dir / "report")
+    return None
 
 
 def _write_report(run_dir: Path, report_dir: str | None, quiet: bool) -> Path | None:

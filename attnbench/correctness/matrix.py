@@ -43,6 +43,7 @@ from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matri
 from attnbench.correctness.decode import DECODE_PREFILL, DECODE_SHAPES  # noqa: F401  (re-exported)
 from attnbench.devices import parse_device
 from attnbench.errors import AttnbenchError, SweepError, UnavailableError
+from attnbench.plugins.exits import plugin_exits
 from attnbench.resolve import Skip, resolve
 from attnbench.spec import AttnSpec
 
@@ -125,7 +126,8 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return RUNNERS[case.kind](impl, case, dev)
+            with plugin_exits(impl.name):
+                return RUNNERS[case.kind](impl, case, dev)
     except UnavailableError as exc:  # found only once built (a plug-in's nn.MultiheadAttention needs d_in == d_out)
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "skip", None, None, str(exc))
     except AttnbenchError as exc:

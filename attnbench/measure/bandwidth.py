@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from attnbench.measure.flops import PEAK_TRIES
+
 CPU_ARRAY_BYTES = 64 * 2**20
 """Each STREAM array on a CPU: 64 MiB, far beyond a last-level cache of tens of MiB (STREAM's rule is 4x)."""
 CUDA_ARRAY_BYTES = 512 * 2**20
@@ -46,10 +48,11 @@ def _peak(device: str, threads: int, budget_s: float) -> float:
     c = torch.full((n,), 0.5, device=dev)
     kernels = {"copy": (lambda: b.copy_(a), 2), "triad": (lambda: torch.add(b, c, alpha=3.0, out=a), 3)}
     best = 0.0
-    for fn, arrays in kernels.values():
-        timing = time_fn(fn, dev, warmup_calls=2, warmup_s=0.0, budget_s=budget_s / len(kernels), target_rel_ci=0.02,
-                         min_samples=5)
-        best = max(best, arrays * n * 4 / timing.stats()["median_s"] / 1e9)
+    for _ in range(PEAK_TRIES):  # the best of several tries: one in a busy moment would inflate every % of peak
+        for fn, arrays in kernels.values():
+            timing = time_fn(fn, dev, warmup_calls=2, warmup_s=0.0, budget_s=budget_s / len(kernels) / PEAK_TRIES,
+                             target_rel_ci=0.02, min_samples=5)
+            best = max(best, arrays * n * 4 / timing.stats()["median_s"] / 1e9)
     return best
 
 

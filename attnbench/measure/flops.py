@@ -33,7 +33,6 @@ the math implementations, used as a cross-check of the model.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -101,12 +100,26 @@ def counted_flops(fn: Callable[[], object]) -> float:
     return float(counter.get_total_flops())
 
 
-@functools.cache
-def peak_gflops(device: str, dtype: str, budget_s: float = 1.0) -> float:
+PEAK_TRIES = 3
+"""A peak is the best of this many measurements: one taken in a busy moment (another process on the cores) would
+make every cell's fraction of peak too high."""
+
+_best_peaks: dict[tuple[str, str], float] = {}
+
+
+def peak_gflops(device: str, dtype: str, budget_s: float = 1.0, again: bool = False) -> float:
     """The machine's achievable GFLOP/s for ``dtype`` matmuls on ``device``, measured with a large GEMM.
 
-    Measured once per process and (device, dtype); the size is chosen so one GEMM takes milliseconds.
+    The best of :data:`PEAK_TRIES` tries, measured once per process and (device, dtype); ``again``: measure once
+    more and keep the best so far (for a cell found faster than the peak: the first measurement met a busy moment).
     """
+    key = (device, dtype)
+    if again or key not in _best_peaks:
+        _best_peaks[key] = max(_best_peaks.get(key, 0.0), _measure_peak_gflops(device, dtype, budget_s))
+    return _best_peaks[key]
+
+
+def _measure_peak_gflops(device: str, dtype: str, budget_s: float) -> float:
     from attnbench.devices import parse_device, to_dtype
     from attnbench.measure.timing import time_fn
 
@@ -116,5 +129,6 @@ def peak_gflops(device: str, dtype: str, budget_s: float = 1.0) -> float:
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device=dev, dtype=dt)
     b = torch.randn(n, n, generator=g).to(device=dev, dtype=dt)
-    timing = time_fn(lambda: torch.mm(a, b), dev, budget_s=budget_s, target_rel_ci=0.01)
-    return 2 * n**3 / timing.stats()["median_s"] / 1e9
+    tries = [time_fn(lambda: torch.mm(a, b), dev, budget_s=budget_s / PEAK_TRIES, target_rel_ci=0.01)
+             for _ in range(PEAK_TRIES)]
+    return max(2 * n**3 / t.stats()["median_s"] / 1e9 for t in tries)

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins.exits import PluginExit, plugin_exits
 
 _DISPLAY = re.compile(r"^([A-Za-z0-9_.+-]+)=(.+)$")
 
@@ -44,7 +45,11 @@ def import_file(path_text: str) -> ModuleType:
     folder = str(resolved.parent)
     sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(module)
+        with plugin_exits(f"importing plug-in {path_text!r}"):
+            spec.loader.exec_module(module)
+    except PluginExit as exc:
+        del sys.modules[mod_name]
+        raise PluginLoadError(str(exc)) from None
     except Exception as exc:
         del sys.modules[mod_name]
         raise PluginLoadError(f"importing plug-in {path_text!r} failed: {type(exc).__name__}: {exc}") from exc

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from attnbench.results.quality import NOISY_CI_REL  # noqa: F401  (one limit: the console's and the report's)
 from attnbench.results.schema import AXES, INT_AXES, MODES, fill_added_columns
 from attnbench.results.text import (  # noqa: F401  (fmt_bytes, fmt_speedup: the report's figures and pages read them from here too)
     axis_label,
@@ -31,8 +32,6 @@ GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model
               "positional")
 """The axes that define one panel/configuration; within it, lines are implementations over ``seq_len``."""
 
-NOISY_CI_REL = 0.05
-"""A cell whose CI half-width exceeds this fraction of its median is marked noisy."""
 
 
 # ---------------------------------------------------------------- formatting (one definition, in results.text)

@@ -15,7 +15,9 @@ from attnbench.errors import ResultsError
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
 from attnbench.report import variants
+from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
+from attnbench.results.text import fmt_lead
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -296,7 +298,9 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
 
     distinct_t = sorted(ok["seq_len"].unique().tolist())
     summary = {
-        "cells": len(df), "ok": len(ok), "failed": len(df) - len(ok),
+        "cells": len(df), "ok": len(ok), "skipped": int((df["status"] == "skipped").sum()),
+        "failed": int((~df["status"].isin(["ok", "skipped"])).sum()), **{f"n_{k}": v for k, v in flag_counts(df).items()},
+        "over_peak": int((pd.to_numeric(ok["frac_peak"], errors="coerce") > 1).sum()) if "frac_peak" in ok else 0,
         "impls": an.impl_order(df), "ok_impls": an.impl_order(ok), "configurations": len(an.groups(df)),
         "t_range": an.t_range(distinct_t) if distinct_t else "no successful T", "n_t": len(distinct_t),
         "noisy": len(noisy), "statuses": df["status"].value_counts().to_dict(),
@@ -306,7 +310,7 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         last = fastest.sort_values("seq_len").groupby("configuration", sort=False).tail(1)
         for r in last.itertuples():
             headline.append(f"At T={r.seq_len} on {r.configuration}, {r.fastest} is fastest ({r.median})"
-                            + (f", {r.runner_up_slower_x}× ahead of {r.runner_up}" if r.runner_up != "–" else "")
+                            + (f", {fmt_lead(r.runner_up_slower_x, r.runner_up)}" if r.runner_up != "–" else "")
                             + (f" — {r.note}" if r.note else "") + ".")
 
     figure_files = [f"figures/{f.name}.{ext}" for _, _, fl in figure_sections for f in fl if not f.skipped

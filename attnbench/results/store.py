@@ -9,7 +9,9 @@ Layout of ``<out>/<run_id>/``::
     results.csv          the same, without raw samples, on request
 
 A run killed at any point keeps every finished cell in ``cells/``; :func:`load_run` reads them
-whether or not ``results.parquet`` was written, and ``--resume`` skips their ``cell_id``.
+whether or not ``results.parquet`` was written, and ``--resume`` skips their ``cell_id``. A folder kept or shared
+as ``results.parquet`` plus ``meta.json`` alone reads the same (rows of ``results.parquet`` whose cell is not in
+``cells/`` are added). Every write is atomic and fails as one line (:mod:`attnbench.results.write_errors`).
 
 One row per cell, always: should ``cells/`` hold two files for one cell (two writers before the run lock
 existed, or a crash between a cell's write and its bookkeeping), :func:`load_run` keeps the complete one
@@ -34,6 +36,7 @@ import pyarrow.parquet as pq
 from attnbench.errors import OlderResultsWarning, ResultsError
 from attnbench.results.lock import RUN_LOCK_NAME, lock_run
 from attnbench.results.schema import COLUMNS, SCHEMA_VERSION, check_row, fill_added_columns
+from attnbench.results.write_errors import atomic_write, make_dirs
 
 FORMAT = "attnbench-results/1"
 
@@ -104,7 +107,7 @@ class RunStore:
         else:
             self.run_id = run_id or new_run_id()
             self.path = self.root / self.run_id
-            self.path.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.path)
             # the lock first, then the check: two processes given one --run-id cannot both find it empty
             self._lock = lock_run(self.path, purpose=f"attnbench run writing {self.path}")
             if any(p.name != RUN_LOCK_NAME for p in self.path.iterdir()):
@@ -118,7 +121,7 @@ class RunStore:
         if note:
             print(f"note: {self.path}: {note}", file=sys.stderr)
             self.meta["lock_takeovers"] = [*self.meta.get("lock_takeovers", []), note]
-        (self.path / "cells").mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path / "cells", self.path)
         # cell files are numbered by a counter, not by listing cells/ for every row (O(1) per append)
         numbers = [int(f.name[:5]) for f in (self.path / "cells").glob("*.parquet") if f.name[:5].isdigit()]
         self._next_index = max(numbers, default=-1) + 1
@@ -162,9 +165,7 @@ class RunStore:
         cells = self.path / "cells"
         index, self._next_index = self._next_index, self._next_index + 1
         target = cells / f"{index:05d}-{secrets.token_hex(3)}.parquet"
-        tmp = target.with_suffix(".tmp")
-        pq.write_table(_table([{**row, "run_id": self.run_id}]), tmp)
-        os.replace(tmp, target)
+        atomic_write(target, lambda tmp: pq.write_table(_table([{**row, "run_id": self.run_id}]), tmp), self.path)
         return target
 
     def rewrite_cells(self, fn) -> int:
@@ -181,9 +182,7 @@ class RunStore:
 
     def rewrite(self, path: Path, row: dict) -> None:
         """Replace the row of the cell file ``path`` (one written by :meth:`append`) atomically."""
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(_table([{**row, "run_id": self.run_id}]), tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: pq.write_table(_table([{**row, "run_id": self.run_id}]), tmp), self.path)
 
     def consolidate(self, csv: bool = False) -> pd.DataFrame:
         """Read ``cells/`` once, write it as ``results.parquet`` (and ``results.csv``), and return it.
@@ -204,11 +203,10 @@ class RunStore:
             self.meta["dropped_duplicates"] = [*self.meta.get("dropped_duplicates", []), *dropped]
             self.write_meta()
         out = self.path / "results.parquet"
-        tmp = out.with_suffix(".tmp")
-        pq.write_table(_table(df.to_dict("records")), tmp)
-        os.replace(tmp, out)
+        atomic_write(out, lambda tmp: pq.write_table(_table(df.to_dict("records")), tmp), self.path)
         if csv:
-            df.drop(columns=["samples_s"]).to_csv(self.path / "results.csv", index=False)
+            atomic_write(self.path / "results.csv", lambda tmp: df.drop(columns=["samples_s"]).to_csv(tmp, index=False),
+                         self.path)
         return df
 
     def finalize(self, csv: bool = False) -> Path:
@@ -258,9 +256,7 @@ def drop_duplicate_cells(df: pd.DataFrame, files: list[str]) -> tuple[pd.DataFra
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tmp.write_bytes(data), path.parent)
 
 
 def read_meta(path: str | Path) -> dict:
@@ -298,6 +294,10 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
         files = sorted((p / "cells").glob("*.parquet"))
         frames = [_read_one(f) for f in files]
         names = [f.name for f, frame in zip(files, frames, strict=True) for _ in range(len(frame))]
+        kept = _consolidated_rows(p, {c for f in frames for c in f["cell_id"]})
+        if kept is not None:  # a folder kept or shared as results.parquet + meta.json (cells/ gone or partial)
+            frames.append(kept)
+            names += [f"results.parquet row {i}" for i in range(len(kept))]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=k if k != "string" else "string") for c, k in COLUMNS.items()}), meta
     df = pd.concat(frames, ignore_index=True)
@@ -312,6 +312,17 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     if dropped:
         df.attrs["dropped_duplicates"] = dropped
     return df, meta
+
+
+def _consolidated_rows(folder: Path, in_cells: set) -> pd.DataFrame | None:
+    """The rows of ``folder/results.parquet`` whose cell is not in ``cells/`` (None: none, or no such file), so a
+    run folder reads the same from either form it is kept in, and a partial ``cells/`` loses no row."""
+    whole = folder / "results.parquet"
+    if not whole.is_file():
+        return None
+    df = _read_one(whole)
+    df = df[~df["cell_id"].isin(in_cells)].reset_index(drop=True)
+    return df if len(df) else None
 
 
 def _read_one(f: Path) -> pd.DataFrame:

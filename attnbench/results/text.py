@@ -132,3 +132,17 @@ def cell_label(row) -> str:
     """``sdpa @ cpu/float32/forward (B=1, h=4, d=64) T=128``: one cell, every axis."""
     get = _getter(row)
     return f"{get('impl')} @ {configuration_label(row)} {axis_label('seq_len', get('seq_len'))}"
+
+
+def fmt_lead(ratio, other: str) -> str:
+    """How far the fastest is ahead of ``other`` (``ratio``: its speed over the other's, a number or its text):
+    ``1.43× as fast as sdpa``; less than 1% ahead: ``level with sdpa (within 1%)``, never ``1× ahead``."""
+    try:
+        value = float(ratio)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not _finite(value):
+        return f"ahead of {other}"
+    if value < 1.01:
+        return f"level with {other} (within 1%)"
+    return f"{value:.2f}× as fast as {other}"

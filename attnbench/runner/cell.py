@@ -275,10 +275,16 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
         row["flops_counted"] = counted_flops(workload.step)
     row["gflops_per_s"] = flops / row["median_s"] / 1e9
     peak = peak_gflops_per_s or peak_gflops(str(workload.device), cell.dtype)
+    notes = [*built.notes, *workload.notes]
+    if row["gflops_per_s"] > peak:  # the peak met a busy moment: measure it again, keep the best
+        peak = max(peak, peak_gflops(str(workload.device), cell.dtype, again=True))
+        if row["gflops_per_s"] > peak:
+            notes.append(f"{row['gflops_per_s']:.3g} GFLOP/s exceeds the peak GEMM measured here ({peak:.3g}), even "
+                         "measured again: the fraction of peak is an upper bound")
     row["peak_gflops_per_s"] = peak
     row["frac_peak"] = row["gflops_per_s"] / peak
     row["status"] = "ok"
-    row["notes"] = "; ".join([*built.notes, *workload.notes])
+    row["notes"] = "; ".join(notes)
 
 
 def record_failure(row: dict, exc: BaseException) -> None:

@@ -225,7 +225,7 @@ class RunSession:
         try:
             df = store.consolidate(csv=csv)
             store.meta["peak_gflops"] = {f"{d}/{t}": float(v) for (d, t), v in
-                                         df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].first().items()}
+                                         df[df.status == "ok"].groupby(["device", "dtype"])["peak_gflops_per_s"].max().items()}
             store.meta["contended_cells"] = int(contention.contended_mask(df).sum())  # how much of the run was contended
             store.write_meta()
         finally:

@@ -10,6 +10,7 @@ rows with the reason, so a results table always shows what was asked for.
 from __future__ import annotations
 
 import itertools
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
@@ -270,7 +271,13 @@ def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str]
             raise SweepError(f"unknown sweep axis {key!r} in {name!r}; known: "
                              f"{', '.join(sorted(set(AXIS_KEYS) | set(POSITIONAL_KEYS)))}")
         axis = AXIS_KEYS[key]
-        axes[axis] = parse_axis(axis, value)
+        try:
+            axes[axis] = parse_axis(axis, value)
+        except SweepError as exc:  # the message names the flag; the user wrote a key of the file
+            raise SweepError(f"[sweep] {key} = {value!r} in {name!r}: {re.sub(r'^--[a-z-]+ ', '', str(exc))}") from None
+        if axis == "impl" and not axes[axis]:
+            raise SweepError(f"[sweep] impl in {name!r} is empty; name implementations (attnbench list), or leave "
+                             "the key out (or write \"available\") for every implementation available here")
     impls = axes.get("impl") or ("available",)
     if "available" in impls:  # the token stands for every implementation available on the sweep's devices
         if available_impls is None:
@@ -284,7 +291,24 @@ def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str]
     bad = set(measure) - valid
     if bad:
         raise SweepError(f"unknown [measure] setting(s) {sorted(bad)} in {name!r}; known: {', '.join(sorted(valid))}")
+    _check_measure_types(measure, name)
     return Sweep(**axes, settings=replace(Settings(), **measure), name=str(data.get("name", name)))
+
+
+_TOML_TYPES = {"float": (int, float), "int": (int,), "bool": (bool,), "str": (str,)}
+
+
+def _check_measure_types(measure: dict, name: str) -> None:
+    """A ``[measure]`` value of the wrong TOML type is an error naming the key (not the CLI flag of the setting)."""
+    declared = {f.name: str(f.type) for f in fields(Settings)}
+    for key, value in measure.items():
+        base = declared[key].removesuffix(" | None")
+        ok = _TOML_TYPES.get(base)
+        if ok is None:  # a setting of another type: checked where it is used
+            continue
+        if not isinstance(value, ok) or (isinstance(value, bool) and base != "bool"):
+            raise SweepError(f"[measure] {key} = {value!r} in {name!r} must be a TOML {base}"
+                             f"{' (true or false)' if base == 'bool' else ''}, not a {type(value).__name__}")
 
 
 def load_toml(path: str | Path) -> dict:
@@ -293,9 +317,13 @@ def load_toml(path: str | Path) -> dict:
     if not p.is_file():
         raise SweepError(f"sweep file {path} does not exist")
     try:
-        return tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise SweepError(f"sweep file {path} is not valid TOML: {exc}") from exc
+    if not data:  # not "run everything": a file that says nothing is a mistake (a wrong path, an unsaved editor)
+        raise SweepError(f"sweep file {path} is empty; give a [sweep] table (impl, seq, ...; README: Sweeps), or "
+                         "no file to run the default sweep")
+    return data
 
 
 def preset_names() -> list[str]:

@@ -74,3 +74,19 @@ class SlowAfterFirstCall(_Base):
         if type(self).calls > 1 and os.environ.get("ATTNBENCH_TEST_SLOW") == "1":
             time.sleep(0.1)
         return super().forward(x)
+
+
+class ExitsProcess(_Base):
+    """Ends the process from forward, with status 0: a check must not read that as a pass."""
+
+    def forward(self, x):
+        os._exit(0)
+
+
+class SysExits(_Base):
+    """Calls sys.exit(4) from forward."""
+
+    def forward(self, x):
+        import sys
+
+        sys.exit(4)

@@ -350,7 +350,7 @@ class WorkerExecutor:
     def _keep_peak(self, key: tuple[str, str], rows: list[dict]) -> None:
         for row in rows:
             peak = row.get("peak_gflops_per_s")
-            if key not in self.peaks and isinstance(peak, float) and math.isfinite(peak) and peak > 0:
+            if isinstance(peak, float) and math.isfinite(peak) and peak > self.peaks.get(key, 0.0):  # a re-measured one
                 self.peaks[key] = peak
 
     def _lost_worker_row(self, cell: Cell, worker: WorkerProcess, answer, process: int) -> dict:

@@ -34,6 +34,7 @@ def _serve(label: str) -> None:
     import torch
 
     from attnbench import registry
+    from attnbench.plugins.exits import plugin_exits
     from attnbench.results.schema import Cell
     from attnbench.runner.cell import run_cell
     from attnbench.runner.group import measure_unit
@@ -60,15 +61,17 @@ def _serve(label: str) -> None:
         if "group" in request:  # a comparison group, timed in alternation; progress before each member's steps
             cells = [Cell(**c) for c in request["group"]]
             warm_cells(cells, peak_known=peak is not None)
-            rows = measure_unit(cells, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak,
-                                on_member=lambda cell_id: send({"at": cell_id}))
+            with plugin_exits():  # a plug-in's sys.exit/os._exit is the cell's error, not the worker's death
+                rows = measure_unit(cells, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak,
+                                    on_member=lambda cell_id: send({"at": cell_id}))
             for row in rows:
                 row.update(described, worker=worker)
             send({"rows": rows})
             continue
         cell = Cell(**request["cell"])
         warm_cells([cell], peak_known=peak is not None)
-        row = run_cell(cell, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak)
+        with plugin_exits():
+            row = run_cell(cell, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak)
         row.update(described, worker=worker)
         send({"row": row})
 
