@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -181,13 +183,16 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     run_dir = Path(df.attrs["run_dir"])
     counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
     report_path = None
+    t_report = time.perf_counter()
     if not no_report and len(df):
         report_path = _write_report(run_dir, report_dir, quiet)
+    time_line = _record_phases(run_dir, df, time.perf_counter() - t_report)
     if as_json:
         click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
                                "status": counts, "results": str(run_dir / "results.parquet"),
                                "report": str(report_path) if report_path else None,
-                               "interrupted": df.attrs["interrupted"], "contended": _contended(df)}))
+                               "interrupted": df.attrs["interrupted"], "contended": _contended(df),
+                               "time": time_line}))
     elif not quiet:
         console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
         bad = df[df.status != "ok"]
@@ -211,10 +216,32 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         _print_drift(run_dir)
         _print_unstable(df)
         _print_contention(df, run_dir)
+        if time_line:
+            console.print(time_line, markup=False)
     if df.attrs["interrupted"]:
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
         sys.exit(130)
+
+
+def _record_phases(run_dir: Path, df, report_s: float) -> str:
+    """Add this command's start-up (before the session) and the report to ``meta.json``'s ``phases``
+    (:mod:`attnbench.runner.phases`); the console's line about where the time went (and how sampling stopped)."""
+    from attnbench.results.store import read_meta, write_meta_keys
+    from attnbench.runner import phases
+
+    meta = read_meta(run_dir)
+    if not meta.get("phases"):
+        return ""
+    # the command's own start-up only when this process is the command (not a test calling the CLI in-process)
+    own = sys.argv[0].endswith(("attnbench", os.path.join("attnbench", "__main__.py")))
+    age = phases.process_age_s() if own else None
+    session = df.attrs.get("session_wall_s")
+    startup_s = max(age - report_s - session, 0.0) if age is not None and session is not None else 0.0
+    recorded = phases.with_cli(meta["phases"], startup_s, report_s)
+    write_meta_keys(run_dir, phases=recorded)
+    stops = phases.stop_text(df.to_dict("records"))
+    return phases.line(recorded) + (f"\n{stops}" if stops else "")
 
 
 def _drift(value: str | None) -> float | None:

@@ -16,6 +16,7 @@ from attnbench.report import analysis as an
 from attnbench.report import figures as figs
 from attnbench.report import variants
 from attnbench.results.store import load_run
+from attnbench.runner import phases
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -268,6 +269,9 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         t["compile"] = tables.add("compile", comp_disp, comp)
     if len(bar_table):
         t["bars"] = tables.add("bars", bar_table)
+    time_df, sampling_df = phases.report_frames(meta, df)  # issue 30: where the run's time went
+    t["phases"] = tables.add("phases", time_df)
+    t["sampling"] = tables.add("sampling", sampling_df)
 
     # profiler op tables
     ops_file = _run_folder(path) / "profile" / "ops.parquet"
@@ -315,7 +319,7 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         speedup_note=speedup_note, speedup_method=method, variant_sentences=variants.sentences(df),
         other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
         profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
-        styles=styles, files=figure_files + tables.files, source=str(path),
+        styles=styles, files=figure_files + tables.files, source=str(path), stop_text=phases.stop_text(ok.to_dict("records")),
     )
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")

@@ -34,9 +34,10 @@ from dataclasses import asdict
 from attnbench.errors import AttnbenchError
 from attnbench.measure import cpu_env
 from attnbench.results.schema import Cell, failed_row, normalise_row
+from attnbench.runner import compile_cache, phases
 from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
 from attnbench.runner.group import measure_unit
-from attnbench.runner.sweep import Settings
+from attnbench.runner.sweep import Settings, for_round
 
 STARTUP_TIMEOUT_S = 600.0
 """Longest wait for a worker to import torch and say it is ready (a loaded machine can take minutes)."""
@@ -229,14 +230,15 @@ class InProcessExecutor:
             for cell in unit.cells:
                 if on_start:
                     on_start(cell)
-            for cell, row in zip(unit.cells, self.run_unit(unit.cells), strict=True):
+            for cell, row in zip(unit.cells, self.run_unit(unit.cells, for_round(self.settings, unit.round)), strict=True):
                 on_row(cell, row)
 
-    def run_unit(self, cells: tuple[Cell, ...]) -> list[dict]:
-        """Measure ``cells`` (one cell, or the members of a comparison group timed in alternation) here."""
+    def run_unit(self, cells: tuple[Cell, ...], settings: Settings | None = None) -> list[dict]:
+        """Measure ``cells`` (one cell, or the members of a comparison group timed in alternation) here (``settings``:
+        this unit's, default the executor's)."""
         if self.settings.cpu_allocator == "pinned":
             cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
-        rows = measure_unit(cells, self.settings, self.run_id)
+        rows = measure_unit(cells, settings or self.settings, self.run_id)
         described = cpu_env.describe(torch_loaded_before_env=True)
         for row in rows:
             row.update(described)
@@ -262,6 +264,9 @@ class WorkerExecutor:
         self.settings, self.run_id = settings, run_id
         self.env = cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, settings.threads)
         self.env_vars = cpu_env.process_env(self.env)  # a missing library fails here, before anything runs
+        self.env_vars = compile_cache.worker_env(self.env_vars)  # torch.compile's caches kept per machine
+        self.clock = phases.Clock()  # the driver's phases: the workers' start-up
+        self._unit_settings = settings  # the unit being measured (attnbench.runner.sweep.for_round)
         self.pool = None if settings.isolate else _SHARED
         self.workers: dict[int, WorkerProcess] = {}
         self.reports: list[dict] = []  # what each worker found in itself
@@ -278,7 +283,8 @@ class WorkerExecutor:
 
     def _start(self, process: int) -> WorkerProcess:
         label = "subprocess" if self.settings.isolate else f"process{process}"
-        worker = (self.pool.take(self._pool_key(process)) if self.pool else None) or WorkerProcess(self.env_vars, label)
+        with self.clock("workers"):
+            worker = (self.pool.take(self._pool_key(process)) if self.pool else None) or WorkerProcess(self.env_vars, label)
         info = {k: worker.info[k] for k in ("cpu_allocator", "cpu_binding", "cpu_affinity", "threads")}
         if info not in self.reports:
             self.reports.append(info)
@@ -298,6 +304,7 @@ class WorkerExecutor:
 
     def execute(self, units: Iterable[WorkUnit], on_row: OnRow, on_start: OnStart | None = None) -> None:
         for unit in units:
+            self._unit_settings = for_round(self.settings, unit.round)  # later rounds skip the memory/FLOP pass
             if len(unit.cells) == 1:
                 if on_start:
                     on_start(unit.cells[0])
@@ -319,10 +326,10 @@ class WorkerExecutor:
         """
         worker = self._worker(process)
         if not all(resolvable(c.impl, worker.info["names"]) for c in cells):
-            return list(zip(cells, self._here.run_unit(cells), strict=True))
+            return list(zip(cells, self._here.run_unit(cells, self._unit_settings), strict=True))
         deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
         key = (cells[0].device, cells[0].dtype)
-        answer = worker.request({"group": [asdict(c) for c in cells], "settings": asdict(self.settings),
+        answer = worker.request({"group": [asdict(c) for c in cells], "settings": asdict(self._unit_settings),
                                  "run_id": self.run_id, "peak_gflops_per_s": self.peaks.get(key)}, deadline)
         at = cells[0].cell_id
         while isinstance(answer, dict) and "at" in answer:  # progress: each step of each member
@@ -371,10 +378,10 @@ class WorkerExecutor:
         """Measure ``cell`` in worker ``process`` (a fresh one with ``isolate``) and return its row."""
         worker = self._worker(process)
         if not resolvable(cell.impl, worker.info["names"]):
-            return self._here.run_unit((cell,))[0]
+            return self._here.run_unit((cell,), self._unit_settings)[0]
         deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
         key = (cell.device, cell.dtype)
-        answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id,
+        answer = worker.request({"cell": asdict(cell), "settings": asdict(self._unit_settings), "run_id": self.run_id,
                                  "peak_gflops_per_s": self.peaks.get(key)}, deadline)
         if isinstance(answer, dict) and "row" in answer:
             row = normalise_row(answer["row"])
