@@ -110,7 +110,16 @@ def test_a_run_records_its_phases_cycles_and_why_each_round_stopped(two_rounds):
         reasons = r.stopped_by.split(",")
         assert len(reasons) == 2 and set(reasons) <= {"target", "budget", "max_cycles"}
         assert r.phase_timed_s > 0 and r.phase_build_s > 0 and r.phase_warmup_s >= 0
+        # the second round skipped the memory/FLOP pass (sweep.for_round); the merged row has the first round's
+        assert math.isfinite(r.peak_bytes) and r.flops_counted > 0
     assert "rounds stopped by" in phases.stop_text(df.to_dict("records"))
+
+
+def test_only_the_first_round_measures_memory_and_counts_flops():
+    from attnbench.runner.sweep import Settings, for_round
+
+    s = Settings(rounds=3)
+    assert for_round(s, 0) is s and for_round(s, 1).work_pass is False and for_round(s, 2).flop_check is True
 
 
 def test_the_cli_prints_where_the_time_went(tmp_path):

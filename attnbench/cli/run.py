@@ -88,7 +88,9 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
 @click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
-@click.option("--target-ci", "target_rel_ci", type=float, help="Stop sampling when the median's CI half-width is below this fraction.")
+@click.option("--target-ci", "target_rel_ci", type=float,
+              help="Stop sampling when the median's CI half-width is below this fraction (in a comparison group: a "
+              "member's paired speed-up's, the baseline's median).")
 @click.option("--threads", type=int, help="torch.set_num_threads for CPU cells (recorded per row); default with the "
               "controlled environment: every usable core but one.")
 @click.option("--rounds", type=int, help="Measure every cell this many times, shuffled each round, pooling the samples.")
