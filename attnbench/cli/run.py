@@ -185,10 +185,11 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     run_dir = Path(df.attrs["run_dir"])
     counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
     report_path = None
+    _record_phases(run_dir, df, startup_s=_startup_s(df))  # before the report, so that its table has it
     t_report = time.perf_counter()
     if not no_report and len(df):
         report_path = _write_report(run_dir, report_dir, quiet)
-    time_line = _record_phases(run_dir, df, time.perf_counter() - t_report)
+    time_line = _record_phases(run_dir, df, report_s=time.perf_counter() - t_report)
     if as_json:
         click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
                                "status": counts, "results": str(run_dir / "results.parquet"),
@@ -226,8 +227,19 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         sys.exit(130)
 
 
-def _record_phases(run_dir: Path, df, report_s: float) -> str:
-    """Add this command's start-up (before the session) and the report to ``meta.json``'s ``phases``
+def _startup_s(df) -> float:
+    """Seconds this command spent before its run session (imports, the sweep): the process's age less the session's
+    wall time; 0 when this process is not the command (a test calling the CLI in-process)."""
+    from attnbench.runner import phases
+
+    own = sys.argv[0].endswith(("attnbench", os.path.join("attnbench", "__main__.py")))
+    age = phases.process_age_s() if own else None
+    session = df.attrs.get("session_wall_s")
+    return max(age - session, 0.0) if age is not None and session is not None else 0.0
+
+
+def _record_phases(run_dir: Path, df, startup_s: float = 0.0, report_s: float = 0.0) -> str:
+    """Add this command's start-up (before the session) or the report to ``meta.json``'s ``phases``
     (:mod:`attnbench.runner.phases`); the console's line about where the time went (and how sampling stopped)."""
     from attnbench.results.store import read_meta, write_meta_keys
     from attnbench.runner import phases
@@ -235,11 +247,6 @@ def _record_phases(run_dir: Path, df, report_s: float) -> str:
     meta = read_meta(run_dir)
     if not meta.get("phases"):
         return ""
-    # the command's own start-up only when this process is the command (not a test calling the CLI in-process)
-    own = sys.argv[0].endswith(("attnbench", os.path.join("attnbench", "__main__.py")))
-    age = phases.process_age_s() if own else None
-    session = df.attrs.get("session_wall_s")
-    startup_s = max(age - report_s - session, 0.0) if age is not None and session is not None else 0.0
     recorded = phases.with_cli(meta["phases"], startup_s, report_s)
     write_meta_keys(run_dir, phases=recorded)
     stops = phases.stop_text(df.to_dict("records"))
