@@ -112,7 +112,8 @@ def test_a_run_records_its_phases_cycles_and_why_each_round_stopped(two_rounds):
         assert r.phase_timed_s > 0 and r.phase_build_s > 0 and r.phase_warmup_s >= 0
         # the second round skipped the memory/FLOP pass (sweep.for_round); the merged row has the first round's
         assert math.isfinite(r.peak_bytes) and r.flops_counted > 0
-    assert "rounds stopped by" in phases.stop_text(df.to_dict("records"))
+    assert "rounds stopped by" in phases.stop_text(df.to_dict("records")) and "half-width: median" in phases.stop_text(
+        df.to_dict("records"))
 
 
 def test_only_the_first_round_measures_memory_and_counts_flops():

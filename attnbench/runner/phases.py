@@ -118,11 +118,15 @@ def table(phases: Mapping) -> list[dict]:
 
 
 def stop_text(rows: Iterable[Mapping]) -> str:
-    """How the run's rows stopped sampling: ``cycles per member: median 14 (6-40); stopped: 50 target, 19 budget``."""
-    cycles, reasons = [], {}
+    """How the run's rows stopped sampling, and the median half-width of their paired speed-ups' CIs (the figure issue
+    30's acceptance compares): ``cycles per member: median 14 (6-40); rounds stopped by: 50 target, 19 budget; ...``."""
+    cycles, reasons, widths = [], {}, []
     for row in rows:
         if row.get("status") != "ok":
             continue
+        sp, lo, hi = (_number(row.get(k)) for k in ("speedup", "speedup_ci_low", "speedup_ci_high"))
+        if sp > 0 and hi > lo:  # not the baseline's own row (1.0, 1.0, 1.0)
+            widths.append((hi - lo) / 2 / sp)
         if _number(row.get("cycles")) > 0:
             cycles.append(int(row["cycles"]))
         for reason in str(row.get("stopped_by") or "").split(","):
@@ -131,11 +135,14 @@ def stop_text(rows: Iterable[Mapping]) -> str:
     if not reasons:
         return ""
     said = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    text = f"rounds stopped by: {said}"
     if cycles:
         cycles.sort()
-        return (f"cycles per member: median {cycles[len(cycles) // 2]} ({cycles[0]}-{cycles[-1]}); "
-                f"rounds stopped by: {said}")
-    return f"rounds stopped by: {said}"
+        text = f"cycles per member: median {cycles[len(cycles) // 2]} ({cycles[0]}-{cycles[-1]}); {text}"
+    if widths:
+        widths.sort()
+        text += f"; paired speed-up CI half-width: median ±{100 * widths[len(widths) // 2]:.1f}% over {len(widths)} rows"
+    return text
 
 
 def report_frames(meta: Mapping, df):
