@@ -186,3 +186,19 @@ def test_a_second_compile_of_the_same_module_in_a_fresh_process_is_warm(tmp_path
     assert first["status"] == second["status"] == "ok", (first, second)
     assert first["compile_cache"] == "cold" and second["compile_cache"] == "warm"
     assert any((tmp_path / "attnbench" / "inductor").iterdir())
+
+
+@pytest.mark.slow
+def test_a_worker_started_ahead_is_the_one_the_run_measures_in(tmp_path, monkeypatch):
+    from attnbench.runner.executors import local
+    from attnbench.runner.sweep import Settings
+
+    monkeypatch.setattr(local, "_SHARED", None)  # as in a command, not the test session's shared workers
+    with local.prestarted(Settings(**FAST)):
+        (ahead,) = [w for ws in local._SHARED.idle.values() for w in ws]
+        df = attnbench.run(impl=["einsum", "sdpa"], out=tmp_path, settings=FAST, **TINY)
+        assert ahead.proc.poll() is None  # given back to the block's pool, ended with it
+    assert (df.status == "ok").all() and set(df.worker) == {f"process0 pid{ahead.pid}"}
+    assert ahead.proc.poll() is not None
+    with local.prestarted(Settings(**{**FAST, "isolate": True})):
+        assert local._SHARED is None  # nothing started ahead of isolated cells

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -153,6 +154,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
                 num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
                 causal=None if causal is None else (causal,))
+    ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
+    if not resume and executor == "local":
+        ahead.enter_context(_prestarted(settings, device))
     if resume:
         if sweep_file or preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
@@ -182,6 +186,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     finally:
         if progress_bar:
             progress_bar.stop()
+        ahead.close()
     run_dir = Path(df.attrs["run_dir"])
     counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
     report_path = None
@@ -225,6 +230,15 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
         sys.exit(130)
+
+
+def _prestarted(settings: dict, device: str | None):
+    """:func:`attnbench.runner.executors.local.prestarted` for the measurement settings given as flags."""
+    from attnbench.runner.executors.local import prestarted
+    from attnbench.runner.sweep import Settings
+
+    devices = [d.strip() for d in (device or "cpu").split(",") if d.strip()]
+    return prestarted(Settings(**settings), devices)
 
 
 def _startup_s(df) -> float:

@@ -61,7 +61,7 @@ def _signal_text(returncode: int) -> str:
 class WorkerProcess:
     """One measuring process (``python -m attnbench.runner.executors.worker``) and its JSON-lines pipe."""
 
-    def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+    def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S, wait: bool = True):
         self.label = label
         self._stderr = tempfile.TemporaryFile()
         # A session of its own: Ctrl-C reaches only the runner, which then ends the worker.
@@ -70,12 +70,21 @@ class WorkerProcess:
                                      start_new_session=True)
         self._buf = b""
         self.stopped = False
-        ready = self._read(startup_timeout_s)
+        self._startup_timeout_s = startup_timeout_s
+        self.info: dict | None = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the worker says it is ready (started with ``wait=False``: while the caller did other work)."""
+        if self.info is not None:
+            return
+        ready = self._read(self._startup_timeout_s)
         if not isinstance(ready, dict) or "ready" not in ready:
             why = "did not start in time" if isinstance(ready, _Timeout) else self.death()
             self.close()
             raise AttnbenchError(f"the measuring worker process could not start: {why}")
-        self.info: dict = ready["ready"]
+        self.info = ready["ready"]
 
     @property
     def pid(self) -> int:
@@ -172,6 +181,10 @@ class WorkerPool:
         while self.idle.get(key):
             worker = self.idle[key].pop()
             if worker.proc.poll() is None:
+                try:
+                    worker.wait_ready()  # one started ahead (prestarted) may still be importing torch
+                except AttnbenchError:  # closed; the run starts its own, which says why it cannot
+                    continue
                 return worker
             worker.close()
         return None
@@ -205,6 +218,23 @@ def shared_workers():
     finally:
         _SHARED.close()
         _SHARED = outer
+
+
+@contextlib.contextmanager
+def prestarted(settings: Settings, devices: Iterable[str] = ("cpu",)):
+    """Within the block, the first measuring worker of a local run with ``settings`` is started ahead, so that it
+    imports torch while this process does (the command's start-up: issue 30); the run takes it from a
+    :class:`WorkerPool` when its environment matches, and any worker left is ended with the block. Nothing is
+    started inside :func:`shared_workers` (its pool serves), with ``isolate``, or when a device is not the CPU."""
+    if _SHARED is not None or settings.isolate or any(not str(d).startswith("cpu") for d in devices):
+        yield
+        return
+    threads = settings.threads or (cpu_env.measuring_threads(None, True) if settings.cpu_bind else None)
+    env = cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, threads)
+    with shared_workers() as pool:
+        worker = WorkerProcess(compile_cache.worker_env(cpu_env.process_env(env)), "process0", wait=False)
+        pool.idle.setdefault((env, 0, os.getcwd()), []).append(worker)
+        yield
 
 
 def resolvable(name: str, names: Iterable[str]) -> bool:
