@@ -284,12 +284,18 @@ def test_a_member_known_well_enough_leaves_the_cycles_while_the_baseline_stays()
     def steady():
         time.sleep(5e-4)
 
-    def erratic():  # two very different call times: its median stays unknown within 10%
-        time.sleep(rng.choice([2e-4, 4e-3]))
+    burst = {"sleep": 2e-4}
+
+    def draw(name: str) -> None:
+        if name == "c":
+            burst["sleep"] = rng.choice([2e-4, 4e-3])
+
+    def erratic():  # two very different call times, drawn per burst: its speed-up stays unknown within 10%
+        time.sleep(burst["sleep"])
 
     t = time_interleaved({"a": steady, "b": steady, "c": erratic}, warmup_calls=1, warmup_s=0.0, min_samples=3,
                          min_cycles=6, max_cycles=40, budget_s=60, burst_s=2e-3, min_block_s=0.0, baseline="a",
-                         target_rel_ci=0.1)
+                         target_rel_ci=0.1, on_burst=draw)
     assert all(sorted(order) == ["a", "b", "c"] for order in t.orders[:6])  # everyone until min_cycles
     assert any("b" not in order for order in t.orders[6:])  # b, known well enough, left the cycles
     assert all("a" in order and "c" in order for order in t.orders)  # the baseline stays while c is timed

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -120,7 +123,9 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
 @click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
-@click.option("--target-ci", "target_rel_ci", type=float, help="Stop sampling when the median's CI half-width is below this fraction.")
+@click.option("--target-ci", "target_rel_ci", type=float,
+              help="Stop sampling when the median's CI half-width is below this fraction (in a comparison group: a "
+              "member's paired speed-up's, the baseline's median).")
 @click.option("--threads", type=int, help="torch.set_num_threads for CPU cells (recorded per row); default with the "
               "controlled environment: every usable core but one.")
 @click.option("--rounds", type=int, help="Measure every cell this many times, shuffled each round, pooling the samples.")
@@ -190,6 +195,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
                 num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
                 causal=None if causal is None else (causal,), positional=compose(positional_flags))
+    ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
+    if not resume and executor == "local":
+        ahead.enter_context(_prestarted(settings, device))
     if resume:
         if sweep_file or preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
@@ -219,16 +227,21 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     finally:
         if progress_bar:
             progress_bar.stop()
+        ahead.close()
     run_dir = Path(df.attrs["run_dir"])
     counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
     report_path = None
+    _record_phases(run_dir, df, startup_s=_startup_s(df))  # before the report, so that its table has it
+    t_report = time.perf_counter()
     if not no_report and len(df):
         report_path = _write_report(run_dir, report_dir or _default_report_dir(run_dir, resume), quiet)
+    time_line = _record_phases(run_dir, df, report_s=time.perf_counter() - t_report)
     if as_json:
         click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
                                "status": counts, "results": str(run_dir / "results.parquet"),
                                "report": str(report_path) if report_path else None,
-                               "interrupted": df.attrs["interrupted"], "contended": _contended(df)}))
+                               "interrupted": df.attrs["interrupted"], "contended": _contended(df),
+                               "time": time_line}))
     elif not quiet:
         console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
         bad = df[df.status != "ok"]
@@ -253,6 +266,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         _print_drift(run_dir)
         _print_unstable(df)
         _print_contention(df, run_dir)
+        if time_line:
+            console.print(time_line, markup=False)
     if df.attrs["interrupted"]:
         err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
@@ -282,6 +297,41 @@ def failure_line(df) -> str | None:
         return (f"{sum(failed.values())} of {len(df)} cells failed ({', '.join(f'{n} {s}' for s, n in failed.items())}); "
                 f"their rows and reasons are in the results{reason}")
     return None
+
+
+def _prestarted(settings: dict, device: str | None):
+    """:func:`attnbench.runner.executors.local.prestarted` for the measurement settings given as flags."""
+    from attnbench.runner.executors.local import prestarted
+    from attnbench.runner.sweep import Settings
+
+    devices = [d.strip() for d in (device or "cpu").split(",") if d.strip()]
+    return prestarted(Settings(**settings), devices)
+
+
+def _startup_s(df) -> float:
+    """Seconds this command spent before its run session (imports, the sweep): the process's age less the session's
+    wall time; 0 when this process is not the command (a test calling the CLI in-process)."""
+    from attnbench.runner import phases
+
+    own = sys.argv[0].endswith(("attnbench", os.path.join("attnbench", "__main__.py")))
+    age = phases.process_age_s() if own else None
+    session = df.attrs.get("session_wall_s")
+    return max(age - session, 0.0) if age is not None and session is not None else 0.0
+
+
+def _record_phases(run_dir: Path, df, startup_s: float = 0.0, report_s: float = 0.0) -> str:
+    """Add this command's start-up (before the session) or the report to ``meta.json``'s ``phases``
+    (:mod:`attnbench.runner.phases`); the console's line about where the time went (and how sampling stopped)."""
+    from attnbench.results.store import read_meta, write_meta_keys
+    from attnbench.runner import phases
+
+    meta = read_meta(run_dir)
+    if not meta.get("phases"):
+        return ""
+    recorded = phases.with_cli(meta["phases"], startup_s, report_s)
+    write_meta_keys(run_dir, phases=recorded)
+    stops = phases.stop_text(df.to_dict("records"))
+    return phases.line(recorded) + (f"\n{stops}" if stops else "")
 
 
 def _drift(value: str | None) -> float | None:

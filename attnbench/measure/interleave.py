@@ -50,6 +50,9 @@ class InterleavedTiming:
     timer: str  # perf_counter_ns | cuda_event
     stopped_by: str  # ci | budget | max_cycles | failed (no member left)
     baseline: str | None
+    member_stopped_by: Mapping[str, str] = None  # per member: target (known within it) | budget | max_cycles | failed
+    member_cycles: Mapping[str, int] = None  # per member: the cycles it ran in
+    warmup_s_spent: Mapping[str, float] = None  # per member: seconds of warm-up (the rest of the wall time is cycles)
 
     @property
     def cycles(self) -> int:
@@ -81,10 +84,13 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     measures its call time; the burst length is then ``burst_s`` (default: about 10 calls of the slowest
     member, within 10-50 ms) and every member's calls per burst are fixed from its call time. Each cycle
     runs every active member's burst once, in an order shuffled per cycle (``random.Random(seed)``). After
-    ``min_cycles`` cycles, a member whose median CI (its block samples, at least ``min_samples`` of them) and,
-    with a ``baseline``, whose paired speed-up CI are within ``target_rel_ci`` leaves the cycles (the baseline
-    stays while any other member is timed); sampling stops when every member has, or after ``budget_s`` of
-    cycles (and at least 3), or at ``max_cycles``.
+    ``min_cycles`` cycles, a member whose figure the user reads is known within ``target_rel_ci`` leaves the
+    cycles: with a ``baseline``, a member's paired speed-up CI and the baseline's median CI (its block samples,
+    at least ``min_samples`` of them); without one, each member's median CI (:func:`_settled`). The baseline stays
+    while any other member is timed. Sampling stops when every member has left (``ci``), or after ``budget_s`` of
+    cycles (and at least 3; a ceiling, not a quota), or at ``max_cycles``. ``member_stopped_by`` says per member
+    why it stopped (``target`` when it left known, else the group's reason) and ``member_cycles`` how many cycles
+    it ran in.
 
     A member that raises (in warm-up or in a burst) is dropped from later cycles and reported in
     ``failures``; the others carry on. ``on_burst(name)`` is called before each member's warm-up and each
@@ -102,7 +108,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     failures: dict[str, BaseException] = {}
     per_call_s: dict[str, float] = {}
     warm: dict[str, int] = {name: 0 for name in names}
+    warm_s: dict[str, float] = {name: 0.0 for name in names}
     for name in names:
+        t_warm = time.perf_counter()
         try:
             if on_burst:
                 on_burst(name)
@@ -110,6 +118,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
                 per_call_s[name], warm[name] = _warm_up(fns[name], device, warmup_calls, warmup_s, between.get(name))
         except Exception as exc:  # the member is out; the group goes on
             failures[name] = exc
+        warm_s[name] = time.perf_counter() - t_warm
 
     if burst_s is None:
         slowest = max(per_call_s.values(), default=0.0)
@@ -126,6 +135,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     rng = random.Random(seed)
     active = [n for n in names if n not in failures]
     stopped_by = "max_cycles" if active else "failed"
+    known: set[str] = set()  # members that left the cycles known within the target
     start = time.perf_counter()
     while active and len(orders) < max_cycles:
         order = rng.sample(active, len(active))
@@ -152,8 +162,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         if len(orders) >= min_cycles:
             settled = _settled(samples, cycles, active, baseline, min_samples, target_rel_ci)
             if settled == set(active):
+                known |= settled
                 stopped_by = "ci"
                 break
+            known |= settled - {baseline}
             # a member known well enough (its median, and its speed-up against the baseline) leaves the cycles,
             # so the group's time goes to the members still short of the target; the baseline stays while any
             # other member is timed, since every paired ratio needs it in the same cycle
@@ -167,7 +179,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         calls_per_sample={n: block_calls.get(n, 0) for n in names},
         calls_per_burst={n: block_calls[n] * blocks[n] if n in blocks else 0 for n in names},
         warmup_calls=warm, failures=failures, timer="cuda_event" if cuda else "perf_counter_ns",
-        stopped_by=stopped_by, baseline=baseline)
+        stopped_by=stopped_by, baseline=baseline,
+        member_stopped_by={n: "failed" if n in failures else "target" if n in known else stopped_by for n in names},
+        member_cycles={n: sum(1 for c in cycles[n] if c == c) for n in names}, warmup_s_spent=warm_s)
 
 
 def _warm_up(fn: Callable[[], object], device: torch.device, warmup_calls: int, warmup_s: float,
@@ -219,19 +233,18 @@ def _burst_cuda(fn: Callable[[], object], calls: int, flush: Callable[[], None] 
 
 def _settled(samples: dict[str, list[float]], cycles: dict[str, list[float]], active: list[str], baseline: str | None,
              min_samples: int, target_rel_ci: float) -> set[str]:
-    """The active members known within the target: their median (block samples, at least ``min_samples``) and, with
-    an active baseline, their paired speed-up against it (the baseline: its median alone)."""
+    """The active members known within the target, on the figure the user reads: with an active baseline, a member's
+    paired speed-up against it and the baseline's median (block samples, at least ``min_samples``); without one,
+    each member's median."""
     settled = set()
+    paired = baseline is not None and baseline in active
     for name in active:
-        if len(samples[name]) < min_samples:
-            continue
-        ci_rel = summarize(samples[name])["ci_rel"]
-        if not ci_rel <= target_rel_ci:  # NaN is not settled
-            continue
-        if baseline is not None and baseline in active and name != baseline:
+        if paired and name != baseline:
             # one group: the distribution-free interval of the median log ratio, no bootstrap (cheap between cycles)
             s, lo, hi = paired_speedup([cycles[baseline]], [cycles[name]])
-            if not (hi - lo) / 2 / s <= target_rel_ci:
+            if not (hi - lo) / 2 / s <= target_rel_ci:  # NaN is not settled
                 continue
+        elif len(samples[name]) < min_samples or not summarize(samples[name])["ci_rel"] <= target_rel_ci:
+            continue
         settled.add(name)
     return settled

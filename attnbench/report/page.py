@@ -18,6 +18,7 @@ from attnbench.report import variants
 from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
 from attnbench.results.text import fmt_lead
+from attnbench.runner import phases
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -273,6 +274,9 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     per_token = variants.cache_per_token(df)
     if len(per_token):
         t["cache_per_token"] = tables.add("cache_per_token", variants.cache_per_token_display(per_token), per_token)
+    time_df, sampling_df = phases.report_frames(meta, df)  # issue 30: where the run's time went
+    t["phases"] = tables.add("phases", time_df)
+    t["sampling"] = tables.add("sampling", sampling_df)
 
     # profiler op tables
     ops_file = _run_folder(path) / "profile" / "ops.parquet"
@@ -322,7 +326,7 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         speedup_note=speedup_note, speedup_method=method, variant_sentences=variants.sentences(df),
         other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
         profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
-        styles=styles, files=figure_files + tables.files, source=str(path),
+        styles=styles, files=figure_files + tables.files, source=str(path), stop_text=phases.stop_text(ok.to_dict("records")),
     )
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")

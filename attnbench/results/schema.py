@@ -79,6 +79,13 @@ COLUMNS: dict[str, str] = {
     "speedup_ci_high": "float64", "cycle_s": "object", "cycle_groups": "object",
     # where and when
     "host": "string", "worker": "string", "started_at": "string", "duration_s": "float64",
+    # issue 30: where the run's time went and why sampling stopped (attnbench.runner.phases). cycles: the burst cycles
+    # this member ran in (all rounds); stopped_by: per round, target (its figure known within --target-ci) | budget
+    # (the ceiling) | ci | max_cycles | max_samples; compile_cache: cold | warm (torch.compile's first call compiled,
+    # or only hit the on-disk cache: attnbench.runner.compile_cache); phase_*_s: this member's seconds building (the
+    # first call included), warming up, in timed cycles (its share of the group's) and in the memory/FLOP pass
+    "cycles": "int64", "stopped_by": "string", "compile_cache": "string", "phase_build_s": "float64",
+    "phase_warmup_s": "float64", "phase_timed_s": "float64", "phase_work_s": "float64",
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -149,7 +156,7 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 
@@ -222,7 +229,8 @@ KEPT_ON_FAILURE = frozenset({
     "run_id", "cell_id", "group_id", "impl", "device", "device_name", "dtype", "batch", "seq_len", "num_heads",
     "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
-    "cpu_affinity"})
+    "cpu_affinity",
+    "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s"})  # issue 30: the run's time, spent either way
 """What a row that is not ``ok`` keeps: what the cell is, what happened, and where and when it ran. Every other
 column (any measurement, including columns added later) goes back to missing: a failed cell never reports one."""
 

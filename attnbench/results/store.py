@@ -274,6 +274,19 @@ def read_meta(path: str | Path) -> dict:
     return meta
 
 
+def write_meta_keys(path: str | Path, **keys) -> None:
+    """Set ``keys`` in the ``meta.json`` of the finished run folder ``path`` (under the folder's lock; the rest of the
+    file as it is): what is known only after the run, e.g. the report's time (issue 30)."""
+    folder = Path(path)
+    lock = lock_run(folder, purpose=f"attnbench updating {folder / 'meta.json'}")
+    try:
+        meta = read_meta(folder)
+        meta.update(_json_copy(keys))
+        _atomic_write_bytes(folder / "meta.json", json.dumps(meta, indent=2, default=str).encode())
+    finally:
+        lock.release()
+
+
 def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """Read a run (its folder, or a ``results.parquet``/``.csv`` file) as ``(DataFrame, meta)``.
 

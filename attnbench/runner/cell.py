@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ from attnbench.measure.stats import paired_speedup, split_groups, summarize, sum
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
 from attnbench.results.text import fmt_time
+from attnbench.runner import compile_cache, phases
 from attnbench.runner.sweep import Settings
 
 if TYPE_CHECKING:
@@ -140,12 +141,15 @@ def _run_cell(cell: Cell, settings: Settings, run_id: str, peak_gflops_per_s: fl
     try:
         with deadline(settings.cell_timeout_s):  # one deadline for the whole cell
             built = build_and_check(cell, settings, row, outcome)
+            row["phase_build_s"] = time.perf_counter() - t_start
             if built is not None:
                 _measure(built, settings, row, peak_gflops_per_s)
     except Exception as exc:
         record_failure(row, exc)
     finally:
-        close_row(row)
+        if not row["phase_build_s"] == row["phase_build_s"]:  # failed while building: all of it was building
+            row["phase_build_s"] = time.perf_counter() - t_start
+        close_row(row)  # the phase columns are kept: the time was spent either way
         del built
         release(device)
     row["duration_s"] = time.perf_counter() - t_start
@@ -166,6 +170,7 @@ class Built:
     graphs_before: int | None  # Dynamo's graph count before the first call (compiled cells only)
     graphs_after_first: int | None
     notes: list[str] = field(default_factory=list)
+    compile_cache: str = ""  # compiled cells: cold | warm (attnbench.runner.compile_cache), '' when not known
 
     @property
     def compiled(self) -> bool:
@@ -204,16 +209,19 @@ def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | No
     compiled = cell.impl.startswith("compiled:")
     # Importing torch._dynamo costs seconds: only compiled cells count graphs.
     graphs_before = compiled_graphs() if compiled else None
+    cache_before = compile_cache.counts() if compiled else None
     t0 = time.perf_counter()
     out = workload.step()  # the first call: compiles compiled: cells, checks the output
     synchronize(workload.device)
     first_call_s = time.perf_counter() - t0
+    cache = compile_cache.state(cache_before, compile_cache.counts()) if compiled else ""
     problem = workload.check_output(out)
     del out
     if problem:
         row.update(status="invalid", error=problem)
         return None
-    return Built(cell, workload, first_call_s, graphs_before, compiled_graphs() if compiled else None)
+    return Built(cell, workload, first_call_s, graphs_before, compiled_graphs() if compiled else None,
+                 compile_cache=cache)
 
 
 def record_timing(built: Built, row: dict, samples_s, *, calls_per_sample: int, warmup_calls: int, timer: str,
@@ -228,6 +236,7 @@ def record_timing(built: Built, row: dict, samples_s, *, calls_per_sample: int, 
     built.notes.append(f"sampling stopped by {stopped_by}")
     if built.compiled:
         row["compile_s"] = max(built.first_call_s - stats["median_s"], 0.0)
+        row["compile_cache"] = built.compile_cache
         if built.graphs_before is None or built.graphs_after_first is None or recompiled is None:
             built.notes.append("recompiles not counted: this torch has no torch._dynamo.utils.counters")
         else:
@@ -313,6 +322,7 @@ def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: flo
     """One cell timed on its own (:func:`attnbench.measure.timing.time_fn`), then its memory and work."""
     cell, device = built.cell, built.workload.device
     workload = built.workload
+    t0 = time.perf_counter()
     with contention.sampled() as load:  # what other processes and steal took while this cell was timed
         timing = time_fn(workload.timed_step or workload.step, device, between=workload.restore,  # restore: untimed
                          warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
@@ -325,8 +335,13 @@ def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: flo
                   if graphs_after_timing is not None and built.graphs_after_first is not None else None)
     record_timing(built, row, timing.samples_s, calls_per_sample=timing.calls_per_sample, warmup_calls=timing.warmup_calls,
                   timer=timing.timer, stopped_by=timing.stopped_by, recompiled=recompiled)
-    record_memory(built, row)
-    record_work(built, settings, row, peak_gflops_per_s)
+    row["stopped_by"] = "target" if timing.stopped_by == "ci" else timing.stopped_by
+    t1 = time.perf_counter()
+    row["phase_timed_s"] = t1 - t0  # time_fn's warm-up included: it does not report it apart
+    if settings.work_pass:  # later rounds keep the first round's memory and counted FLOPs (sweep.for_round)
+        record_memory(built, row)
+    record_work(built, settings if settings.work_pass else replace(settings, flop_check=False), row, peak_gflops_per_s)
+    row["phase_work_s"] = time.perf_counter() - t1
 
 
 def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> dict:
@@ -371,6 +386,7 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         how = f"{rounds} rounds" + (f" x {processes} processes" if processes > 1 else "")
         notes.append(f"{how} in shuffled order, round medians {medians}")
     merged["notes"] = "; ".join(n for n in (*notes, rows[0]["notes"]) if n)
+    merged.update(phases.merged_columns(rows))
     return merged
 
 

@@ -10,6 +10,7 @@ status row, as :func:`attnbench.runner.cell.run_cell` would record it, and the o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import zlib
@@ -18,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.measure import contention
-from attnbench.measure.interleave import time_interleaved
+from attnbench.measure.interleave import InterleavedTiming, time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
 from attnbench.results.schema import Cell, display_name
@@ -74,6 +75,7 @@ def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str
     notify = on_member or (lambda cell_id: None)
     rows = [start_row(c, run_id) for c in cells]
     own_s = [0.0] * len(cells)  # time spent in each member's own steps
+    build_s = [0.0] * len(cells)  # of which building (and the first call)
     built: dict[int, Built] = {}
     device = torch.device("cpu")
     try:
@@ -87,10 +89,11 @@ def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str
                                                                                                            outcome))
                 if ok and b is not None:  # None: an invalid output, the row says so
                     built[i] = b
-            own_s[i] += time.perf_counter() - t0
+            build_s[i] = time.perf_counter() - t0
+            own_s[i] += build_s[i]
 
         timed_s = _time_members(cells, settings, rows, built, ids, baseline, notify, seed)
-        for i in list(built):  # memory, one member at a time: never interleaved
+        for i in list(built) if settings.work_pass else []:  # memory, one member at a time: never interleaved
             t0 = time.perf_counter()
             notify(ids[i])
             if not _step(rows[i], settings, lambda i=i: record_memory(built[i], rows[i]))[0]:
@@ -98,15 +101,17 @@ def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str
             own_s[i] += time.perf_counter() - t0
         # FLOP counting last: FlopCounterMode over an eager FlexAttention leaves Dynamo unable to trace another
         # module, so every member's compiled code is run (timing, memory) before any member is counted
+        counting = settings if settings.work_pass else dataclasses.replace(settings, flop_check=False)
         for i in list(built):
             t0 = time.perf_counter()
             notify(ids[i])
-            if not _step(rows[i], settings, lambda i=i: record_work(built[i], settings, rows[i], peak_gflops_per_s))[0]:
+            if not _step(rows[i], settings, lambda i=i: record_work(built[i], counting, rows[i], peak_gflops_per_s))[0]:
                 del built[i]
             own_s[i] += time.perf_counter() - t0
         for i, row in enumerate(rows):
             close_row(row)
             row["duration_s"] = own_s[i] + (timed_s if i in built else 0.0)
+            row.update(phase_build_s=build_s[i], phase_work_s=own_s[i] - build_s[i])
     finally:
         built.clear()
         release(device)
@@ -187,6 +192,7 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
             l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard, between=between)
     charge()
     share_s = (time.perf_counter() - t0) / len(fns)
+    record_phases(rows, ids, timing, time.perf_counter() - t0)
     others = len(fns) - 1
     for i in list(built):
         cid = ids[i]
@@ -210,6 +216,17 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         rows[i]["cycle_s"] = [float(c) for c in timing.cycle_s[cid]]
         rows[i]["cycle_groups"] = [timing.cycles]
     return share_s
+
+
+def record_phases(rows: list[dict], ids: list[str], timing: InterleavedTiming, wall_s: float) -> None:
+    """Each timed member's warm-up seconds, its share of the group's timed cycles (the wall time less every warm-up,
+    split evenly), the cycles it ran in and why it stopped (issue 30; :mod:`attnbench.runner.phases`)."""
+    warm = timing.warmup_s_spent or {}
+    cycles_s = max(wall_s - sum(warm.values()), 0.0) / max(len(timing.members), 1)
+    for i, cid in enumerate(ids):
+        if cid in timing.members:
+            rows[i].update(phase_warmup_s=float(warm.get(cid, 0.0)), phase_timed_s=cycles_s,
+                           cycles=int(timing.member_cycles[cid]), stopped_by=timing.member_stopped_by[cid])
 
 
 def measure_unit(cells: tuple[Cell, ...] | list[Cell], settings: Settings, run_id: str, *,

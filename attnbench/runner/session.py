@@ -32,6 +32,7 @@ from attnbench.devices import parse_device_type
 from attnbench.measure import contention, cpu_env, drift, machine_lock
 from attnbench.results.schema import Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
+from attnbench.runner import compile_cache, phases
 from attnbench.runner.cell import add_speedups, merge_rounds
 from attnbench.runner.executors.base import Executor, WorkUnit
 from attnbench.runner.sweep import Settings, Sweep
@@ -218,7 +219,10 @@ class RunSession:
             nodes.update({n.get("ray_node_id"): n for n in env["nodes"]})
             meta["nodes"] = list(nodes.values())
         self._scale_drift()
-        meta["wall_s"] = meta.get("wall_s", 0.0) + time.perf_counter() - self._started
+        wall_s = time.perf_counter() - self._started
+        meta["wall_s"] = meta.get("wall_s", 0.0) + wall_s
+        meta["phases"] = phases.merge(meta.get("phases"), self._phases(wall_s))
+        meta["compile_cache_dir"] = self.executor_compile_cache_dir()
         meta["interrupted"] = self.interrupted
         meta["load_average_1m_end"] = environment.load_average()
         store.write_meta()
@@ -230,8 +234,23 @@ class RunSession:
             store.write_meta()
         finally:
             store.close()  # the run folder's lock: the run can be resumed from now on
-        df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=self.interrupted)
+        df.attrs.update(run_dir=str(store.path), run_id=store.run_id, interrupted=self.interrupted,
+                        session_wall_s=wall_s)
         return df
+
+    def _phases(self, wall_s: float) -> dict[str, float]:
+        """This session's phases (:mod:`attnbench.runner.phases`): its rows', the workers' start-up, the lock waited
+        (the CLI adds its own start-up and the report)."""
+        clock = getattr(self.executor, "clock", None)
+        held = (self.store.meta.get("machine_lock") or [{}])[-1]
+        return phases.account([r for r, _ in self.stored.values()], wall_s,
+                              workers_s=clock.seconds.get("workers", 0.0) if clock else 0.0,
+                              locks_s=float(held.get("waited_s") or 0.0))
+
+    def executor_compile_cache_dir(self) -> str | None:
+        """Where the measuring processes keep torch.compile's caches (None when they are not this machine's)."""
+        env = getattr(self.executor, "env_vars", None)
+        return env.get(compile_cache.ENV_DIR) if env else None
 
     def _scale_drift(self) -> None:
         """A device type whose cells' round medians spread more than the calibration runs' gets its between-run term

@@ -45,6 +45,16 @@ class Settings:
     seed: int = 0
     flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
     baseline: str | None = None  # the implementation speed-ups are against (None: default_baseline of the sweep)
+    work_pass: bool = True  # measure peak memory and count FLOPs (the first round does; later ones reuse it: for_round)
+
+
+def for_round(settings: Settings, round_index: int) -> Settings:
+    """The settings of a unit of round ``round_index``: the first round measures peak memory and counts FLOPs; later
+    rounds skip that pass (issue 30: it cost as much as a third of the timed cycles), and their rows take the first
+    round's figures when the rounds are merged (:func:`attnbench.runner.cell.merge_rounds`: the largest peak seen)."""
+    if round_index == 0 or not settings.work_pass:
+        return settings
+    return replace(settings, work_pass=False)
 
 
 def default_baseline(impls) -> str:

@@ -34,9 +34,10 @@ from dataclasses import asdict
 from attnbench.errors import AttnbenchError
 from attnbench.measure import cpu_env
 from attnbench.results.schema import Cell, failed_row, normalise_row
+from attnbench.runner import compile_cache, phases
 from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
 from attnbench.runner.group import measure_unit
-from attnbench.runner.sweep import Settings
+from attnbench.runner.sweep import Settings, for_round
 
 STARTUP_TIMEOUT_S = 600.0
 """Longest wait for a worker to import torch and say it is ready (a loaded machine can take minutes)."""
@@ -60,7 +61,7 @@ def _signal_text(returncode: int) -> str:
 class WorkerProcess:
     """One measuring process (``python -m attnbench.runner.executors.worker``) and its JSON-lines pipe."""
 
-    def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+    def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S, wait: bool = True):
         self.label = label
         self._stderr = tempfile.TemporaryFile()
         # A session of its own: Ctrl-C reaches only the runner, which then ends the worker.
@@ -69,12 +70,21 @@ class WorkerProcess:
                                      start_new_session=True)
         self._buf = b""
         self.stopped = False
-        ready = self._read(startup_timeout_s)
+        self._startup_timeout_s = startup_timeout_s
+        self.info: dict | None = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the worker says it is ready (started with ``wait=False``: while the caller did other work)."""
+        if self.info is not None:
+            return
+        ready = self._read(self._startup_timeout_s)
         if not isinstance(ready, dict) or "ready" not in ready:
             why = "did not start in time" if isinstance(ready, _Timeout) else self.death()
             self.close()
             raise AttnbenchError(f"the measuring worker process could not start: {why}")
-        self.info: dict = ready["ready"]
+        self.info = ready["ready"]
 
     @property
     def pid(self) -> int:
@@ -171,6 +181,10 @@ class WorkerPool:
         while self.idle.get(key):
             worker = self.idle[key].pop()
             if worker.proc.poll() is None:
+                try:
+                    worker.wait_ready()  # one started ahead (prestarted) may still be importing torch
+                except AttnbenchError:  # closed; the run starts its own, which says why it cannot
+                    continue
                 return worker
             worker.close()
         return None
@@ -206,6 +220,23 @@ def shared_workers():
         _SHARED = outer
 
 
+@contextlib.contextmanager
+def prestarted(settings: Settings, devices: Iterable[str] = ("cpu",)):
+    """Within the block, the first measuring worker of a local run with ``settings`` is started ahead, so that it
+    imports torch while this process does (the command's start-up: issue 30); the run takes it from a
+    :class:`WorkerPool` when its environment matches, and any worker left is ended with the block. Nothing is
+    started inside :func:`shared_workers` (its pool serves), with ``isolate``, or when a device is not the CPU."""
+    if _SHARED is not None or settings.isolate or any(not str(d).startswith("cpu") for d in devices):
+        yield
+        return
+    threads = settings.threads or (cpu_env.measuring_threads(None, True) if settings.cpu_bind else None)
+    env = cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, threads)
+    with shared_workers() as pool:
+        worker = WorkerProcess(compile_cache.worker_env(cpu_env.process_env(env)), "process0", wait=False)
+        pool.idle.setdefault((env, 0, os.getcwd()), []).append(worker)
+        yield
+
+
 def resolvable(name: str, names: Iterable[str]) -> bool:
     """Can a fresh process resolve the implementation ``name``? (Not one registered in this process only.)"""
     if name.startswith("compiled:"):
@@ -229,14 +260,15 @@ class InProcessExecutor:
             for cell in unit.cells:
                 if on_start:
                     on_start(cell)
-            for cell, row in zip(unit.cells, self.run_unit(unit.cells), strict=True):
+            for cell, row in zip(unit.cells, self.run_unit(unit.cells, for_round(self.settings, unit.round)), strict=True):
                 on_row(cell, row)
 
-    def run_unit(self, cells: tuple[Cell, ...]) -> list[dict]:
-        """Measure ``cells`` (one cell, or the members of a comparison group timed in alternation) here."""
+    def run_unit(self, cells: tuple[Cell, ...], settings: Settings | None = None) -> list[dict]:
+        """Measure ``cells`` (one cell, or the members of a comparison group timed in alternation) here (``settings``:
+        this unit's, default the executor's)."""
         if self.settings.cpu_allocator == "pinned":
             cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
-        rows = measure_unit(cells, self.settings, self.run_id)
+        rows = measure_unit(cells, settings or self.settings, self.run_id)
         described = cpu_env.describe(torch_loaded_before_env=True)
         for row in rows:
             row.update(described)
@@ -262,6 +294,9 @@ class WorkerExecutor:
         self.settings, self.run_id = settings, run_id
         self.env = cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, settings.threads)
         self.env_vars = cpu_env.process_env(self.env)  # a missing library fails here, before anything runs
+        self.env_vars = compile_cache.worker_env(self.env_vars)  # torch.compile's caches kept per machine
+        self.clock = phases.Clock()  # the driver's phases: the workers' start-up
+        self._unit_settings = settings  # the unit being measured (attnbench.runner.sweep.for_round)
         self.pool = None if settings.isolate else _SHARED
         self.workers: dict[int, WorkerProcess] = {}
         self.reports: list[dict] = []  # what each worker found in itself
@@ -278,7 +313,8 @@ class WorkerExecutor:
 
     def _start(self, process: int) -> WorkerProcess:
         label = "subprocess" if self.settings.isolate else f"process{process}"
-        worker = (self.pool.take(self._pool_key(process)) if self.pool else None) or WorkerProcess(self.env_vars, label)
+        with self.clock("workers"):
+            worker = (self.pool.take(self._pool_key(process)) if self.pool else None) or WorkerProcess(self.env_vars, label)
         info = {k: worker.info[k] for k in ("cpu_allocator", "cpu_binding", "cpu_affinity", "threads")}
         if info not in self.reports:
             self.reports.append(info)
@@ -298,6 +334,7 @@ class WorkerExecutor:
 
     def execute(self, units: Iterable[WorkUnit], on_row: OnRow, on_start: OnStart | None = None) -> None:
         for unit in units:
+            self._unit_settings = for_round(self.settings, unit.round)  # later rounds skip the memory/FLOP pass
             if len(unit.cells) == 1:
                 if on_start:
                     on_start(unit.cells[0])
@@ -319,10 +356,10 @@ class WorkerExecutor:
         """
         worker = self._worker(process)
         if not all(resolvable(c.impl, worker.info["names"]) for c in cells):
-            return list(zip(cells, self._here.run_unit(cells), strict=True))
+            return list(zip(cells, self._here.run_unit(cells, self._unit_settings), strict=True))
         deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
         key = (cells[0].device, cells[0].dtype)
-        answer = worker.request({"group": [asdict(c) for c in cells], "settings": asdict(self.settings),
+        answer = worker.request({"group": [asdict(c) for c in cells], "settings": asdict(self._unit_settings),
                                  "run_id": self.run_id, "peak_gflops_per_s": self.peaks.get(key)}, deadline)
         at = cells[0].cell_id
         while isinstance(answer, dict) and "at" in answer:  # progress: each step of each member
@@ -371,10 +408,10 @@ class WorkerExecutor:
         """Measure ``cell`` in worker ``process`` (a fresh one with ``isolate``) and return its row."""
         worker = self._worker(process)
         if not resolvable(cell.impl, worker.info["names"]):
-            return self._here.run_unit((cell,))[0]
+            return self._here.run_unit((cell,), self._unit_settings)[0]
         deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
         key = (cell.device, cell.dtype)
-        answer = worker.request({"cell": asdict(cell), "settings": asdict(self.settings), "run_id": self.run_id,
+        answer = worker.request({"cell": asdict(cell), "settings": asdict(self._unit_settings), "run_id": self.run_id,
                                  "peak_gflops_per_s": self.peaks.get(key)}, deadline)
         if isinstance(answer, dict) and "row" in answer:
             row = normalise_row(answer["row"])
