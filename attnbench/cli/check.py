@@ -7,9 +7,7 @@ import sys
 import click
 from rich.table import Table
 
-from attnbench import registry
 from attnbench.cli.app import _split, cli, console
-from attnbench.errors import UnavailableError
 
 
 @cli.command("check")
@@ -28,19 +26,15 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
     that does not import, construct or map its weights is reported once, before any case runs).
     """
-    from attnbench.correctness.matrix import SHAPES, run_matrix, summarize
+    from attnbench.correctness.matrix import case_line, run_matrix, summarize
+    from attnbench.correctness.setup import available, prepared
     from attnbench.devices import parse_device
-    from attnbench.plugins import preflight
 
     parse_device(device)
     names = _split(impl_args + impls) or None
-    for name in names or []:
-        reason = registry.get(name).unavailable_reason(device)  # unknown names fail before anything runs
-        if reason:
-            raise UnavailableError(f"{name} cannot run on {device} here: {reason}; choose another --device or implementation")
-    for name in names or []:  # construct and map weights once: a setup error is one line, not one per case
-        impl = registry.get(name)
-        lines = preflight(impl, device, other_specs=[shape.spec for shape in SHAPES])
+    resolved = [available(name, device) for name in names or []]  # unknown names fail before anything runs
+    for impl in resolved:  # construct and map weights once: a setup error is one line, not one per case
+        lines = prepared(impl, device)
         if verbose and lines:
             console.print(f"{impl.name}:", markup=False)
             for line in lines:
@@ -60,7 +54,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     console.print(table)
     shown = results if all_cases else results[results.status.isin(["fail", "error"])]
     for r in shown.itertuples():
-        console.print(f"  {r.status.upper():5} {r.impl} {r.kind} {r.shape} {r.dtype}: {r.message}", markup=False)
+        console.print(f"  {case_line(r)}", markup=False)
     n_bad = int(results.status.isin(["fail", "error"]).sum())
     n_pass = int((results.status == "pass").sum())
     console.print(f"{n_pass} passed, {n_bad} failed, {int((results.status == 'skip').sum())} skipped")
