@@ -30,17 +30,26 @@ from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_we
 
 
 def check(impls=None, **kwargs):
-    """Run the correctness matrix (see :func:`attnbench.correctness.matrix.run_matrix`)."""
+    """Run the correctness matrix (see :func:`attnbench.correctness.matrix.run_matrix`): a DataFrame
+    (:class:`attnbench.notebook.CheckResults`) that a notebook shows as the check's summary table."""
     from attnbench.correctness.matrix import run_matrix
+    from attnbench.notebook import CheckResults, in_notebook, notebook_progress
 
-    return run_matrix(impls, **kwargs)
+    if kwargs.get("progress") is None and in_notebook():
+        kwargs["progress"] = notebook_progress("case")
+    return CheckResults.of(run_matrix(impls, **kwargs))
 
 
 def run(*args, **kwargs):
-    """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.engine.run`)."""
+    """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.engine.run`):
+    :class:`attnbench.notebook.RunResults`, with ``plot(...)`` and ``report()``, shown in a notebook as the
+    console's summary table and the headline speed-ups."""
+    from attnbench.notebook import RunResults, in_notebook, notebook_progress
     from attnbench.runner.engine import run as _run
 
-    return _run(*args, **kwargs)
+    if kwargs.get("progress") is None and in_notebook():
+        kwargs["progress"] = notebook_progress("cell")
+    return RunResults.of(_run(*args, **kwargs))
 
 
 __all__ = [
