@@ -54,3 +54,21 @@ def test_check_results_show_the_check_summary(single_thread, repo_cwd):
     assert "correctness matrix on cpu" in page and "sdpa: PASS (1 passed, 0 skipped)" in page
     assert f"FAIL  {bad} causality props float64: outputs before position" in page
     assert type(res.head()) is pd.DataFrame
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_executes_with_the_summary_and_a_figure(tmp_path):
+    """examples/quickstart.ipynb, executed headless: the check's table, the run's summary, the heatmap."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from conftest import REPO
+
+    nb = nbformat.read(REPO / "examples" / "quickstart.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    pages = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert any("correctness matrix on cpu" in p and "mine: PASS" in p for p in pages)
+    assert any("attnbench run" in p and "speed-up vs weight_split" in p and "mine: " in p for p in pages)
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+    assert (tmp_path / "reports").is_dir()
