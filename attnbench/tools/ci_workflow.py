@@ -55,12 +55,18 @@ jobs:
       - name: Sweep the base branch
         run: |
           git worktree add ../attnbench-base "origin/${BASE_REF}"
-          (cd ../attnbench-base && python -m pip install --no-deps -e . && attnbench run --preset @PRESET@ @IMPL_FLAGS@ --out "${GITHUB_WORKSPACE}/runs/base" --no-report)
+          cd ../attnbench-base
+          python -m pip install --no-deps -e .
+          attnbench run --preset @PRESET@ @IMPL_FLAGS@ --out "${GITHUB_WORKSPACE}/runs/base" --no-report
+          cd "${GITHUB_WORKSPACE}"
           python -m pip install --no-deps -e .
       - name: Compare page (base vs head)
-        run: attnbench compare runs/base/* runs/head/* --speedups -o reports/compare || echo "::warning::attnbench compare found a slowdown (see the compare page)"
+        run: |
+          attnbench compare runs/base/* runs/head/* --speedups -o reports/compare \
+            || echo "::warning::attnbench compare found a slowdown (see the compare page)"
       - name: asv gate (base branch vs PR head)
         run: |
+          set -o pipefail  # the gate's exit status, not tee's, decides the step
           mkdir -p reports/asv
           attnbench asv-compare "origin/${BASE_REF}" HEAD --factor @FACTOR@ --keep reports/asv | tee reports/asv/compare.txt
       - name: Upload the report and the compare pages
