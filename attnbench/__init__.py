@@ -32,11 +32,15 @@ from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_we
 def check(impls=None, **kwargs):
     """Run the correctness matrix (see :func:`attnbench.correctness.matrix.run_matrix`): a DataFrame
     (:class:`attnbench.notebook.CheckResults`) that a notebook shows as the check's summary table."""
-    from attnbench.correctness.matrix import run_matrix
+    from attnbench.correctness.matrix import cases, run_matrix
     from attnbench.notebook import CheckResults, in_notebook, notebook_progress
 
+    impls = list(impls) if impls else None
     if kwargs.get("progress") is None and in_notebook():
-        kwargs["progress"] = notebook_progress("case")
+        from attnbench.registry import available
+
+        n_impls = len(impls) if impls else len(available(kwargs.get("device", "cpu")))
+        kwargs["progress"] = notebook_progress("case", total=n_impls * len(cases(kwargs.get("kinds"))))
     return CheckResults.of(run_matrix(impls, **kwargs))
 
 

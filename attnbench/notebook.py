@@ -34,14 +34,14 @@ def in_notebook() -> bool:
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
-def notebook_progress(unit: str):
+def notebook_progress(unit: str, total: int | None = None):
     """A progress callback drawing a tqdm bar (``tqdm.auto``: the notebook widget where ipywidgets is installed),
     or None when tqdm is not installed (``pip install 'attnbench[notebook]'``)."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    bar = tqdm(unit=unit, desc="attnbench", leave=True)
+    bar = tqdm(unit=unit, desc="attnbench", total=total, leave=True)
 
     def on_sweep(i, total, cell, row):  # attnbench.run: (i, n, cell, row), row None before the cell
         bar.total = total

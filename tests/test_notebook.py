@@ -71,4 +71,6 @@ def test_quickstart_notebook_executes_with_the_summary_and_a_figure(tmp_path):
     assert any("correctness matrix on cpu" in p and "mine: PASS" in p for p in pages)
     assert any("attnbench run" in p and "speed-up vs weight_split" in p and "mine: " in p for p in pages)
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)  # tqdm's notebook bar
+    assert not [o for o in outputs if "\x1b[" in o.get("text", "")]  # no terminal escape codes
     assert (tmp_path / "reports").is_dir()

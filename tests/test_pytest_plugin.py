@@ -121,3 +121,10 @@ def test_full_matrix_matches_check_in_process_with_xdist_and_last_failed(pyteste
     rerun = pytester.inline_run("--lf", "--attnbench", impl, "--attnbench-kind", "causality", "--attnbench-kind", "golden")
     assert list(outcomes(rerun)) == [f"attnbench[{impl}]::causality[float64-props-b3xT11-mha]"]
     assert len(rerun.getcalls("pytest_deselected")[0].items) == 1
+
+
+def test_unknown_kind_is_the_setup_error(pytester):
+    rec = pytester.inline_run("-p", "no:cacheprovider", "--attnbench", "sdpa", "--attnbench-kind", "nope")
+    [(nodeid, (outcome, message))] = outcomes(rec).items()
+    assert nodeid == "attnbench[sdpa]::setup" and outcome == "error"
+    assert message.startswith("error: unknown check kind(s) ['nope']; use forward, backward")

@@ -27,10 +27,6 @@ class Matrix:
     kinds: tuple[str, ...] | None = None
     seed: int = 0
 
-    def __call__(self) -> None:  # a plain function to anything that is not the plug-in
-        raise TypeError("attnbench.testing.matrix(...) is collected by the attnbench pytest plug-in; it is not called "
-                        "directly (is the plug-in disabled? add `-p attnbench.testing.plugin`)")
-
 
 def matrix(impl: str, device: str = "cpu", kinds: Iterable[str] | None = None, seed: int = 0) -> Matrix:
     """``impl``'s correctness matrix as pytest items: assign it to a ``test_*`` name in a test file.

@@ -52,6 +52,7 @@ class MatrixCollector(pytest.Collector):
 
         m = self.matrix
         try:
+            selected = cases(m.kinds)  # an unknown kind is a SweepError naming the kinds
             device = str(parse_device(m.device))
             impl = available(m.impl, device)
             prepared(impl, device)
@@ -61,7 +62,7 @@ class MatrixCollector(pytest.Collector):
             message = f"error: {exc}" if isinstance(exc, AttnbenchError) else f"error: {type(exc).__name__}: {exc}"
             return [SetupError.from_parent(self, name="setup", nodeid=self._child_id("setup"), message=message.splitlines()[0])]
         return [CaseItem.from_parent(self, name=case_id(case), nodeid=self._child_id(case_id(case)), impl=impl, case=case,
-                                     device=device, seed=m.seed) for case in cases(m.kinds)]
+                                     device=device, seed=m.seed) for case in selected]
 
     def _child_id(self, name: str) -> str:
         """The child's id as a string, so it parses back (``--lf``, xdist) into the id the item has: a child name
