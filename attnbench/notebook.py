@@ -78,10 +78,6 @@ class _Results(pd.DataFrame):
         out.attrs = dict(df.attrs)
         return out
 
-    def frame(self) -> pd.DataFrame:
-        """The rows as a plain DataFrame."""
-        return pd.DataFrame(self)
-
 
 class CheckResults(_Results):
     """:func:`attnbench.check`'s rows (one per case); shows the check's summary table, failures and verdicts."""
