@@ -51,19 +51,20 @@ jobs:
       - name: Correctness matrix (attnbench check)
         run: attnbench check @IMPLS@
       - name: Sweep the PR head
-        run: attnbench run --preset @PRESET@ @IMPL_FLAGS@ --out runs/head --report-dir reports/head
+        run: attnbench run --preset @PRESET@@IMPL_FLAGS@ --out runs/head --report-dir reports/head
       - name: Sweep the base branch
         run: |
           git worktree add ../attnbench-base "origin/${BASE_REF}"
           cd ../attnbench-base
           python -m pip install --no-deps -e .
-          attnbench run --preset @PRESET@ @IMPL_FLAGS@ --out "${GITHUB_WORKSPACE}/runs/base" --no-report
+          attnbench run --preset @PRESET@@IMPL_FLAGS@ --out "${GITHUB_WORKSPACE}/runs/base" --no-report
           cd "${GITHUB_WORKSPACE}"
           python -m pip install --no-deps -e .
       - name: Compare page (base vs head)
         run: |
-          attnbench compare runs/base/* runs/head/* --speedups -o reports/compare \
-            || echo "::warning::attnbench compare found a slowdown (see the compare page)"
+          if ! attnbench compare runs/base/* runs/head/* --speedups -o reports/compare; then
+            echo "::warning::attnbench compare found a slowdown (see the compare page)"
+          fi
       - name: asv gate (base branch vs PR head)
         run: |
           set -o pipefail  # the gate's exit status, not tee's, decides the step
@@ -92,7 +93,7 @@ def render(impls: list[str] | None = None, python: str = "3.11", torch: str = "t
         raise AttnbenchError(f"--factor {factor} must be above 1 (1.2: a 20% slowdown fails the gate)")
     impls = list(impls or [])
     quoted = " ".join(shlex.quote(i) for i in impls)
-    flags = " ".join(f"--impl {shlex.quote(i)}" for i in impls)
+    flags = "".join(f" --impl {shlex.quote(i)}" for i in impls)
     text = TEMPLATE
     for key, value in {"VERSION": __version__, "TIMEOUT": str(timeout_minutes), "PYTHON": python,
                        "TORCH": shlex.quote(torch), "ATTNBENCH": attnbench_requirement, "IMPLS": quoted,
