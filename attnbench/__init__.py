@@ -30,17 +30,30 @@ from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_we
 
 
 def check(impls=None, **kwargs):
-    """Run the correctness matrix (see :func:`attnbench.correctness.matrix.run_matrix`)."""
-    from attnbench.correctness.matrix import run_matrix
+    """Run the correctness matrix (see :func:`attnbench.correctness.matrix.run_matrix`): a DataFrame
+    (:class:`attnbench.notebook.CheckResults`) that a notebook shows as the check's summary table."""
+    from attnbench.correctness.matrix import cases, run_matrix
+    from attnbench.notebook import CheckResults, in_notebook, notebook_progress
 
-    return run_matrix(impls, **kwargs)
+    impls = list(impls) if impls else None
+    if kwargs.get("progress") is None and in_notebook():
+        from attnbench.registry import available
+
+        n_impls = len(impls) if impls else len(available(kwargs.get("device", "cpu")))
+        kwargs["progress"] = notebook_progress("case", total=n_impls * len(cases(kwargs.get("kinds"))))
+    return CheckResults.of(run_matrix(impls, **kwargs))
 
 
 def run(*args, **kwargs):
-    """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.engine.run`)."""
+    """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.engine.run`):
+    :class:`attnbench.notebook.RunResults`, with ``plot(...)`` and ``report()``, shown in a notebook as the
+    console's summary table and the headline speed-ups."""
+    from attnbench.notebook import RunResults, in_notebook, notebook_progress
     from attnbench.runner.engine import run as _run
 
-    return _run(*args, **kwargs)
+    if kwargs.get("progress") is None and in_notebook():
+        kwargs["progress"] = notebook_progress("cell")
+    return RunResults.of(_run(*args, **kwargs))
 
 
 __all__ = [

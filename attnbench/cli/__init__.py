@@ -5,7 +5,7 @@ when imported here. Errors a user can cause (:class:`~attnbench.errors.Attnbench
 ``error: ...`` and exit with status 2, never with a traceback.
 """
 
-from attnbench.cli import asv, check, listing, profile, report, run  # noqa: F401  (each registers its command)
+from attnbench.cli import asv, check, ci, listing, profile, report, run  # noqa: F401  (each registers its command)
 from attnbench.cli.app import _split, cli, console, err_console, main
 
 __all__ = ["_split", "cli", "console", "err_console", "main"]

@@ -7,9 +7,7 @@ import sys
 import click
 from rich.table import Table
 
-from attnbench import registry
 from attnbench.cli.app import _split, cli, console
-from attnbench.errors import UnavailableError
 
 
 @cli.command("check")
@@ -28,28 +26,52 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
     that does not import, construct or map its weights is reported once, before any case runs).
     """
-    from attnbench.correctness.matrix import SHAPES, run_matrix, summarize
+    from attnbench.correctness.matrix import case_line, run_matrix
+    from attnbench.correctness.setup import available, prepared
     from attnbench.devices import parse_device
-    from attnbench.plugins import preflight
 
     parse_device(device)
     names = _split(impl_args + impls) or None
     if (impl_args or impls) and not names:
         raise click.BadParameter("is empty; name implementations (attnbench list), or leave it out to check every "
                                  "available one", param_hint="--impl")
-    for name in names or []:
-        reason = registry.get(name).unavailable_reason(device)  # unknown names fail before anything runs
-        if reason:
-            raise UnavailableError(f"{name} cannot run on {device} here: {reason}; choose another --device or implementation")
-    for name in names or []:  # construct and map weights once: a setup error is one line, not one per case
-        impl = registry.get(name)
-        lines = preflight(impl, device, other_specs=[shape.spec for shape in SHAPES])
+    resolved = [available(name, device) for name in names or []]  # unknown names fail before anything runs
+    for impl in resolved:  # construct and map weights once: a setup error is one line, not one per case
+        lines = prepared(impl, device)
         if verbose and lines:
             console.print(f"{impl.name}:", markup=False)
             for line in lines:
                 console.print(f"  {line}", markup=False)
     with console.status("running the correctness matrix ..."):
         results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed)
+    console.print(matrix_table(results, device))
+    shown = results if all_cases else results[results.status.isin(["fail", "error"])]
+    for r in shown.itertuples():
+        console.print(f"  {case_line(r)}", markup=False)
+    n_bad = int(results.status.isin(["fail", "error"]).sum())
+    n_pass = int((results.status == "pass").sum())
+    console.print(f"{n_pass} passed, {n_bad} failed, {int((results.status == 'skip').sum())} skipped")
+    for impl_name, rows in results.groupby("impl", sort=False):
+        console.print(summary_line(impl_name, rows), markup=False)
+    if verbose:
+        _print_exercised(results)
+    if n_bad:
+        sys.exit(1)
+
+
+def summary_line(impl_name: str, rows) -> str:
+    """``NAME: PASS (40 passed, 4 skipped)`` or ``NAME: FAIL (3 failed: forward, causality; 38 passed)``."""
+    bad = rows[rows.status.isin(["fail", "error"])]
+    counts = f"{int((rows.status == 'pass').sum())} passed, {int((rows.status == 'skip').sum())} skipped"
+    if bad.empty:
+        return f"{impl_name}: PASS ({counts})"
+    return f"{impl_name}: FAIL ({len(bad)} failed: {', '.join(dict.fromkeys(bad.kind))}; {counts})"
+
+
+def matrix_table(results, device: str) -> Table:
+    """The check's summary: one row per implementation, kind and dtype (the console's, and a notebook's)."""
+    from attnbench.correctness.matrix import summarize
+
     summary = summarize(results)
     table = Table(title=f"correctness matrix on {device} (relative max-norm error vs float64 reference)")
     for col in ("impl", "kind", "dtype", "pass", "fail", "error", "skip", "worst error", "tolerance"):
@@ -60,19 +82,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
                       f"[red]{r.errors}[/]" if r.errors else "0", str(r.skipped),
                       "-" if r.worst_error != r.worst_error else f"{r.worst_error:.2e}",
                       "-" if r.tolerance != r.tolerance else f"{r.tolerance:.0e}", style="bold" if bad else None)
-    console.print(table)
-    shown = results if all_cases else results[results.status.isin(["fail", "error"])]
-    for r in shown.itertuples():
-        console.print(f"  {r.status.upper():5} {r.impl} {r.kind} {r.shape} {r.dtype}: {r.message}", markup=False)
-    n_bad = int(results.status.isin(["fail", "error"]).sum())
-    n_pass = int((results.status == "pass").sum())
-    console.print(f"{n_pass} passed, {n_bad} failed, {int((results.status == 'skip').sum())} skipped")
-    for impl_name, rows in results.groupby("impl", sort=False):
-        console.print(_summary_line(impl_name, rows), markup=False)
-    if verbose:
-        _print_exercised(results)
-    if n_bad:
-        sys.exit(1)
+    return table
 
 
 def _print_exercised(results) -> None:
@@ -82,12 +92,3 @@ def _print_exercised(results) -> None:
 
     for impl_name, text in exercised(results, shape_specs()).items():
         console.print(f"{impl_name} exercised: {text}", markup=False)
-
-
-def _summary_line(impl_name: str, rows) -> str:
-    """``NAME: PASS (40 passed, 4 skipped)`` or ``NAME: FAIL (3 failed: forward, causality; 38 passed)``."""
-    bad = rows[rows.status.isin(["fail", "error"])]
-    counts = f"{int((rows.status == 'pass').sum())} passed, {int((rows.status == 'skip').sum())} skipped"
-    if bad.empty:
-        return f"{impl_name}: PASS ({counts})"
-    return f"{impl_name}: FAIL ({len(bad)} failed: {', '.join(dict.fromkeys(bad.kind))}; {counts})"

@@ -142,6 +142,12 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
         SEED.reset(seed_token)
 
 
+def case_line(result) -> str:
+    """``FAIL  impl kind shape dtype: message``: how ``attnbench check`` and the pytest plug-in name a case's verdict
+    (``result``: a :class:`CaseResult` or a row of :func:`run_matrix`'s DataFrame)."""
+    return f"{result.status.upper():5} {result.impl} {result.kind} {result.shape} {result.dtype}: {result.message}"
+
+
 def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: Iterable[str] | None = None,
                progress: Callable[[CaseResult], None] | None = None, seed: int = 0) -> pd.DataFrame:
     """Run every case for ``impls`` (default: all registered and available on ``device``) as a DataFrame.
