@@ -221,13 +221,14 @@ def measure_unit(cells: tuple[Cell, ...] | list[Cell], settings: Settings, run_i
     measuring process (this one, a worker, a Ray worker) runs.
 
     First each cell's cost and memory are predicted (:mod:`attnbench.runner.budget`): ``on_plan(plan)`` gets the
-    unit's timeout and announcements (a worker tells its driver), a cell predicted not to fit in memory is a
-    ``skipped`` row, and every row records the prediction."""
+    unit's timeout and announcements when they differ from what the caller assumes (a worker tells its driver), a
+    cell predicted not to fit in memory is a ``skipped`` row, and every row records the prediction."""
     cells = list(cells)
+    asked = budget.seconds(settings.cell_timeout_s, cells[0])  # what the caller waits for unless told otherwise
     plans, settings = plan_unit(cells, settings, peak_gflops_per_s, on_member)
-    if on_plan:
-        on_plan({"timeout_s": settings.cell_timeout_s,
-                 "announce": [a for a in (p.announcement() for p in plans.values()) if a]})
+    announce = [a for a in (p.announcement() for p in plans.values()) if a]
+    if on_plan and (announce or settings.cell_timeout_s != asked):
+        on_plan({"timeout_s": settings.cell_timeout_s, "announce": announce})
     todo = [c for c in cells if plans[c.cell_id].skip is None]
     if len(cells) == 1 and todo:
         if on_member:

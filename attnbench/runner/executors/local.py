@@ -439,7 +439,7 @@ class WorkerExecutor:
     def close(self) -> None:
         """End every worker process (or, inside :func:`shared_workers`, give them back for the next run)."""
         for p in list(self.workers):
-            if self.pool is not None:
+            if self.pool is not None and not self.workers[p].busy:  # a busy one (an interrupted cell) is ended
                 self.pool.give(self._pool_key(p), self.workers.pop(p))
             else:
                 self._drop(p)
