@@ -68,7 +68,7 @@ class WorkerProcess:
         # A session (and process group) of its own: Ctrl-C reaches only the runner, which then ends the group. It
         # dies with this process (orphans.die_with_parent, given our pid) and inherits the machine lock's descriptors,
         # so even a worker that outlived us would keep other measurements away.
-        self.proc = subprocess.Popen([sys.executable, "-m", orphans.WORKER_MODULE, label, str(os.getpid())],
+        self.proc = subprocess.Popen(orphans.worker_command(label, os.getpid()),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
                                      start_new_session=True, pass_fds=machine_lock.held_fds())
         self._buf = b""

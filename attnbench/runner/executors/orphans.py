@@ -1,8 +1,9 @@
 """Nothing a run starts outlives it: measuring workers die with their driver, and the next run ends any that did not.
 
-* :func:`die_with_parent` (called first thing in a worker): ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` through ctypes, so
-  the kernel kills the worker when its driver dies, however it dies (``SIGKILL`` included); a driver already gone by
-  then ends the worker at once. Linux only; elsewhere the worker still ends at the end of its input.
+* :func:`worker_command` (and :func:`die_with_parent` again in the worker): ``prctl(PR_SET_PDEATHSIG, SIGKILL)``
+  through ctypes, before anything is imported, so the kernel kills the worker when its driver dies, however it dies
+  (``SIGKILL`` included); a driver already gone by then ends the worker at once. Linux only; elsewhere the worker
+  still ends at the end of its input.
 * Each worker is the leader of its own process group (``start_new_session``): the driver kills the group, so
   whatever the worker started (compile workers) goes too (:func:`kill_group`).
 * Workers inherit the driver's machine-lock descriptors (:meth:`attnbench.measure.machine_lock.Held.fds`): a worker
@@ -23,6 +24,27 @@ from pathlib import Path
 
 WORKER_MODULE = "attnbench.runner.executors.worker"
 PR_SET_PDEATHSIG = 1
+
+
+_BOOT = f"""import ctypes, os, sys
+try:
+    ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[3]):
+    os._exit(1)
+import runpy
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+"""Armed before anything is imported (importing attnbench imports torch: seconds in which a killed driver's worker
+would otherwise live on), then the worker module runs as ``python -m`` would run it."""
+
+
+def worker_command(label: str, driver_pid: int) -> list[str]:
+    """The command line of a measuring worker for the driver ``driver_pid``: it dies with the driver from its first
+    instruction, and its arguments name the module, its label and the driver (what :func:`find_orphans` reads)."""
+    return [sys.executable, "-c", _BOOT, WORKER_MODULE, label, str(driver_pid)]
 
 
 def die_with_parent(driver_pid: int | None) -> bool:
