@@ -24,7 +24,7 @@ from attnbench.runner.group import measure_unit
 from attnbench.runner.sweep import Settings
 
 REPO = Path(__file__).resolve().parent.parent
-HANGS = "tests/plugins/hangs.py:Hangs"
+HANGS = "tests/plugins/faulty.py:HangsAWhile"
 FAST = Settings(budget_s=0.05, warmup_s=0.0, min_samples=3, flop_check=False, threads=1)
 TINY = dict(batch=1, seq_len=16, num_heads=2, d_model=16, mode="forward")
 
@@ -273,3 +273,21 @@ def test_a_worker_dies_with_a_sigkilled_driver(tmp_path):
     time.sleep(5)
     assert [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text()
             .rpartition(")")[2].split()[:1]] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rose, status, words", [
+    (True, "oom", "killed by the kernel's OOM killer (SIGKILL while"),
+    (False, "error", "not by the OOM killer as far as the kernel's counters show"),
+])
+def test_a_sigkilled_worker_is_oom_only_when_the_kernel_counted_an_oom_kill(rose, status, words, repo_cwd, monkeypatch):
+    from attnbench.runner.executors.local import WorkerExecutor
+
+    counts = iter(range(100))
+    monkeypatch.setattr(oom, "snapshot", lambda: {"/proc/vmstat": next(counts) if rose else 0})
+    executor = WorkerExecutor(FAST, "run")
+    try:
+        row = executor.run_one(Cell("tests/plugins/faulty.py:KilledInForward", **TINY))
+    finally:
+        executor.close()
+    assert row["status"] == status and "worker process died with SIGKILL" in row["error"] and words in row["error"]
