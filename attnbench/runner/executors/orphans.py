@@ -3,7 +3,9 @@
 * :func:`worker_command` (and :func:`die_with_parent` again in the worker): ``prctl(PR_SET_PDEATHSIG, SIGKILL)``
   through ctypes, before anything is imported, so the kernel kills the worker when its driver dies, however it dies
   (``SIGKILL`` included); a driver already gone by then ends the worker at once. Linux only; elsewhere the worker
-  still ends at the end of its input.
+  still ends at the end of its input. The kernel ties the signal to the thread that started the worker: a worker
+  started from a thread (a run inside ``threading.Thread``) ends with that thread, and a pool that kept it starts
+  another.
 * Each worker is the leader of its own process group (``start_new_session``): the driver kills the group, so
   whatever the worker started (compile workers) goes too (:func:`kill_group`).
 * Workers inherit the driver's machine-lock descriptors (:meth:`attnbench.measure.machine_lock.Held.fds`): a worker
