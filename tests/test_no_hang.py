@@ -276,15 +276,14 @@ def test_a_worker_dies_with_a_sigkilled_driver(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rose, status, words", [
-    (True, "oom", "killed by the kernel's OOM killer (SIGKILL while"),
-    (False, "error", "not by the OOM killer as far as the kernel's counters show"),
-])
-def test_a_sigkilled_worker_is_oom_only_when_the_kernel_counted_an_oom_kill(rose, status, words, repo_cwd, monkeypatch):
+def test_a_worker_sigkilled_while_the_kernel_counted_an_oom_kill_is_an_oom_row(repo_cwd, monkeypatch):
+    """The driver's reading of the counters is faked (this test must not exhaust a shared machine's memory); the
+    other verdicts are in test_an_oom_kill_is_told_from_another_kill."""
     from attnbench.runner.executors.local import WorkerExecutor
 
     counts = iter(range(100))
-    monkeypatch.setattr(oom, "snapshot", lambda: {"/proc/vmstat": next(counts) if rose else 0})
+    monkeypatch.setattr(oom, "snapshot", lambda: {"/proc/vmstat": next(counts)})
+    status, words = "oom", "killed by the kernel's OOM killer (SIGKILL while /proc/vmstat oom_kill"
     executor = WorkerExecutor(FAST, "run")
     try:
         row = executor.run_one(Cell("tests/plugins/faulty.py:KilledInForward", **TINY))
