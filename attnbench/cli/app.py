@@ -11,6 +11,7 @@ import sys
 import click
 from rich.console import Console
 
+from attnbench import interrupts
 from attnbench.errors import AttnbenchError
 
 # Wide when piped (logs, CI): rich would otherwise wrap every table at 80 columns.
@@ -39,7 +40,9 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: user errors become one line and exit status 2."""
+    """Console-script entry point: user errors become one line and exit status 2; SIGTERM and SIGHUP are handled
+    like Ctrl-C (:mod:`attnbench.interrupts`: one line, exit 143 / 129)."""
+    interrupts.install()
     try:
         cli.main(args=argv, prog_name="attnbench", standalone_mode=False)
     except click.exceptions.Abort:
@@ -51,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     except AttnbenchError as exc:
         err_console.print(f"error: {exc}", markup=False)
         sys.exit(2)
+    except interrupts.Terminated as exc:
+        err_console.print(f"terminated by {interrupts.name(exc.signum)}", markup=False)
+        sys.exit(interrupts.exit_code(exc.signum))
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

@@ -19,8 +19,11 @@ from attnbench.cli.app import _split, cli, console
 @click.option("--all-cases", is_flag=True, help="Print every case, not just the summary and the failures.")
 @click.option("-v", "--verbose", is_flag=True, help="Print how each plug-in is constructed and where its weights map.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Draw other weights and inputs for every case.")
+@click.option("--case-timeout", "--timeout", "case_timeout", metavar="SECONDS|none",
+              help="Seconds after which a case fails as a timeout (and its implementation's later cases are skipped). "
+              "Default 60 (300 for compiled:); none: no timeout.")
 def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool,
-              verbose: bool, seed: int) -> None:
+              verbose: bool, seed: int, case_timeout: str | None) -> None:
     """Run the correctness matrix on IMPL (or --impl) and print one summary line per implementation.
 
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
@@ -29,7 +32,9 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     from attnbench.correctness.matrix import case_line, run_matrix
     from attnbench.correctness.setup import available, prepared
     from attnbench.devices import parse_device
+    from attnbench.runner.budget import parse_timeout
 
+    timeout = "auto" if case_timeout is None else parse_timeout(case_timeout, "--case-timeout")  # 0: one line, exit 2
     parse_device(device)
     names = _split(impl_args + impls) or None
     if (impl_args or impls) and not names:
@@ -43,7 +48,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
             for line in lines:
                 console.print(f"  {line}", markup=False)
     with console.status("running the correctness matrix ..."):
-        results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed)
+        results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed, case_timeout_s=timeout)
     console.print(matrix_table(results, device))
     shown = results if all_cases else results[results.status.isin(["fail", "error"])]
     for r in shown.itertuples():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from attnbench import interrupts
 from attnbench.cli.app import _split, cli, console, err_console
 from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
@@ -140,7 +142,11 @@ def _speedup_text(r, name_baseline: bool) -> str:
               "machine's calibration (python -m attnbench.tools.reproducibility --calibrate), else the CPU default.")
 @click.option("--baseline", help="Implementation the paired speed-ups are relative to (each comparison group's "
               "baseline). Default: sdpa when it is in the sweep, else the first implementation.")
-@click.option("--cell-timeout", "cell_timeout_s", type=float, help="Seconds after which a cell is recorded as timeout.")
+@click.option("--cell-timeout", "cell_timeout", metavar="SECONDS|auto|none",
+              help="Seconds after which a cell is recorded as timeout. Default auto: from the cell's predicted cost "
+              "(at least 120 s; 600 s for compiled:), recorded per row; none: no timeout.")
+@click.option("--no-memory-guard", "no_memory_guard", is_flag=True, default=None,
+              help="Run cells predicted to need more memory than is available (default: such a cell is skipped).")
 @click.option("--isolate", is_flag=True, default=None, help="Run each cell in a fresh subprocess (survives crashes).")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Replay inference cells from a CUDA graph.")
 @click.option("--no-wait", "no_wait", is_flag=True, help="Exit (status 2) instead of waiting when another measurement "
@@ -159,8 +165,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
             cache, out, resume,
             budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift, baseline,
-            cell_timeout_s, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile, csv,
-            no_report, report_dir, quiet, as_json, **positional_flags) -> None:
+            cell_timeout, no_memory_guard, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile,
+            csv, no_report, report_dir, quiet, as_json, **positional_flags) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
 
     \b
@@ -180,11 +186,15 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     quiet = quiet or as_json
     if no_wait and allow_concurrent:
         raise click.UsageError("--no-wait and --allow-concurrent contradict each other; give one")
+    timeout = _timeout(cell_timeout)
     settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
                                        processes=processes, cpu_allocator=cpu_allocator, drift=_drift(drift),
-                                       cpu_bind=False if no_cpu_bind else None, cell_timeout_s=cell_timeout_s,
+                                       cpu_bind=False if no_cpu_bind else None,
+                                       cell_timeout_s=timeout, memory_guard=False if no_memory_guard else None,
                                        isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
-                if v is not None}
+                if v is not None and v is not _UNSET}
+    if timeout is None:
+        settings["cell_timeout_s"] = None  # --cell-timeout none: no timeout (None is otherwise "not given")
     if impls and not _split(impls):
         raise click.BadParameter("is empty; name implementations (attnbench list), or leave --impl out to run every "
                                  "available one", param_hint="--impl")
@@ -269,9 +279,11 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         if time_line:
             console.print(time_line, markup=False)
     if df.attrs["interrupted"]:
-        err_console.print(f"interrupted: {len(df)} finished cell(s) kept in {run_dir}; continue with "
+        signum = df.attrs.get("interrupted_by") or signal.SIGINT
+        how = "interrupted" if signum == signal.SIGINT else f"terminated by {interrupts.name(signum)}"
+        err_console.print(f"{how}: {len(df)} finished cell(s) kept in {run_dir}; continue with "
                           f"`attnbench run --resume {run_dir}`", markup=False)
-        sys.exit(130)
+        sys.exit(interrupts.exit_code(signum))
     failure = failure_line(df)
     if failure:
         err_console.print(f"error: {failure}", markup=False)
@@ -332,6 +344,16 @@ def _record_phases(run_dir: Path, df, startup_s: float = 0.0, report_s: float = 
     write_meta_keys(run_dir, phases=recorded)
     stops = phases.stop_text(df.to_dict("records"))
     return phases.line(recorded) + (f"\n{stops}" if stops else "")
+
+
+_UNSET = object()
+
+
+def _timeout(value: str | None):
+    """``--cell-timeout``: unset (the sweep's, default auto), seconds > 0, auto or none (None); 0 is a usage error."""
+    from attnbench.runner.budget import parse_timeout
+
+    return _UNSET if value is None else parse_timeout(value)  # a SweepError: one line, exit 2
 
 
 def _drift(value: str | None) -> float | None:

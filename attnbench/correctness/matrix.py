@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.correctness import basic, decode, positional, properties
+from attnbench.correctness import basic, decode, positional, properties, watchdog
 from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
     GRAD_TOLERANCE,
     SEED,
@@ -149,10 +149,14 @@ def case_line(result) -> str:
 
 
 def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: Iterable[str] | None = None,
-               progress: Callable[[CaseResult], None] | None = None, seed: int = 0) -> pd.DataFrame:
+               progress: Callable[[CaseResult], None] | None = None, seed: int = 0,
+               case_timeout_s: float | str | None = "auto") -> pd.DataFrame:
     """Run every case for ``impls`` (default: all registered and available on ``device``) as a DataFrame.
 
     ``seed`` draws other weights and inputs for every case (0, the default, is the fixed matrix).
+    ``case_timeout_s`` bounds each case (:mod:`attnbench.correctness.watchdog`; ``"auto"``: its default, None: no
+    bound): a case past it is an ``error`` whose message starts ``timeout:``, and that implementation's later cases
+    are skipped (it hung once).
 
     Unknown names raise :class:`~attnbench.errors.UnknownImplementationError` before anything runs.
     """
@@ -166,14 +170,34 @@ def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: I
     torch.set_num_threads(1)
     try:
         for impl in resolved:
+            hung = None
             for case in selected:
-                result = run_case(impl, case, device, seed)
+                if hung:
+                    result = _not_run(impl, case, device, hung)
+                else:
+                    result = _timed_case(impl, case, device, seed, case_timeout_s)
+                    hung = result.message if result.message.startswith("timeout:") else None
                 rows.append(asdict(result))
                 if progress:
                     progress(result)
     finally:
         torch.set_num_threads(threads)
     return pd.DataFrame(rows, columns=[f for f in CaseResult.__dataclass_fields__])
+
+
+def _timed_case(impl: registry.Implementation, case: Case, device: str, seed: int, timeout) -> CaseResult:
+    """:func:`run_case` under the case's deadline; past it, an ``error`` case naming the timeout."""
+    seconds = watchdog.default_for(impl.name) if timeout == "auto" else timeout
+    try:
+        with watchdog.case_deadline(seconds, f"{case.kind} {case.shape.id} {case.dtype}"):
+            return run_case(impl, case, device, seed)
+    except watchdog.CaseTimeout as exc:
+        return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, device, "error", None, None, str(exc))
+
+
+def _not_run(impl: registry.Implementation, case: Case, device: str, why: str) -> CaseResult:
+    return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, device, "skip", None, None,
+                      f"not run: an earlier case of {impl.name} hung ({why})")
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:

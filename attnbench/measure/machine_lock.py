@@ -137,6 +137,12 @@ class Held:
         self.locks = []
 
 
+def held_fds() -> tuple[int, ...]:
+    """The descriptors of every machine lock this process holds now (each holder's :meth:`Held.fds`): what a measuring
+    worker inherits, so the kernel keeps the lock held while it lives, even past a killed driver."""
+    return tuple(sorted({lock.fileno() for lock in list(_HELD_HERE) if lock.fileno() is not None}))
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

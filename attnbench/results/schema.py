@@ -77,6 +77,9 @@ COLUMNS: dict[str, str] = {
     # consecutive groups of cycles (one per round and process), like sample_groups for samples_s
     "group_id": "string", "baseline": "string", "speedup": "float64", "speedup_ci_low": "float64",
     "speedup_ci_high": "float64", "cycle_s": "object", "cycle_groups": "object",
+    # issue 28: the cell's timeout (NaN: none) and what was predicted before it ran (attnbench.runner.budget):
+    # seconds, peak bytes (NaN: not calibrated, far from the memory available) and the bytes available then
+    "timeout_s": "float64", "predicted_s": "float64", "predicted_peak_bytes": "float64", "available_bytes": "float64",
     # where and when
     "host": "string", "worker": "string", "started_at": "string", "duration_s": "float64",
     # issue 30: where the run's time went and why sampling stopped (attnbench.runner.phases). cycles: the burst cycles
@@ -230,7 +233,8 @@ KEPT_ON_FAILURE = frozenset({
     "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
     "cpu_affinity",
-    "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s"})  # issue 30: the run's time, spent either way
+    "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
+    "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out
 """What a row that is not ``ok`` keeps: what the cell is, what happened, and where and when it ran. Every other
 column (any measurement, including columns added later) goes back to missing: a failed cell never reports one."""
 

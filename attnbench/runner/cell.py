@@ -42,7 +42,7 @@ from attnbench.measure.stats import paired_speedup, split_groups, summarize, sum
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
 from attnbench.results.text import fmt_time
-from attnbench.runner import compile_cache, phases
+from attnbench.runner import budget, compile_cache, phases
 from attnbench.runner.sweep import Settings
 
 if TYPE_CHECKING:
@@ -54,18 +54,19 @@ class CellTimeout(Exception):
 
 
 @contextlib.contextmanager
-def deadline(seconds: float | None):
-    """Raise :class:`CellTimeout` in this (main) thread after ``seconds``.
+def deadline(seconds: float | str | None):
+    """Raise :class:`CellTimeout` in this (main) thread after ``seconds`` (``"auto"``: the default floor).
 
     In-process this interrupts Python-level hangs; a hang inside one native kernel call is only
     interrupted when it returns to Python, so use ``--isolate`` (a subprocess that is killed) for those.
     """
+    seconds = budget.seconds(seconds)  # "auto" without a plan (a direct call): the floor
     if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
 
     def on_alarm(signum, frame):
-        raise CellTimeout(f"cell exceeded its timeout of {seconds:g} s")
+        raise CellTimeout(f"cell exceeded its timeout of {seconds:g} s (--cell-timeout SECONDS or none to change it)")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench import registry
+from attnbench import interrupts, registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
 from attnbench.measure import drift
 from attnbench.measure.cpu_env import check_allocator
 from attnbench.results.schema import AXES, INT_AXES, Cell
+from attnbench.runner import budget
 from attnbench.runner.cell import torch_threads
 from attnbench.runner.executors.base import Executor
 from attnbench.runner.session import RunSession, cpu_env_meta, sweep_from_meta, sweep_to_dict  # noqa: F401  (public here)
@@ -113,6 +114,7 @@ def make_executor(kind: str, settings: Settings, run_id: str, ray_address: str |
 def check_settings(settings: Settings, executor: str = "local") -> None:
     """One clear error for measurement settings that cannot work (before anything runs)."""
     check_allocator(settings.cpu_allocator)
+    budget.check_timeout(settings.cell_timeout_s)
     drift.check_setting(settings.drift)
     if isinstance(settings.processes, bool) or not isinstance(settings.processes, int) or settings.processes < 1:
         raise SweepError(f"--processes must be a whole number >= 1, got {settings.processes!r}")
@@ -146,6 +148,8 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
     The returned DataFrame has ``attrs["run_dir"]``, ``attrs["run_id"]`` and ``attrs["interrupted"]``
     (True after Ctrl-C: every finished cell is kept and the results are consolidated before returning).
     """
+    interrupted_by = None
+
     def executor_for(kind: str, run_settings: Settings, rid: str):
         return make_executor(kind, run_settings, rid, ray_address)
 
@@ -161,10 +165,13 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
                                    argv=argv, progress=progress)
     try:
         session.measure(lock="off" if allow_concurrent else "no-wait" if no_wait else "wait")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (attnbench.interrupts): every finished row is kept
         session.interrupted = True
+        interrupted_by = interrupts.signal_of(exc)
     finally:
-        df = session.finish(csv=csv)
+        with interrupts.deferred(deliver=not session.interrupted):  # a signal does not cut the consolidation short
+            df = session.finish(csv=csv)
+    df.attrs["interrupted_by"] = interrupted_by if session.interrupted else None
     if profile and not session.interrupted:
         with torch_threads(session.sweep.settings.threads):
             _profile_cells(df, session.store.path)

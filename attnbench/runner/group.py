@@ -23,6 +23,7 @@ from attnbench.measure.interleave import InterleavedTiming, time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
 from attnbench.results.schema import Cell, display_name
+from attnbench.runner import budget
 from attnbench.runner.cell import (
     Built,
     add_speedups,
@@ -230,13 +231,53 @@ def record_phases(rows: list[dict], ids: list[str], timing: InterleavedTiming, w
 
 
 def measure_unit(cells: tuple[Cell, ...] | list[Cell], settings: Settings, run_id: str, *,
-                 peak_gflops_per_s: float | None = None, on_member=None) -> list[dict]:
+                 peak_gflops_per_s: float | None = None, on_member=None, on_plan=None) -> list[dict]:
     """The rows of a unit measured in this process: :func:`~attnbench.runner.cell.run_cell` for one cell, the
     comparison group timed in alternation (:func:`~attnbench.runner.group.run_group`) for several. What every
-    measuring process (this one, a worker, a Ray worker) runs."""
-    if len(cells) == 1:
+    measuring process (this one, a worker, a Ray worker) runs.
+
+    First each cell's cost and memory are predicted (:mod:`attnbench.runner.budget`): ``on_plan(plan)`` gets the
+    unit's timeout and announcements when they differ from what the caller assumes (a worker tells its driver), a
+    cell predicted not to fit in memory is a ``skipped`` row, and every row records the prediction."""
+    cells = list(cells)
+    asked = budget.seconds(settings.cell_timeout_s, cells[0])  # what the caller waits for unless told otherwise
+    plans, settings = plan_unit(cells, settings, peak_gflops_per_s, on_member)
+    announce = [a for a in (p.announcement() for p in plans.values()) if a]
+    if on_plan and (announce or settings.cell_timeout_s != asked):
+        on_plan({"timeout_s": settings.cell_timeout_s, "announce": announce})
+    todo = [c for c in cells if plans[c.cell_id].skip is None]
+    if len(cells) == 1 and todo:
         if on_member:
             on_member(cells[0].cell_id)
-        return [run_cell(cells[0], settings, run_id, peak_gflops_per_s=peak_gflops_per_s)]
-    return run_group(list(cells), settings, run_id, baseline=settings.baseline or default_baseline([c.impl for c in cells]),
-                     peak_gflops_per_s=peak_gflops_per_s, on_member=on_member)
+        measured = [run_cell(cells[0], settings, run_id, peak_gflops_per_s=peak_gflops_per_s)]
+    elif todo:
+        measured = run_group(todo, settings, run_id, baseline=settings.baseline or default_baseline([c.impl for c in cells]),
+                             peak_gflops_per_s=peak_gflops_per_s, on_member=on_member)
+    else:
+        measured = []
+    by_id = {r["cell_id"]: r for r in measured}
+    rows = [by_id.get(c.cell_id) or _skipped_row(c, run_id, plans[c.cell_id].skip) for c in cells]
+    for cell, row in zip(cells, rows, strict=True):
+        row.update(plans[cell.cell_id].columns())
+    return rows
+
+
+def plan_unit(cells: list[Cell], settings: Settings, peak_gflops_per_s: float | None,
+              on_member=None) -> tuple[dict[str, budget.Plan], Settings]:
+    """Each cell's :class:`~attnbench.runner.budget.Plan` (calibrated under the cell's floor timeout when it may be
+    large) and the settings with the unit's timeout in seconds (or None)."""
+    plans = {}
+    for cell in cells:
+        if on_member:
+            on_member(cell.cell_id)
+        floor = budget.seconds(settings.cell_timeout_s, cell)
+        plans[cell.cell_id] = budget.plan_cell(cell, settings, peak_gflops_per_s, lambda floor=floor: deadline(floor))
+    timeout = budget.unit_timeout(list(plans.values()))
+    return plans, dataclasses.replace(settings, cell_timeout_s=timeout)
+
+
+def _skipped_row(cell: Cell, run_id: str, reason: str) -> dict:
+    row = start_row(cell, run_id)
+    row.update(status="skipped", error=reason, duration_s=0.0)
+    close_row(row)
+    return row

@@ -33,7 +33,10 @@ class Settings:
     warmup_s: float = 0.05
     min_samples: int = 10
     max_samples: int = 10_000
-    cell_timeout_s: float | None = None  # a cell running longer is recorded as `timeout`
+    # a cell running longer is recorded as `timeout`: "auto" (from its predicted cost, attnbench.runner.budget),
+    # seconds, or None (no timeout)
+    cell_timeout_s: float | str | None = "auto"
+    memory_guard: bool = True  # skip a cell predicted to need more memory than is available (attnbench.runner.budget)
     threads: int | None = None  # torch.set_num_threads for CPU cells (None: torch's default)
     cuda_graph: bool = False  # replay inference cells from a CUDA graph
     isolate: bool = False  # each cell in a fresh subprocess (survives segfaults and aborts)
@@ -301,6 +304,10 @@ def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str]
     bad = set(measure) - valid
     if bad:
         raise SweepError(f"unknown [measure] setting(s) {sorted(bad)} in {name!r}; known: {', '.join(sorted(valid))}")
+    if isinstance(measure.get("cell_timeout_s"), str):  # "auto", "none" (TOML has no null) or seconds as text
+        from attnbench.runner.budget import parse_timeout
+
+        measure["cell_timeout_s"] = parse_timeout(measure["cell_timeout_s"], "[measure] cell_timeout_s")
     _check_measure_types(measure, name)
     return Sweep(**axes, settings=replace(Settings(), **measure), name=str(data.get("name", name)))
 

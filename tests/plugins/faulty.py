@@ -90,3 +90,22 @@ class SysExits(_Base):
         import sys
 
         sys.exit(4)
+
+
+class HangsAWhile(_Base):
+    """Does not return for two minutes (a Python-level hang, bounded so that a test that fails to time it out does not
+    leave it running), then raises."""
+
+    def forward(self, x):
+        end = time.monotonic() + 120.0
+        while time.monotonic() < end:
+            time.sleep(0.05)
+        raise RuntimeError("HangsAWhile gave up after 120 s (the test meant to time it out did not)")
+
+
+class KilledInForward(_Base):
+    """SIGKILLs its own process, as the kernel's OOM killer (or a person) would."""
+
+    def forward(self, x):
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(5)

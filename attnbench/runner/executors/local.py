@@ -32,9 +32,10 @@ from collections.abc import Iterable
 from dataclasses import asdict
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure import cpu_env
+from attnbench.measure import cpu_env, machine_lock, oom
 from attnbench.results.schema import Cell, failed_row, normalise_row
-from attnbench.runner import compile_cache, phases
+from attnbench.runner import budget, compile_cache, phases
+from attnbench.runner.executors import orphans
 from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
 from attnbench.runner.group import measure_unit
 from attnbench.runner.sweep import Settings, for_round
@@ -64,12 +65,16 @@ class WorkerProcess:
     def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S, wait: bool = True):
         self.label = label
         self._stderr = tempfile.TemporaryFile()
-        # A session of its own: Ctrl-C reaches only the runner, which then ends the worker.
-        self.proc = subprocess.Popen([sys.executable, "-m", "attnbench.runner.executors.worker", label],
+        # A session (and process group) of its own: Ctrl-C reaches only the runner, which then ends the group. It
+        # dies with this process (orphans.die_with_parent, given our pid) and inherits the machine lock's descriptors,
+        # so even a worker that outlived us would keep other measurements away.
+        self.proc = subprocess.Popen(orphans.worker_command(label, os.getpid()),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, pass_fds=machine_lock.held_fds())
         self._buf = b""
         self.stopped = False
+        self.busy = False  # a request is in flight: the worker reads no input until it answers
+        self.killed = False  # we killed it (a timeout, an interrupted run): its SIGKILL is ours
         self._startup_timeout_s = startup_timeout_s
         self.info: dict | None = None
         if wait:
@@ -106,17 +111,26 @@ class WorkerProcess:
 
     def read(self, timeout_s: float | None = None):
         """The next message of a request in progress, ``None`` if the worker died, or a :class:`_Timeout`."""
-        return self._read(timeout_s)
+        answer = self._read(timeout_s)
+        self.busy = isinstance(answer, dict) and ("at" in answer or "plan" in answer)
+        return answer
 
     def request(self, message: dict, timeout_s: float | None = None):
-        """Send one request; its answer, ``None`` if the worker died, or a :class:`_Timeout`."""
+        """Send one request; its answer (or first progress message), ``None`` if the worker died, or a
+        :class:`_Timeout`."""
         self.resume()
         try:
             self.proc.stdin.write((json.dumps(message) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return None
-        return self._read(timeout_s)
+        self.busy = True
+        return self.read(timeout_s)
+
+    def kill(self) -> None:
+        """``SIGKILL`` the worker's process group (it and whatever it started), now."""
+        self.killed = True
+        orphans.kill_group(self.proc.pid)
 
     def probe(self) -> dict:
         """What the worker finds inside itself (see the worker module): for tests and ``--json`` reports."""
@@ -147,8 +161,11 @@ class WorkerProcess:
         self.stopped = False
 
     def close(self) -> None:
-        """End the process (end of input; killed if it does not leave promptly)."""
+        """End the process (end of input; killed if it does not leave promptly, or at once while it is busy with a
+        request, as when the run is interrupted: it would not read its input before finishing the cell)."""
         self.resume()
+        if self.busy and self.proc.poll() is None:
+            self.kill()
         try:
             self.proc.stdin.close()
         except OSError:
@@ -156,7 +173,7 @@ class WorkerProcess:
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             self.proc.wait()
         self.proc.stdout.close()
         self._stderr.close()
@@ -244,6 +261,12 @@ def resolvable(name: str, names: Iterable[str]) -> bool:
     return ":" in name or name in set(names)
 
 
+def _announce(plan: dict) -> None:
+    """Say which cells of a unit measured here are predicted to take minutes, before they start."""
+    for line in plan["announce"]:
+        print(f"note: {line}", file=sys.stderr, flush=True)
+
+
 class InProcessExecutor:
     """Cells measured in this process, one after another, outside the controlled CPU environment (glibc's malloc
     is still pinned when asked; OpenMP binding can no longer apply once torch is loaded). Every row says so."""
@@ -268,7 +291,7 @@ class InProcessExecutor:
         this unit's, default the executor's)."""
         if self.settings.cpu_allocator == "pinned":
             cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
-        rows = measure_unit(cells, settings or self.settings, self.run_id)
+        rows = measure_unit(cells, settings or self.settings, self.run_id, on_plan=_announce)
         described = cpu_env.describe(torch_loaded_before_env=True)
         for row in rows:
             row.update(described)
@@ -304,6 +327,9 @@ class WorkerExecutor:
         # (a fresh one per cell with isolate, or per process) do not measure it again
         self.peaks: dict[tuple[str, str], float] = {}
         self._warned = False
+        self._timeout_s: float | None = None  # the request in flight's timeout (its worker's plan says it)
+        self._oom_before: dict[str, int] = {}
+        orphans.end_orphans(lambda line: print(line, file=sys.stderr, flush=True))  # before taking the machine lock
         self._here = InProcessExecutor(settings, run_id, note="measured in the calling process (the implementation "
                                        "is registered there only), outside the controlled CPU environment")
 
@@ -351,23 +377,17 @@ class WorkerExecutor:
         alternation; ``(cell, row)`` for each member.
 
         The worker says which member it is working on before each step (``{"at": cell_id}``), so a member that
-        kills the process or hangs in native code is recorded as it is for a single cell (an ``error`` row naming
-        the death, a ``timeout`` row), and the group is measured again without it in a fresh process.
+        kills the process or hangs in native code is recorded as it is for a single cell (an ``error`` or ``oom``
+        row naming the death, a ``timeout`` row), and the group is measured again without it in a fresh process:
+        the other members' rows are measured, never lost.
         """
         worker = self._worker(process)
         if not all(resolvable(c.impl, worker.info["names"]) for c in cells):
             return list(zip(cells, self._here.run_unit(cells, self._unit_settings), strict=True))
-        deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
-        key = (cells[0].device, cells[0].dtype)
-        answer = worker.request({"group": [asdict(c) for c in cells], "settings": asdict(self._unit_settings),
-                                 "run_id": self.run_id, "peak_gflops_per_s": self.peaks.get(key)}, deadline)
-        at = cells[0].cell_id
-        while isinstance(answer, dict) and "at" in answer:  # progress: each step of each member
-            at = answer["at"]
-            answer = worker.read(deadline)
+        answer, at = self._converse(worker, {"group": [asdict(c) for c in cells]}, cells)
         if isinstance(answer, dict) and "rows" in answer:
             rows = [normalise_row(r) for r in answer["rows"]]
-            self._keep_peak(key, rows)
+            self._keep_peak((cells[0].device, cells[0].dtype), rows)
             if self.settings.isolate:
                 self._drop(process)
             return list(zip(cells, rows, strict=True))
@@ -384,6 +404,30 @@ class WorkerExecutor:
             other["notes"] = "; ".join(n for n in (other.get("notes"), note) if n)
         return [(culprit, row), *again]
 
+    def _converse(self, worker: WorkerProcess, request: dict, cells: tuple[Cell, ...]):
+        """Send ``request`` (a cell or a group) and follow the worker's progress to its answer: ``(answer, the cell
+        it was at)``. The worker's plan (``{"plan": ...}``) sets the wait (its timeout plus a grace for its own
+        alarm) and says which cells are predicted to take minutes; each step (``{"at": cell_id}``) restarts it."""
+        key = (cells[0].device, cells[0].dtype)
+        self._timeout_s = budget.seconds(self.settings.cell_timeout_s, cells[0])
+        self._oom_before = oom.snapshot()
+        request = {**request, "settings": asdict(self._unit_settings), "run_id": self.run_id,
+                   "peak_gflops_per_s": self.peaks.get(key)}
+        answer = worker.request(request, self._wait_s())
+        at = cells[0].cell_id
+        while isinstance(answer, dict) and ("at" in answer or "plan" in answer):
+            if "plan" in answer:
+                self._timeout_s = answer["plan"]["timeout_s"]
+                for line in answer["plan"]["announce"]:
+                    print(f"note: {line}", file=sys.stderr, flush=True)
+            else:
+                at = answer["at"]
+            answer = worker.read(self._wait_s())
+        return answer, at
+
+    def _wait_s(self) -> float | None:
+        return self._timeout_s + KILL_GRACE_S if self._timeout_s else None
+
     def _keep_peak(self, key: tuple[str, str], rows: list[dict]) -> None:
         for row in rows:
             peak = row.get("peak_gflops_per_s")
@@ -391,16 +435,21 @@ class WorkerExecutor:
                 self.peaks[key] = peak
 
     def _lost_worker_row(self, cell: Cell, worker: WorkerProcess, answer, process: int) -> dict:
-        """The row of ``cell`` when its worker did not answer: a ``timeout`` (the worker is killed) or an ``error``
-        naming the death; the worker is dropped either way."""
+        """The row of ``cell`` when its worker did not answer: a ``timeout`` (the worker is killed), an ``oom`` (the
+        kernel's OOM killer, as its counters show) or an ``error`` naming the death; the worker is dropped either way."""
         where = dict(worker=f"{worker.label} pid{worker.pid}", cpu_allocator=worker.info["cpu_allocator"],
-                     cpu_binding=worker.info["cpu_binding"], cpu_affinity=worker.info["cpu_affinity"])
+                     cpu_binding=worker.info["cpu_binding"], cpu_affinity=worker.info["cpu_affinity"],
+                     timeout_s=math.nan if self._timeout_s is None else float(self._timeout_s))
         if isinstance(answer, _Timeout):
-            worker.proc.kill()
-            row = failed_row(cell, self.run_id, "timeout", f"cell exceeded its timeout of {self.settings.cell_timeout_s:g} "
-                             "s and did not stop (stuck in native code?); the worker process was killed", **where)
+            worker.kill()
+            row = failed_row(cell, self.run_id, "timeout", f"cell exceeded its timeout of {self._timeout_s:g} s and did "
+                             "not stop (stuck in native code?); the worker process was killed (--cell-timeout SECONDS "
+                             "or none to change it)", **where)
         else:
-            row = failed_row(cell, self.run_id, "error", worker.death(), **where)
+            death = worker.death()
+            why = oom.explain(worker.proc.returncode, self._oom_before, oom.snapshot()) if not worker.killed else None
+            status = "oom" if oom.is_oom(why) else "error"
+            row = failed_row(cell, self.run_id, status, f"{death}: {why}" if why else death, **where)
         self._drop(process)
         return row
 
@@ -409,13 +458,10 @@ class WorkerExecutor:
         worker = self._worker(process)
         if not resolvable(cell.impl, worker.info["names"]):
             return self._here.run_unit((cell,), self._unit_settings)[0]
-        deadline = self.settings.cell_timeout_s + KILL_GRACE_S if self.settings.cell_timeout_s else None
-        key = (cell.device, cell.dtype)
-        answer = worker.request({"cell": asdict(cell), "settings": asdict(self._unit_settings), "run_id": self.run_id,
-                                 "peak_gflops_per_s": self.peaks.get(key)}, deadline)
+        answer, _ = self._converse(worker, {"cell": asdict(cell)}, (cell,))
         if isinstance(answer, dict) and "row" in answer:
             row = normalise_row(answer["row"])
-            self._keep_peak(key, [row])
+            self._keep_peak((cell.device, cell.dtype), [row])
             if self.settings.isolate:
                 self._drop(process)
             return row
@@ -429,7 +475,7 @@ class WorkerExecutor:
     def close(self) -> None:
         """End every worker process (or, inside :func:`shared_workers`, give them back for the next run)."""
         for p in list(self.workers):
-            if self.pool is not None:
+            if self.pool is not None and not self.workers[p].busy:  # a busy one (an interrupted cell) is ended
                 self.pool.give(self._pool_key(p), self.workers.pop(p))
             else:
                 self._drop(p)

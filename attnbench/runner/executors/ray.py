@@ -414,6 +414,8 @@ class RayExecutor:
         """Seconds a job's worker may go without a row: ``cell_timeout_s`` per cell still to come (a group's rows
         come together) plus the grace."""
         t = self.settings.cell_timeout_s
+        if t == "auto":  # each Ray worker's own alarm applies its predicted timeout; the driver cancels nothing
+            return None
         cells = len(job.unit.cells) - job.done if job is not None else 1
         return t * cells + self.kill_grace_s if t else None
 

@@ -10,9 +10,12 @@ each request line on stdin with one line on its protocol pipe:
   ``cpu_*`` columns; NaN travels as JSON's ``NaN``);
 * ``{"group": [cell, ...], ...}`` (a comparison group, timed in alternation) -> ``{"at": cell_id}`` before each step of
   each member (so the runner can name a member that kills the process), then ``{"rows": [...]}``;
+* before measuring a cell or group: ``{"plan": {"timeout_s": ..., "announce": [...]}}``, its timeout in seconds
+  (:mod:`attnbench.runner.budget`) and the lines to say for cells predicted to take minutes;
 * ``{"probe": true}`` -> ``{"probe": {...}}``: the environment as seen from inside (the OpenMP variables,
   each thread's CPUs, whether a large malloc is mmapped).
 
+Its second argument is the driver's pid: the worker dies with it (:mod:`attnbench.runner.executors.orphans`).
 The protocol pipe is the original stdout; fd 1 is pointed at stderr, so whatever an implementation
 prints (from Python or C) cannot corrupt it. End of input ends the process.
 """
@@ -24,7 +27,10 @@ import os
 import sys
 
 
-def _serve(label: str) -> None:
+def _serve(label: str, driver_pid: int | None = None) -> None:
+    from attnbench.runner.executors.orphans import die_with_parent
+
+    die_with_parent(driver_pid)  # first: nothing may outlive the driver, however it dies
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # prints of implementations go to stderr
     from attnbench.measure import cpu_env
@@ -36,7 +42,6 @@ def _serve(label: str) -> None:
     from attnbench import registry
     from attnbench.plugins.exits import plugin_exits
     from attnbench.results.schema import Cell
-    from attnbench.runner.cell import run_cell
     from attnbench.runner.group import measure_unit
     from attnbench.runner.sweep import Settings
 
@@ -63,7 +68,8 @@ def _serve(label: str) -> None:
             warm_cells(cells, peak_known=peak is not None)
             with plugin_exits():  # a plug-in's sys.exit/os._exit is the cell's error, not the worker's death
                 rows = measure_unit(cells, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak,
-                                    on_member=lambda cell_id: send({"at": cell_id}))
+                                    on_member=lambda cell_id: send({"at": cell_id}),
+                                    on_plan=lambda plan: send({"plan": plan}))
             for row in rows:
                 row.update(described, worker=worker)
             send({"rows": rows})
@@ -71,10 +77,12 @@ def _serve(label: str) -> None:
         cell = Cell(**request["cell"])
         warm_cells([cell], peak_known=peak is not None)
         with plugin_exits():
-            row = run_cell(cell, Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak)
+            (row,) = measure_unit([cell], Settings(**request["settings"]), request["run_id"], peak_gflops_per_s=peak,
+                                  on_plan=lambda plan: send({"plan": plan}))
         row.update(described, worker=worker)
         send({"row": row})
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1] if len(sys.argv) > 1 else "worker")
+    _serve(sys.argv[1] if len(sys.argv) > 1 else "worker",
+           int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else None)
