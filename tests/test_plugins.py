@@ -373,5 +373,5 @@ def test_use_cache_with_a_cache_passed_in_is_not_a_kv_cache_class(tmp_path):
         "    def forward(self, hidden_states, past_key_value=None, use_cache=False):"))
     impl = registry.get(f"{path}:LlamaStyleAttention")
     assert impl.kv_cache is False and impl.gqa is True
-    assert "kv_cache: no (forward takes use_cache with past_key_value: the cache is passed in, not kept by the class)" in \
-        impl.factory.evidence
+    assert ("kv_cache: no (forward takes past_key_value, but a probe step returned no next cache: the cache is passed "
+            "in, not kept by the class)") in impl.factory.evidence

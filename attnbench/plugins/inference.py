@@ -25,6 +25,7 @@ import torch
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, SpecConfig, bind, capabilities
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
+from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe_mask
 from attnbench.spec import AttnSpec
 
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
@@ -60,7 +61,7 @@ def config_fields_read(binding: Binding) -> list[str] | None:
     return list(config.__dict__["_attnbench_read"])
 
 
-def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
+def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = None) -> tuple[dict, list[str]]:
     """The variant capabilities of ``target`` (a class or factory, bound as ``binding``) and one line of
     evidence per inference; ``declared`` (``attnbench_capabilities``) wins and is not inferred.
 
@@ -96,7 +97,11 @@ def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
 
     forward = _forward_params(target)
     external = sorted(forward & EXTERNAL_CACHE)
-    if "use_cache" in forward and external and "kv_cache" not in declared:
+    if plan is not None:
+        context_caps, context_lines = infer_context(binding, plan, declared)
+        caps.update(context_caps)
+        lines += context_lines
+    elif "use_cache" in forward and external and "kv_cache" not in declared:
         lines.append(f"kv_cache: no (forward takes use_cache with {external[0]}: the cache is passed in, not kept by the class)")
     elif "use_cache" in forward and "kv_cache" not in declared:
         reset = reset_method(target)
@@ -111,6 +116,50 @@ def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
     for key in sorted(set(declared) & {"gqa", "sliding_window", "non_causal", "kv_cache"}):
         lines.append(f"{key}: {'yes' if declared[key] else 'no'} (declared in attnbench_capabilities)")
     return caps, lines
+
+
+def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
+    """The context ``target.forward`` takes (:func:`~attnbench.plugins.context.plan_for`), its mask and table forms
+    decided on a probe; ``None`` for a ``forward(x)``."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    plan = plan_for(target)
+    if plan is None:
+        return None
+    return probe_mask(binding, plan, SQUARE_PROBE if binding.same_width_only else PROBE)
+
+
+def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[dict, list[str]]:
+    """What a forward that takes its context supports: any mask content (sliding windows, non-causal) when it
+    takes a mask, a KV cache when it returns the next cache on a probe step."""
+    caps: dict = {}
+    lines = list(plan.describe())
+    if plan.mask:
+        for key in ("sliding_window", "non_causal"):
+            if key not in declared:
+                caps[key] = True
+                lines.append(f"{key}: yes (forward takes {plan.mask}: attnbench supplies the mask's content)")
+    if plan.cache and "kv_cache" not in declared:
+        returned = _returns_cache(binding, plan)
+        caps["kv_cache"] = returned is None
+        lines.append(f"kv_cache: yes (forward takes {plan.cache} and returns the next cache; a step is undone by "
+                     f"putting the previous cache back)" if returned is None else
+                     f"kv_cache: no (forward takes {plan.cache}, but {returned}: the cache is passed in, not kept by the class)")
+    return caps, lines
+
+
+def _returns_cache(binding: Binding, plan: ContextPlan) -> str | None:
+    """``None`` when a probe step returns a next cache, else what it does instead, in words."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    try:
+        module = bind_context(binding(probe).eval(), plan, probe)
+        with torch.no_grad():
+            module(torch.randn(1, 3, probe.d_in), use_cache=True)
+    except Exception as exc:
+        return f"a probe step raised {type(exc).__name__}: {exc}"
+    return None if module._attnbench_cache is not None else "a probe step returned no next cache"
 
 
 def _confirm_restorable(binding: Binding, name: str) -> str:
@@ -174,8 +223,9 @@ def implementation_fields(obj, source: str) -> dict:
     if binding.style == "keywords" and "dropout" not in binding.fields:
         inferred["dropout"] = ()  # nothing to pass the rate to: the class has no attention dropout
     declared = capabilities(obj)
-    variants, evidence = infer(obj, binding, declared)
+    plan = plan_with_probe(obj, binding)
+    variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
-    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields)
+    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields, context=plan)
     factory.evidence = evidence
     return {"factory": factory, **caps, "source": caps.get("source", source)}

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
+from attnbench.plugins.context import bind_context
 from attnbench.spec import AttnSpec
 from attnbench.weights import NAMES, Adapter, CanonicalWeights, random_weights
 
@@ -402,8 +403,9 @@ class PluginFactory:
     """A user's constructor (bound by :mod:`~attnbench.plugins.binding`) whose modules carry a discovered
     weight layout as ``weight_adapter`` (unless they bring their own)."""
 
-    def __init__(self, binding, has_qkv_bias: bool) -> None:
+    def __init__(self, binding, has_qkv_bias: bool, context=None) -> None:
         self.binding = binding
+        self.context = context  # a plugins.context.ContextPlan: forward takes its mask, rotary tables, cache
         self.has_qkv_bias = has_qkv_bias
         self._layouts: dict[bool, Layout] = {}
         self.evidence: list[str] = []  # what was inferred about the class and why (plugins.inference), for check -v
@@ -413,6 +415,8 @@ class PluginFactory:
         module = self.binding(spec)
         if not isinstance(module, nn.Module):
             return module
+        if self.context is not None:
+            bind_context(module, self.context, spec)
         module.register_forward_hook(_first_of_tuple)
         if not isinstance(getattr(module, "weight_adapter", None), Adapter):
             object.__setattr__(module, "weight_adapter", self.layout(spec, module).adapter())
@@ -465,9 +469,10 @@ def _first_of_tuple(module: nn.Module, args, output):
     return output
 
 
-def with_layout(binding, has_qkv_bias: bool) -> PluginFactory:
-    """``binding`` as an implementation factory whose modules carry their discovered weight layout."""
-    return PluginFactory(binding, has_qkv_bias)
+def with_layout(binding, has_qkv_bias: bool, context=None) -> PluginFactory:
+    """``binding`` as an implementation factory whose modules carry their discovered weight layout (and, with a
+    :class:`~attnbench.plugins.context.ContextPlan`, get their forward's context bound)."""
+    return PluginFactory(binding, has_qkv_bias, context)
 
 
 def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:

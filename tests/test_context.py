@@ -1,0 +1,124 @@
+"""Forwards that take their context as arguments (attnbench.plugins.context): bound by name, the mask's form
+decided by a probe, a cache passed in and returned; an unsuppliable argument is one error line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench import cli, registry
+from attnbench.correctness.matrix import run_matrix
+from attnbench.errors import PluginLoadError
+from attnbench.plugins.binding import bind
+from attnbench.plugins.context import MaskForm, plan_for, step_mask
+from attnbench.plugins.inference import plan_with_probe
+from attnbench.plugins.loading import import_file
+from attnbench.spec import AttnSpec
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+C = "tests/plugins/context/"
+KINDS = ["forward", "decode", "causality"]
+
+
+def run_cli(argv, capsys):
+    try:
+        cli.main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _plan(repo_cwd, path, cls):
+    target = getattr(import_file(C + path), cls)
+    return plan_with_probe(target, bind(target))
+
+
+def test_step_mask_is_causal_and_windowed_for_a_step():
+    spec = AttnSpec(8, 8, 16, 0.0, 2, window=2)
+    hidden = step_mask(spec, 3, 2)  # queries 3, 4 over keys 0 .. 4
+    assert hidden.shape == (2, 5)
+    assert hidden.tolist() == [[True, True, False, False, True], [True, True, True, False, False]]
+
+
+@pytest.mark.parametrize(("form", "expect"), [
+    ("hidden", MaskForm("hidden")), ("keep", MaskForm("keep")), ("additive", MaskForm("additive")),
+    ("additive4", MaskForm("additive", 4))])
+def test_mask_form_is_decided_by_a_probe(repo_cwd, tmp_path, form, expect):
+    """The same class reading its mask each way: the probe finds each form from causality alone."""
+    use = {"hidden": "scores.masked_fill(mask, -torch.inf)", "keep": "scores.masked_fill(~mask, -torch.inf)",
+           "additive": "scores + mask", "additive4": "scores + mask[:, :, :, :scores.shape[-1]]"}[form]
+    path = tmp_path / "masks.py"
+    path.write_text(f'''
+import torch
+from torch import nn
+class A(nn.Module):
+    def __init__(self, d_in, d_out, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(d_out, d_out)
+    def forward(self, x, mask):
+        b, T, _ = x.shape
+        q, k, v = (p(x).view(b, T, self.h, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.transpose(2, 3) / q.shape[-1] ** 0.5
+        scores = {use}
+        return self.o_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, T, -1))
+''')
+    target = import_file(str(path)).A
+    plan = plan_with_probe(target, bind(target))
+    assert plan.mask == "mask" and plan.mask_form == expect
+    df = run_matrix([f"{path}:A"], kinds=["forward", "causality"])
+    assert (df.status == "pass").any() and not df.status.isin(["fail", "error"]).any(), df.to_string()
+
+
+def test_qwen3_style_plan_indexes_full_tables_and_returns_its_cache(repo_cwd):
+    plan = _plan(repo_cwd, "qwen3.py", "GroupedQueryAttention")
+    assert (plan.mask, plan.tables, plan.position, plan.cache) == ("mask", ("cos", "sin"), "start_pos", "cache")
+    assert plan.full_tables and plan.mask_form == MaskForm("hidden")
+    impl = registry.get(C + "qwen3.py:GroupedQueryAttention")
+    assert impl.kv_cache and impl.gqa and impl.sliding_window
+    assert any(line.startswith("bound cache:") for line in impl.factory.evidence)
+
+
+def test_llama32_style_gets_the_rows_of_its_positions(repo_cwd):
+    plan = _plan(repo_cwd, "llama32.py", "GroupedQueryAttention")
+    assert plan.tables == ("cos", "sin") and not plan.full_tables and plan.position is None and plan.cache is None
+
+
+def test_plain_forward_is_not_bound(repo_cwd):
+    assert plan_for(import_file("tests/plugins/styles/kv_gqa.py").GroupedQueryAttention) is None
+
+
+@pytest.mark.parametrize("name", ["llama32.py:GroupedQueryAttention", "qwen3.py:GroupedQueryAttention"])
+def test_context_styles_pass_unchanged(repo_cwd, name):
+    df = run_matrix([C + name], kinds=KINDS)
+    bad = df[df.status.isin(["fail", "error"])]
+    assert bad.empty, "\n".join(f"{r.kind} {r.shape}: {r.message}" for r in bad.itertuples())
+    assert "pass" in set(df[df.kind == "forward"].status)
+    if name.startswith("qwen3"):
+        assert "pass" in set(df[df.kind == "decode"].status)
+
+
+def test_unsuppliable_argument_is_one_error_line(repo_cwd, capsys):
+    with pytest.raises(PluginLoadError, match="'temperature'"):
+        plan_for(import_file(C + "llama32.py").NeedsTemperature)
+    code, out, err = run_cli(["check", "--impl", C + "llama32.py:NeedsTemperature"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "'temperature'" in lines[0] and "cos, sin" in lines[0] and "Traceback" not in err
+
+
+def test_bound_module_decodes_through_the_cache_it_returns(repo_cwd):
+    impl = registry.get(C + "qwen3.py:GroupedQueryAttention")
+    spec = AttnSpec(16, 16, 12, 0.0, 4, num_kv_heads=2)
+    module = impl.build(spec, "cpu", "float64")
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    with torch.no_grad():
+        full = module(x)
+        module.reset_cache()
+        steps = [module(x[:, :4], use_cache=True), module(x[:, 4:5], use_cache=True), module(x[:, 5:], use_cache=True)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-12)
+    assert module._attnbench_pos == 7 and module._attnbench_cache[0].shape == (2, 2, 7, 4)
