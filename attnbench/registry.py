@@ -33,7 +33,7 @@ from attnbench import plugins
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError, PluginLoadError, UnknownImplementationError
 from attnbench.resolve import Ready, Skip, resolve, set_name_lookup, variant_skip_reason  # noqa: F401  (re-exported)
-from attnbench.spec import AttnSpec
+from attnbench.spec import QK_NORMS, ROPE_STYLES, AttnSpec
 from attnbench.weights import CanonicalWeights, adapter_for, load_weights
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
@@ -59,6 +59,11 @@ class Implementation:
     sliding_window: bool = False  # spec.window is not None
     non_causal: bool = False  # spec.causal is False
     kv_cache: bool = False  # the KV-cache protocol (forward(x, use_cache=True), reset_cache, rewind_cache)
+    # Positional fields of AttnSpec it applies (issue 26); True = all of them, normalised to a tuple.
+    rope: bool | tuple[str, ...] = False  # spec.rope_theta/rope_scaling in these rope_style values
+    qk_norm: bool | tuple[str, ...] = False  # spec.qk_norm in these placements ("head", "full")
+    score_scale: bool = False  # spec.scale (a score scale other than head_dim ** -0.5)
+    softcap: bool = False  # spec.softcap (tanh soft-capping of the scores)
     min_torch: str = "2.0"
     sdpa_backend: str | None = None  # flash | efficient | cudnn: the SDPA backend it forces (asked of PyTorch on CUDA)
     probe: Callable[[torch.device], str | None] | None = field(default=None, compare=False)
@@ -70,6 +75,9 @@ class Implementation:
             value = getattr(self, name)
             if isinstance(value, bool):
                 object.__setattr__(self, name, tuple(self.devices) if value else ())
+        for name, every in (("rope", ROPE_STYLES), ("qk_norm", QK_NORMS)):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (tuple(every) if value else ()) if isinstance(value, bool) else tuple(value))
 
     def supports_backward(self, device: str | torch.device) -> bool:
         """Whether gradients can be taken on ``device``'s type."""
@@ -148,10 +156,11 @@ def _first_line(obj) -> str:
 
 def _class_factory(cls) -> Callable[[AttnSpec], nn.Module]:
     def factory(spec: AttnSpec) -> nn.Module:
-        # The book's constructor, plus the variant fields (num_kv_heads, window, causal) by name when the
-        # spec is a variant: a class declares a variant capability only if its constructor takes them.
+        # The book's constructor, plus the variant and positional fields (num_kv_heads, window, causal; rope_theta,
+        # qk_norm, scale, ...) by name when they differ from the defaults: a class declares such a capability only
+        # if its constructor takes them.
         return cls(spec.d_in, spec.d_out, spec.context_length, spec.dropout, spec.num_heads, qkv_bias=spec.qkv_bias,
-                   **spec.variant_kwargs())
+                   **spec.variant_kwargs(), **spec.positional_kwargs())
 
     factory.__name__ = f"{cls.__name__}_factory"
     return factory

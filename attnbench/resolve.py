@@ -58,6 +58,12 @@ class Request:
     num_kv_heads: int | None = None  # None: as many as num_heads (MHA)
     window: int | None = None  # None: full attention
     causal: bool = True
+    # Positional fields (issue 26), as in AttnSpec; None / "half": off
+    rope_theta: float | None = None
+    rope_style: str = "half"
+    qk_norm: str | None = None
+    scale: float | None = None
+    softcap: float | None = None
 
     @property
     def train(self) -> bool:
@@ -206,11 +212,12 @@ def kv_heads_rule(impl, req: Request) -> str | None:
 def variant_skip_reason(impl, spec, mode: str = "inference") -> str | None:
     """Why ``impl`` cannot compute ``spec``'s variant in ``mode``, or ``None`` when it can.
 
-    The one rule for attention variants and decoding, from the capabilities the implementation
-    declares (``gqa``, ``sliding_window``, ``non_causal``, ``kv_cache``); used by ``attnbench run``,
-    ``attnbench check``, ``attnbench profile`` and the asv suite.
+    The one rule for attention variants, the positional fields and decoding, from the capabilities the
+    implementation declares (``gqa``, ``sliding_window``, ``non_causal``, ``kv_cache``; ``rope``, ``qk_norm``,
+    ``score_scale``, ``softcap``); used by ``attnbench run``, ``attnbench check``, ``attnbench profile`` and the
+    asv suite. ``spec`` is an ``AttnSpec`` or anything with its attribute names (absent positional ones: off).
     """
-    missing = []
+    missing = positional_missing(impl, spec)
     if spec.kv_heads != spec.num_heads and not impl.gqa:
         missing.append(f"grouped/multi-query attention (num_kv_heads={spec.kv_heads} < num_heads={spec.num_heads})")
     if spec.window is not None and not impl.sliding_window:
@@ -225,12 +232,29 @@ def variant_skip_reason(impl, spec, mode: str = "inference") -> str | None:
     return f"does not support {' or '.join(missing)}" if missing else None
 
 
+def positional_missing(impl, spec) -> list[str]:
+    """The positional fields of ``spec`` (RoPE and its style, QK-norm and its placement, scale, cap) ``impl`` lacks."""
+    missing = []
+    theta, style = getattr(spec, "rope_theta", None), getattr(spec, "rope_style", "half")
+    if theta is not None and style not in getattr(impl, "rope", ()):
+        missing.append(f"rotary position embeddings in the {style!r} style (rope_theta={theta:g})")
+    norm = getattr(spec, "qk_norm", None)
+    if norm is not None and norm not in getattr(impl, "qk_norm", ()):
+        missing.append(f"QK-norm over {'each head' if norm == 'head' else 'the whole projection'} (qk_norm={norm!r})")
+    if getattr(spec, "scale", None) is not None and not getattr(impl, "score_scale", False):
+        missing.append(f"a score scale other than head_dim ** -0.5 (scale={spec.scale:g})")
+    if getattr(spec, "softcap", None) is not None and not getattr(impl, "softcap", False):
+        missing.append(f"soft-capping of the scores (softcap={spec.softcap:g})")
+    return missing
+
+
 def variant_rule(impl, req: Request) -> str | None:
     """GQA/MQA, sliding windows, non-causal attention and decode (a KV cache): what the implementation declares
     (:func:`variant_skip_reason`)."""
     heads = req.num_heads or 1
     asked = types.SimpleNamespace(num_heads=heads, kv_heads=req.num_kv_heads or heads, window=req.window,
-                                  causal=req.causal)
+                                  causal=req.causal, rope_theta=req.rope_theta, rope_style=req.rope_style,
+                                  qk_norm=req.qk_norm, scale=req.scale, softcap=req.softcap)
     return variant_skip_reason(impl, asked, req.mode or "inference")
 
 
@@ -256,6 +280,10 @@ def set_name_lookup(lookup: Callable) -> None:
 
 
 
+POSITIONAL_FIELDS = ("rope_theta", "rope_style", "qk_norm", "scale", "softcap")
+"""The positional fields a :class:`Request` carries from a spec or a cell (issue 26)."""
+
+
 def request_for(target=None, **given) -> Request:
     """A :class:`Request` from a results ``Cell``, an ``AttnSpec``, a ``Request`` or nothing, plus keyword fields.
 
@@ -268,10 +296,12 @@ def request_for(target=None, **given) -> Request:
     elif target is not None and hasattr(target, "d_model"):  # attnbench.results.schema.Cell
         fields = dict(device=target.device, dtype=target.dtype, mode=target.mode, d_in=target.d_model,
                       d_out=target.d_model, num_heads=target.num_heads, batch=target.batch, seq_len=target.seq_len,
-                      cache=target.cache, num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal)
+                      cache=target.cache, num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
+                      **{k: getattr(target, k) for k in POSITIONAL_FIELDS if getattr(target, k, None) is not None})
     elif target is not None:  # attnbench.spec.AttnSpec
         fields = dict(d_in=target.d_in, d_out=target.d_out, num_heads=target.num_heads, dropout=float(target.dropout),
-                      num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal)
+                      num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
+                      **{k: getattr(target, k) for k in POSITIONAL_FIELDS})
     fields.update({k: v for k, v in given.items() if v is not None})
     if "device" in fields:
         fields["device"] = str(fields["device"]).strip().lower()

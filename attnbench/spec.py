@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import dataclass
 
 import torch
 
 from attnbench.errors import InputShapeError, InvalidSpecError
+
+ROPE_STYLES = ("half", "interleaved")
+"""RoPE conventions: ``half`` rotates ``x[:hd/2]`` with ``x[hd/2:]`` (Llama/HF/NeoX ``rotate_half``);
+``interleaved`` rotates adjacent pairs ``(x[2i], x[2i+1])`` (GPT-J, the original Meta code)."""
+QK_NORMS = ("head", "full")
+"""QK-norm placements: ``head`` = RMSNorm over ``head_dim`` per head (Qwen3, Gemma 3); ``full`` = over the whole
+q (``d_out``) and k (``kv_dim``) projection (OLMo)."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 frequency scaling of RoPE (HF ``rope_type="llama3"``): wavelengths longer than
+    ``original_context_length / low_freq_factor`` are divided by ``factor``, shorter than
+    ``original_context_length / high_freq_factor`` kept, those between interpolated smoothly."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context_length: int = 8192
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0 or not self.original_context_length > 0:
+            raise InvalidSpecError(f"rope_scaling needs factor > 0 and original_context_length > 0, got {self}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise InvalidSpecError(f"rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                                   f"{self.low_freq_factor} and {self.high_freq_factor}")
 
 
 @dataclass(frozen=True)
@@ -25,6 +52,11 @@ class AttnSpec:
       ``w - 1`` tokens (a sliding window);
     * ``causal``: ``False`` for bidirectional (encoder) attention, where every token sees every token
       (of its window, when there is one: ``|i - j| < w``).
+
+    Positional fields (issue 26; every default means "off"), applied in this order by the reference:
+    projection -> ``qk_norm`` (RMSNorm with eps ``norm_eps`` and its own gains for q and k) -> RoPE of base
+    ``rope_theta`` in ``rope_style`` at absolute positions (with ``rope_scaling``) -> scores * ``score_scale``
+    (``scale``, or ``head_dim ** -0.5``) -> ``softcap * tanh(s / softcap)`` -> mask -> softmax.
     """
 
     d_in: int
@@ -36,6 +68,13 @@ class AttnSpec:
     num_kv_heads: int | None = None
     window: int | None = None
     causal: bool = True
+    rope_theta: float | None = None  # None: no rotary position embeddings
+    rope_style: str = "half"  # ROPE_STYLES
+    rope_scaling: RopeScaling | None = None  # Llama-3 frequency scaling (needs rope_theta)
+    qk_norm: str | None = None  # QK_NORMS, or None
+    norm_eps: float = 1e-6
+    scale: float | None = None  # score scale; None = head_dim ** -0.5
+    softcap: float | None = None  # tanh soft-capping of the scores; None = off
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_out", "context_length", "num_heads"):
@@ -64,6 +103,29 @@ class AttnSpec:
                                    "or None for full attention")
         if not isinstance(self.causal, bool):
             raise InvalidSpecError(f"causal must be True or False, got {self.causal!r}")
+        self._check_positional()
+
+    def _check_positional(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise InvalidSpecError(f"{name} must be a positive number or None (off), got {value!r}")
+
+        for name in ("rope_theta", "scale", "softcap", "norm_eps"):
+            positive(name)
+        if self.rope_style not in ROPE_STYLES:
+            raise InvalidSpecError(f"rope_style={self.rope_style!r}; use one of {', '.join(ROPE_STYLES)}")
+        if self.rope_theta is not None and self.head_dim % 2:
+            raise InvalidSpecError(f"RoPE rotates pairs of dimensions: head_dim={self.head_dim} must be even "
+                                   "(choose d_out and num_heads so d_out // num_heads is even, or rope_theta=None)")
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, RopeScaling):
+                raise InvalidSpecError(f"rope_scaling must be an attnbench.spec.RopeScaling, got {self.rope_scaling!r}")
+            if self.rope_theta is None:
+                raise InvalidSpecError("rope_scaling needs rope_theta (scaling changes RoPE's frequencies)")
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise InvalidSpecError(f"qk_norm={self.qk_norm!r}; use one of {', '.join(QK_NORMS)} or None")
 
     @property
     def head_dim(self) -> int:
@@ -85,6 +147,32 @@ class AttnSpec:
         """Whether this is anything but the book's causal multi-head attention (GQA/MQA, a window, non-causal)."""
         return self.kv_heads != self.num_heads or self.window is not None or not self.causal
 
+    @property
+    def score_scale(self) -> float:
+        """What scores are multiplied by: ``scale``, or ``head_dim ** -0.5`` when it is ``None``."""
+        return self.head_dim ** -0.5 if self.scale is None else float(self.scale)
+
+    @property
+    def is_positional(self) -> bool:
+        """Whether any positional field (RoPE, QK-norm, score scale, soft-capping) is set."""
+        return bool(self.positional_kwargs())
+
+    def positional_kwargs(self) -> dict:
+        """The positional fields (issue 26) that differ from their defaults (``rope_style`` and ``norm_eps``
+        only when RoPE resp. QK-norm is on)."""
+        out: dict = {}
+        if self.rope_theta is not None:
+            out.update(rope_theta=self.rope_theta, rope_style=self.rope_style)
+            if self.rope_scaling is not None:
+                out["rope_scaling"] = self.rope_scaling
+        if self.qk_norm is not None:
+            out.update(qk_norm=self.qk_norm, norm_eps=self.norm_eps)
+        if self.scale is not None:
+            out["scale"] = self.scale
+        if self.softcap is not None:
+            out["softcap"] = self.softcap
+        return out
+
     def variant_kwargs(self) -> dict:
         """The variant fields that differ from the book's defaults (what a variant-aware constructor takes)."""
         out: dict = {}
@@ -98,9 +186,14 @@ class AttnSpec:
 
     def kwargs(self) -> dict:
         """The constructor's keyword arguments, in the book's order, plus the variant fields that differ
-        from the defaults (so ``AttnSpec(**spec.kwargs()) == spec``)."""
-        book = {k: v for k, v in asdict(self).items() if k not in ("num_kv_heads", "window", "causal")}
-        return {**book, **self.variant_kwargs()}
+        from the defaults, plus the positional fields that differ (so ``AttnSpec(**spec.kwargs()) == spec``)."""
+        book = {k: getattr(self, k) for k in ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")}
+        out = {**book, **self.variant_kwargs(), **self.positional_kwargs()}
+        if self.norm_eps != 1e-6:
+            out["norm_eps"] = self.norm_eps
+        if self.rope_style != "half":
+            out["rope_style"] = self.rope_style
+        return out
 
     def check_input(self, x: torch.Tensor) -> None:
         """Raise :class:`InputShapeError` unless ``x`` is ``(b, T, d_in)`` with ``1 <= T <= context_length``."""

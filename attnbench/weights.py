@@ -26,6 +26,8 @@ from attnbench.errors import PluginLoadError
 from attnbench.spec import AttnSpec
 
 NAMES = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "W_o", "b_o")
+GAIN_NAMES = ("g_q", "g_k")
+"""The effective QK-norm gains (issue 26): present exactly when ``spec.qk_norm`` is set."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class CanonicalWeights:
     b_v: torch.Tensor | None
     W_o: torch.Tensor  # (d_out, d_out)
     b_o: torch.Tensor  # (d_out,)
+    # The EFFECTIVE RMSNorm gains of QK-norm (what multiplies the normalised vector, e.g. Gemma's 1 + scale):
+    # (head_dim,) each for qk_norm="head"; (d_out,) resp. (kv_dim,) for "full"; None without QK-norm.
+    g_q: torch.Tensor | None = None
+    g_k: torch.Tensor | None = None
 
     def items(self) -> list[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` pairs of the parameters that exist, in canonical order."""
@@ -62,12 +68,24 @@ class CanonicalWeights:
         kv = spec.kv_dim
         want = {"W_q": (spec.d_out, spec.d_in), "W_k": (kv, spec.d_in), "W_v": (kv, spec.d_in),
                 "b_q": (spec.d_out,), "b_k": (kv,), "b_v": (kv,),
-                "W_o": (spec.d_out, spec.d_out), "b_o": (spec.d_out,)}
+                "W_o": (spec.d_out, spec.d_out), "b_o": (spec.d_out,), **gain_shapes(spec)}
         for name, t in self.items():
-            if tuple(t.shape) != want[name]:
-                raise ValueError(f"canonical {name} has shape {tuple(t.shape)}, expected {want[name]}")
+            if tuple(t.shape) != want.get(name, ()):
+                raise ValueError(f"canonical {name} has shape {tuple(t.shape)}, expected {want.get(name)}")
         if (self.b_q is None) == spec.qkv_bias:
             raise ValueError(f"spec.qkv_bias={spec.qkv_bias} but the weights {'lack' if spec.qkv_bias else 'have'} q/k/v biases")
+        if (self.g_q is None or self.g_k is None) == (spec.qk_norm is not None):
+            raise ValueError(f"spec.qk_norm={spec.qk_norm!r} but the weights {'lack' if spec.qk_norm else 'have'} "
+                             "QK-norm gains g_q/g_k")
+
+
+def gain_shapes(spec: AttnSpec) -> dict[str, tuple[int]]:
+    """The shapes of ``g_q`` and ``g_k`` for ``spec.qk_norm`` (empty without QK-norm)."""
+    if spec.qk_norm == "head":
+        return {"g_q": (spec.head_dim,), "g_k": (spec.head_dim,)}
+    if spec.qk_norm == "full":
+        return {"g_q": (spec.d_out,), "g_k": (spec.kv_dim,)}
+    return {}
 
 
 def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.float64,
@@ -95,11 +113,16 @@ def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.flo
         return draw(rows, std=s_b) if spec.qkv_bias else None
 
     kv = spec.kv_dim
-    return CanonicalWeights(
+    w = CanonicalWeights(
         W_q=draw(spec.d_out, spec.d_in, std=s_in), W_k=draw(kv, spec.d_in, std=s_in),
         W_v=draw(kv, spec.d_in, std=s_in), b_q=bias(spec.d_out), b_k=bias(kv), b_v=bias(kv),
         W_o=draw(spec.d_out, spec.d_out, std=s_out), b_o=draw(spec.d_out, std=s_b),
     )
+    # QK-norm gains in [0.5, 1.5) drawn after the matrices (so the matrices are those of the spec without
+    # QK-norm), never 1 and different for q and k: an order bug or a shared gain changes the output.
+    gains = {n: (0.5 + torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
+             for n, shape in gain_shapes(spec).items()}
+    return replace(w, **gains)
 
 
 @dataclass(frozen=True)

@@ -113,9 +113,11 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 1e-12) -> flo
     return float((out64 - ref64).abs().max() / scale)
 
 
-def reference(x: torch.Tensor, w: CanonicalWeights, spec: AttnSpec) -> torch.Tensor:
-    """``spec``'s variant (GQA/MQA, window, causal or not) computed by the reference in the dtype of ``x`` and ``w``."""
-    return reference_forward(x, w, spec.num_heads, window=spec.window, causal=spec.causal)
+def reference(x: torch.Tensor, w: CanonicalWeights, spec: AttnSpec, start_pos: int = 0) -> torch.Tensor:
+    """``spec``'s variant (GQA/MQA, window, causal or not; RoPE, QK-norm, scale, cap) computed by the reference in
+    the dtype of ``x`` and ``w``, the tokens of ``x`` at absolute positions ``start_pos, start_pos + 1, ...``."""
+    return reference_forward(x, w, spec.num_heads, window=spec.window, causal=spec.causal, spec=spec,
+                             start_pos=start_pos)
 
 
 # --- the one way to build a module under test ------------------------------------------------------
@@ -133,10 +135,11 @@ class Built:
     spec: AttnSpec
     dtype: str
 
-    def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The float64 reference output for ``x`` (rounded to the case's dtype first, as the module sees it)."""
+    def reference(self, x: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """The float64 reference output for ``x`` (rounded to the case's dtype first, as the module sees it),
+        its tokens at absolute positions from ``start_pos``."""
         x64 = x.detach().cpu().to(DTYPES[self.dtype]).to(torch.float64)
-        return reference(x64, self.weights.to(dtype=torch.float64), self.spec)
+        return reference(x64, self.weights.to(dtype=torch.float64), self.spec, start_pos)
 
     def zeroed(self, w: CanonicalWeights) -> CanonicalWeights:
         """``w`` (unrounded, in its own dtype) with the canonical parameters the module lacks held at zero."""

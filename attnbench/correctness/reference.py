@@ -4,7 +4,8 @@ Written as plainly as possible (one explicit loop over heads, slicing the canoni
 so that it shares no reshape, transpose or mask convention with the implementations under test.
 It implements every variant of :class:`~attnbench.spec.AttnSpec`: grouped-query and multi-query
 attention (query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``), sliding windows and
-non-causal attention.
+non-causal attention, and the positional fields (issue 26): QK-norm, RoPE at absolute positions, a score
+scale and soft-capping (:mod:`attnbench.correctness.rope` holds the small functions).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 import torch
 from torch.nn import functional as F
 
+from attnbench.correctness.rope import apply_rope, rms_norm, rope_tables
+from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
 
 
@@ -32,30 +35,49 @@ def allowed_pairs(T_q: int, T_k: int, window: int | None = None, causal: bool = 
 
 
 def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, window: int | None = None,
-                      causal: bool = True) -> torch.Tensor:
+                      causal: bool = True, spec: AttnSpec | None = None, start_pos: int = 0) -> torch.Tensor:
     """Multi-head attention of ``x`` ``(b, T, d_in)`` with canonical weights ``w``; returns ``(b, T, d_out)``.
 
     The number of kv heads is read from ``w.W_k``'s rows (``num_kv_heads * head_dim``). Computed in the
-    dtype of its inputs (pass float64 for the reference); no dropout.
+    dtype of its inputs (pass float64 for the reference); no dropout. With ``spec``, its positional fields
+    apply in this order: QK-norm (gains ``w.g_q``, ``w.g_k``) -> RoPE at the absolute positions
+    ``start_pos + i`` -> scores * ``spec.score_scale`` -> soft-capping -> mask -> softmax.
     """
     b, T, _ = x.shape
     d_out = w.W_q.shape[0]
     hd = d_out // num_heads
-    num_kv_heads = w.W_k.shape[0] // hd
-    group = num_heads // num_kv_heads  # query heads per kv head
+    group = num_heads // (w.W_k.shape[0] // hd)  # query heads per kv head
     allowed = allowed_pairs(T, T, window, causal, device=x.device)
+    q, k = _queries_keys(x, w, hd, spec, start_pos)  # (b, T, heads, hd) each, normed and rotated
+    v = F.linear(x, w.W_v, w.b_v).unflatten(-1, (-1, hd))
+    scale = spec.score_scale if spec is not None else 1 / math.sqrt(hd)
     heads = []
     for h in range(num_heads):
-        q_rows = slice(h * hd, (h + 1) * hd)
         kv = h // group
-        kv_rows = slice(kv * hd, (kv + 1) * hd)
-
-        def proj(W, bias, rows):
-            return F.linear(x, W[rows], None if bias is None else bias[rows])  # (b, T, hd)
-
-        q, k, v = proj(w.W_q, w.b_q, q_rows), proj(w.W_k, w.b_k, kv_rows), proj(w.W_v, w.b_v, kv_rows)
-        scores = torch.einsum("bid,bjd->bij", q, k) / math.sqrt(hd)  # (b, T, T)
+        scores = torch.einsum("bid,bjd->bij", q[:, :, h], k[:, :, kv]) * scale  # (b, T, T)
+        if spec is not None and spec.softcap is not None:
+            scores = spec.softcap * torch.tanh(scores / spec.softcap)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        heads.append(torch.softmax(scores, dim=-1) @ v)  # (b, T, hd)
+        heads.append(torch.softmax(scores, dim=-1) @ v[:, :, kv])  # (b, T, hd)
     context = torch.cat(heads, dim=-1)  # (b, T, d_out), head h in columns h*hd:(h+1)*hd
     return F.linear(context, w.W_o, w.b_o)
+
+
+def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec | None,
+                  start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys ``(b, T, heads, hd)``: projected, QK-normed, rotated at ``start_pos + i`` as ``spec`` says."""
+    q, k = F.linear(x, w.W_q, w.b_q), F.linear(x, w.W_k, w.b_k)  # (b, T, d_out), (b, T, kv_dim)
+    norm = spec.qk_norm if spec is not None else None
+    if norm is not None and (w.g_q is None or w.g_k is None):
+        raise ValueError(f"spec.qk_norm={norm!r} needs canonical gains g_q and g_k (random_weights draws them)")
+    if norm == "full":
+        q, k = rms_norm(q, w.g_q, spec.norm_eps), rms_norm(k, w.g_k, spec.norm_eps)
+    q, k = q.unflatten(-1, (-1, hd)), k.unflatten(-1, (-1, hd))
+    if norm == "head":
+        q, k = rms_norm(q, w.g_q, spec.norm_eps), rms_norm(k, w.g_k, spec.norm_eps)
+    if spec is not None and spec.rope_theta is not None:
+        positions = range(start_pos, start_pos + x.shape[1])
+        cos, sin = rope_tables(positions, hd, spec.rope_theta, spec.rope_scaling, spec.rope_style, dtype=x.dtype)
+        q = apply_rope(q.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
+        k = apply_rope(k.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
+    return q, k

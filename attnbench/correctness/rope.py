@@ -1,0 +1,65 @@
+"""Rotary position embeddings and RMSNorm, as small functions (the reference's and the built-in ``rope`` family's).
+
+Conventions (:data:`attnbench.spec.ROPE_STYLES`): ``half`` pairs dimension ``j`` with ``j + head_dim/2``
+(``rotate_half``: Llama/HF/NeoX), ``interleaved`` pairs ``2j`` with ``2j + 1`` (GPT-J, the original Meta code);
+pair ``j`` turns by ``position * inv_freq[j]`` in both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from attnbench.spec import RopeScaling
+
+
+def inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None,
+             dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``(head_dim // 2,)`` angular frequencies ``theta ** (-2j / head_dim)``, Llama-3-scaled when ``scaling`` is given."""
+    freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is not None:
+        freq = llama3_scaled(freq, scaling)
+    return freq.to(dtype)
+
+
+def llama3_scaled(freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama-3 frequency scaling: long wavelengths divided by ``factor``, short kept, the band between blended."""
+    wavelen = 2 * math.pi / freq
+    long_wave = s.original_context_length / s.low_freq_factor
+    short_wave = s.original_context_length / s.high_freq_factor
+    smooth = (s.original_context_length / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * freq / s.factor + smooth * freq
+    out = torch.where(wavelen > long_wave, freq / s.factor, freq)
+    return torch.where((wavelen >= short_wave) & (wavelen <= long_wave), blended, out)
+
+
+def rope_tables(positions: Sequence[int] | torch.Tensor, head_dim: int, theta: float,
+                scaling: RopeScaling | None = None, style: str = "half",
+                dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)``, each ``(len(positions), head_dim)``: the angle of pair ``j`` at ``positions[t]`` in the
+    columns ``style`` gives it (``half``: ``cat(a, a)``; ``interleaved``: ``repeat_interleave(a, 2)``)."""
+    pos = torch.as_tensor(positions, dtype=torch.float64).reshape(-1, 1)
+    angles = pos * inv_freq(head_dim, theta, scaling)[None, :]  # (T, head_dim // 2)
+    full = torch.cat([angles, angles], dim=-1) if style == "half" else angles.repeat_interleave(2, dim=-1)
+    return full.cos().to(dtype), full.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, style: str = "half") -> torch.Tensor:
+    """The quarter turn of every pair of ``x`` ``(..., head_dim)``: ``(a, b) -> (-b, a)``."""
+    if style == "half":
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([-second, first], dim=-1)
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half") -> torch.Tensor:
+    """``x`` ``(..., T, head_dim)`` rotated by tables ``(T, head_dim)`` (:func:`rope_tables`)."""
+    return x * cos.to(x.dtype) + rotate(x, style) * sin.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x**2) + eps) * gain``."""
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * gain.to(x.dtype)
