@@ -34,6 +34,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # evidence of a sliding window: it can size a cache (the book's optimized KV cache), see WINDOW_EVIDENCE
     "window": ("window", "sliding_window", "sliding_window_size", "attention_window", "window_size"),
     "causal": ("causal", "is_causal"),
+    # issue 26: what a class that owns its RoPE, QK-norm, score scale or soft-capping is built with
+    "rope_theta": ("rope_theta", "theta", "base", "rope_base", "rotary_base", "rotary_emb_base"),
+    "qk_norm": ("qk_norm", "use_qk_norm", "qk_layernorm"),
+    "norm_eps": ("norm_eps", "rms_norm_eps", "qk_norm_eps"),
+    "query_pre_attn_scalar": ("query_pre_attn_scalar",),
+    "softcap": ("softcap", "attn_logit_softcapping", "logit_softcapping", "softcapping"),
 }
 """Spec field -> the constructor parameter (and config field) names it binds to."""
 
@@ -59,6 +65,8 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     values = {f.name: getattr(spec, f.name) for f in fields(spec)}
     values["num_kv_heads"] = getattr(spec, "num_kv_heads", None) or spec.num_heads
     values["head_dim"] = spec.head_dim
+    scale = getattr(spec, "scale", None)  # Gemma: scores * query_pre_attn_scalar ** -0.5
+    values["query_pre_attn_scalar"] = scale ** -2 if scale is not None else spec.head_dim
     return values
 
 

@@ -169,12 +169,14 @@ def rope_rows(spec: AttnSpec, positions: torch.Tensor, style: str, dtype, device
 
 
 def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, cache, decoding: bool) -> dict:
-    """The keyword arguments of one call: ``x`` holds tokens ``start .. start + T - 1``."""
+    """The keyword arguments of one call: ``x`` holds tokens ``start .. start + T - 1``; the keys are those of the
+    cache (positions from 0) and ``x`` when decoding, else those of ``x`` alone."""
     T, device, dtype = x.shape[1], x.device, x.dtype if x.is_floating_point() else torch.float32
     kwargs: dict = {}
     if plan.mask:
         form = plan.mask_form or MASK_FORMS[0]
-        kwargs[plan.mask] = form.make(step_mask(spec, start, T, device), dtype)
+        hidden = step_mask(spec, start, T, device)
+        kwargs[plan.mask] = form.make(hidden if decoding else hidden[:, start:], dtype)
     if plan.tables:
         rows = torch.arange(spec.context_length if plan.full_tables else T, device=device)
         cos, sin = rope_rows(spec, rows if plan.full_tables else rows + start, "half", dtype, device)
@@ -203,16 +205,16 @@ def _split(result, plan: ContextPlan):
 
 
 def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Module:
-    """``module`` rebound to ``forward(x, use_cache=False)`` (and ``reset_cache()`` when it takes a cache), its
-    context supplied by ``plan`` for ``spec``: its class is replaced by a subclass made for it (as
+    """``module`` rebound to ``forward(x, use_cache=False, start_pos=0)`` (``start_pos``: where a prefill without the
+    cache starts) and ``reset_cache()``, its context supplied by ``plan`` for ``spec``: its class is replaced by a subclass made for it (as
     ``torch.nn.utils.parametrize`` does), so parameter names, hooks and ``.to()`` are unchanged."""
     base = type(module)
     original = base.forward
     own_reset = next((getattr(base, n) for n in ("reset_cache", "reset_kv_cache", "clear_cache")
                       if callable(getattr(base, n, None))), None)
 
-    def forward(self, x, use_cache: bool = False):
-        start = self._attnbench_pos if use_cache else 0
+    def forward(self, x, use_cache: bool = False, start_pos: int = 0):
+        start = self._attnbench_pos if use_cache else start_pos
         cache = self._attnbench_cache if use_cache else None
         out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan)
         if use_cache:

@@ -95,6 +95,9 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
         caps["non_causal"] = True
         lines.append(f"non_causal: yes ({where} {causal_names[0]})")
 
+    positional, positional_lines = infer_positional(binding, names, where, declared)
+    caps.update(positional)
+    lines += positional_lines
     forward = _forward_params(target)
     external = sorted(forward & EXTERNAL_CACHE)
     if plan is not None:
@@ -118,6 +121,52 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     return caps, lines
 
 
+def infer_positional(binding: Binding, names: set[str], where: str, declared: dict) -> tuple[dict, list[str]]:
+    """RoPE, QK-norm, score scale and soft-capping a class owns, from its constructor's (or config's) names and
+    its q/k norms on a probe. ``requires`` lists the fields it always applies (a spec without them is skipped)."""
+    caps: dict = {}
+    lines: list[str] = []
+    requires: list[str] = []
+    theta = [n for n in ALIASES["rope_theta"] if n in names]
+    if theta and "rope" not in declared:
+        caps["rope"] = ("half",)
+        requires.append("rope_theta")
+        lines.append(f"rope: half ({where} {theta[0]}: the class builds its own tables, with the theta the spec gives; "
+                     "declare attnbench_capabilities = {'rope': ('interleaved',)} for GPT-J/Meta pairs)")
+    switch = [n for n in ALIASES["qk_norm"] if n in names]
+    placement = _norm_placement(binding, "head" if switch else None)
+    if placement and "qk_norm" not in declared:
+        caps["qk_norm"] = (placement,)
+        if not switch:
+            requires.append("qk_norm")
+        lines.append(f"qk_norm: {placement} ({f'{where} {switch[0]}; ' if switch else 'always on: '}its q/k norms "
+                     f"are {'per head' if placement == 'head' else 'over the whole projection'} on a probe)")
+    for key, field in (("score_scale", "query_pre_attn_scalar"), ("softcap", "softcap")):
+        found = [n for n in ALIASES[field] if n in names]
+        if found and key not in declared:
+            caps[key] = True
+            lines.append(f"{key}: yes ({where} {found[0]})")
+    if requires:
+        caps["requires"] = tuple(requires)
+    return caps, lines
+
+
+def _norm_placement(binding: Binding, qk_norm: str | None) -> str | None:
+    """Where the class's q/k norms sit (``head`` or ``full``) when built on a probe with ``qk_norm``; ``None``
+    when it has none there (or does not build)."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+    from attnbench.plugins.qk_norm import NormError, find_gains
+
+    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, qk_norm=qk_norm)
+    try:
+        gains = find_gains(binding(probe), probe)
+    except NormError as exc:
+        raise PluginLoadError(f"{getattr(binding.target, '__qualname__', binding.target)}'s QK-norm: {exc} ({GUIDE})") from None
+    except Exception:  # does not build at the probe's sizes: the cases show what it does
+        return None
+    return gains[0].placement if gains else None
+
+
 def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
     """The context ``target.forward`` takes (:func:`~attnbench.plugins.context.plan_for`), its mask and table forms
     decided on a probe; ``None`` for a ``forward(x)``."""
@@ -134,6 +183,9 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
     takes a mask, a KV cache when it returns the next cache on a probe step."""
     caps: dict = {}
     lines = list(plan.describe())
+    if plan.tables and "rope" not in declared:
+        caps["rope"] = (plan.rope_style,)
+        lines.append(f"rope: {plan.rope_style} (forward takes {', '.join(plan.tables)}: attnbench supplies the spec's tables)")
     if plan.mask:
         for key in ("sliding_window", "non_causal"):
             if key not in declared:
@@ -226,6 +278,7 @@ def implementation_fields(obj, source: str) -> dict:
     plan = plan_with_probe(obj, binding)
     variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
-    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields, context=plan)
+    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields, context=plan,
+                          requires=caps.pop("requires", ()))
     factory.evidence = evidence
     return {"factory": factory, **caps, "source": caps.get("source", source)}
