@@ -166,10 +166,10 @@ def test_binding_positional_only_when_names_say_nothing():
 
 def test_binding_unknown_required_parameter_is_one_clear_error():
     class M(torch.nn.Module):
-        def __init__(self, d_model, n_heads, rotary_base):
+        def __init__(self, d_model, n_heads, rotary_pct):
             super().__init__()
 
-    with pytest.raises(PluginLoadError, match=r"'rotary_base'.*make_attention\(spec\)"):
+    with pytest.raises(PluginLoadError, match=r"'rotary_pct'.*make_attention\(spec\)"):
         bind(M)
 
 
