@@ -179,8 +179,8 @@ def test_config_object_carries_every_codebase_s_names():
     assert (config.attn_pdrop, config.resid_pdrop) == (0.1, 0.0)  # residual dropout: 0 (README)
     assert (config.hidden_size, config.num_attention_heads, config["max_position_embeddings"]) == (32, 4, 16)
     assert config.attention_dropout == 0.1 and config.head_dim == 8 and getattr(config, "missing", None) is None
-    with pytest.raises(AttributeError, match="no field 'rope_theta'"):
-        config.rope_theta  # noqa: B018
+    with pytest.raises(AttributeError, match="no field 'partial_rotary_factor'"):
+        config.partial_rotary_factor  # noqa: B018
 
 
 def test_constructor_without_dropout_declares_none(repo_cwd):

@@ -52,7 +52,7 @@ def config_fields_read(binding: Binding) -> list[str] | None:
         return None
     from attnbench.plugins.layout import SQUARE_PROBE
 
-    config = SpecConfig.for_spec(replace(SQUARE_PROBE, num_kv_heads=2))
+    config = SpecConfig.for_spec(replace(SQUARE_PROBE, num_kv_heads=2, rope_theta=10000.0))  # a class may need a theta
     config.__dict__["_attnbench_read"] = []
     try:
         binding.target(**{binding.config_param: config})
