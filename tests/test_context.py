@@ -3,17 +3,22 @@ decided by a probe, a cache passed in and returned; an unsuppliable argument is 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from attnbench import cli, registry
-from attnbench.correctness.matrix import run_matrix
+from attnbench.correctness.cases import Case, Shape
+from attnbench.correctness.decode import run_decode
+from attnbench.correctness.matrix import run_case, run_matrix
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import bind
 from attnbench.plugins.context import MaskForm, plan_for, step_mask
 from attnbench.plugins.inference import plan_with_probe
 from attnbench.plugins.loading import import_file
 from attnbench.spec import AttnSpec
+from attnbench.weights import export_weights, load_weights, random_weights
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -122,3 +127,65 @@ def test_bound_module_decodes_through_the_cache_it_returns(repo_cwd):
         steps = [module(x[:, :4], use_cache=True), module(x[:, 4:5], use_cache=True), module(x[:, 5:], use_cache=True)]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-12)
     assert module._attnbench_pos == 7 and module._attnbench_cache[0].shape == (2, 2, 7, 4)
+
+
+# --- RoPE, QK-norm and scale in the chapter-5 styles, and the bugs that ship in them -----------------------------
+
+ROPE = AttnSpec(16, 16, 16, 0.0, 4, num_kv_heads=2, rope_theta=500.0)
+ROPE_HEAD = replace(ROPE, qk_norm="head")
+GEMMA = replace(ROPE_HEAD, scale=0.3, window=4)
+OLMO = replace(ROPE, qk_norm="full")
+PLAIN = AttnSpec(16, 16, 16, 0.0, 4, num_kv_heads=2)
+
+
+def verdict(name: str, spec: AttnSpec, kind: str = "forward"):
+    impl = registry.get(C + name)
+    case = Case(kind, Shape("rope_test", 2, 12, spec), "float64")
+    return run_decode(impl, case, torch.device("cpu")) if kind == "decode" else run_case(impl, case)
+
+
+@pytest.mark.parametrize(("name", "spec", "kinds"), [
+    ("qwen3.py:GroupedQueryAttention", ROPE_HEAD, ("forward", "backward", "decode")),
+    ("llama32.py:GroupedQueryAttention", ROPE, ("forward",)),
+    ("gemma3.py:GroupedQueryAttention", GEMMA, ("forward", "backward")),
+    ("olmo3.py:Attention", OLMO, ("forward",)),
+    ("hf_rotary.py:RotaryAttention", ROPE, ("forward",)),
+])
+def test_styles_match_the_reference_with_rope_and_qk_norm(repo_cwd, name, spec, kinds):
+    for kind in kinds:
+        r = verdict(name, spec, kind)
+        assert r.status == "pass", (kind, r.message)
+
+
+@pytest.mark.parametrize(("name", "spec", "kind", "passes_at"), [
+    ("qwen3.py:StartPosIgnored", ROPE, "decode", PLAIN),  # RoPE offset ignored when decoding
+    ("qwen3.py:CachedKeyRotatedAgain", ROPE, "decode", PLAIN),
+    ("llama32.py:QueriesNotRotated", ROPE, "forward", PLAIN),
+    ("gemma3.py:KNormReusesQNormGain", ROPE_HEAD, "forward", ROPE),
+    ("gemma3.py:ScaleIgnored", replace(ROPE, scale=0.3), "forward", ROPE),
+    ("gemma3.py:NormAfterRope", ROPE_HEAD, "forward", ROPE),
+    ("hf_rotary.py:ThetaIgnored", ROPE, "forward", replace(ROPE, rope_theta=10000.0)),
+])
+def test_planted_bugs_are_flagged_and_hide_without_the_new_cases(repo_cwd, name, spec, kind, passes_at):
+    bad = verdict(name, spec, kind)
+    assert bad.status == "fail", bad.message
+    assert kind != "decode" or "decoded token at position" in bad.message, bad.message
+    assert verdict(name, passes_at, kind).status == "pass"
+
+
+def test_always_on_rope_and_qk_norm_skip_specs_without_them(repo_cwd):
+    assert "always applies QK-norm" in verdict("olmo3.py:Attention", ROPE).message
+    assert "always applies its own rotary embeddings" in verdict("hf_rotary.py:RotaryAttention", PLAIN).message
+    impl = registry.get(C + "hf_rotary.py:RotaryAttention")
+    assert impl.rope == ("half",) and any("rope_theta" in line for line in impl.factory.evidence)
+
+
+def test_gemma_gain_is_measured_as_one_plus_scale(repo_cwd):
+    impl = registry.get(C + "gemma3.py:GroupedQueryAttention")
+    module = impl.build(ROPE_HEAD, "cpu", "float64")
+    gains = module.weight_adapter.layout.gains
+    assert {(g.canonical, g.offset, g.slope, g.placement) for g in gains} == {("g_q", 1.0, 1.0, "head"), ("g_k", 1.0, 1.0, "head")}
+    w = random_weights(ROPE_HEAD)
+    load_weights(module, w, ROPE_HEAD)
+    assert torch.allclose(module.q_norm.scale, w.g_q.double() - 1)
+    assert torch.allclose(export_weights(module, ROPE_HEAD).g_k, w.g_k.double())

@@ -238,7 +238,10 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
     """Causal on a probe? ``True`` when changing the last of 5 tokens changes only the last output; the exception,
     in words, when the call raises."""
     plan = replace(plan, mask_form=form, full_tables=full)
-    module = bind_context(build(spec).eval(), plan, spec)
+    try:
+        module = bind_context(build(spec).eval(), plan, spec)
+    except Exception as exc:
+        return f"does not build at the probe's sizes ({type(exc).__name__}: {exc})"
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 5, spec.d_in, generator=g)
     y = x.clone()

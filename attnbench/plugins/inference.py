@@ -133,6 +133,9 @@ def infer_positional(binding: Binding, names: set[str], where: str, declared: di
         requires.append("rope_theta")
         lines.append(f"rope: half ({where} {theta[0]}: the class builds its own tables, with the theta the spec gives; "
                      "declare attnbench_capabilities = {'rope': ('interleaved',)} for GPT-J/Meta pairs)")
+        if "rope_scaling" not in names:
+            caps["refuses"] = ("rope_scaling",)
+            lines.append("rope_scaling: no (nothing the class takes says it scales its tables)")
     switch = [n for n in ALIASES["qk_norm"] if n in names]
     placement = _norm_placement(binding, "head" if switch else None)
     if placement and "qk_norm" not in declared:
@@ -279,6 +282,6 @@ def implementation_fields(obj, source: str) -> dict:
     variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
     factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields, context=plan,
-                          requires=caps.pop("requires", ()))
+                          requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()))
     factory.evidence = evidence
     return {"factory": factory, **caps, "source": caps.get("source", source)}

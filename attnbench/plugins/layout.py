@@ -419,9 +419,11 @@ class PluginFactory:
     """A user's constructor (bound by :mod:`~attnbench.plugins.binding`) whose modules carry a discovered
     weight layout as ``weight_adapter`` (unless they bring their own)."""
 
-    def __init__(self, binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = ()) -> None:
+    def __init__(self, binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = (),
+                 refuses: tuple[str, ...] = ()) -> None:
         self.binding = binding
         self.requires = requires  # spec fields the class always applies (its own RoPE, QK-norm with no switch)
+        self.refuses = refuses  # spec fields it cannot apply beyond its capabilities (its own RoPE unscaled)
         self.context = context  # a plugins.context.ContextPlan: forward takes its mask, rotary tables, cache
         self.has_qkv_bias = has_qkv_bias
         self._layouts: dict[bool, Layout] = {}
@@ -433,6 +435,10 @@ class PluginFactory:
         if lacking:
             raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} always applies "
                                    f"{' and '.join(_ALWAYS[f] for f in lacking)}; the spec has none ({', '.join(lacking)}=None)")
+        refused = [f for f in self.refuses if getattr(spec, f, None) is not None]
+        if refused:
+            raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} takes no "
+                                   f"{', '.join(refused)} (it builds its own rotary tables unscaled)")
         module = self.binding(spec)
         if not isinstance(module, nn.Module):
             return module
@@ -494,10 +500,11 @@ def _first_of_tuple(module: nn.Module, args, output):
 _ALWAYS = {"rope_theta": "its own rotary embeddings", "qk_norm": "QK-norm"}
 
 
-def with_layout(binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = ()) -> PluginFactory:
+def with_layout(binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = (),
+                refuses: tuple[str, ...] = ()) -> PluginFactory:
     """``binding`` as an implementation factory whose modules carry their discovered weight layout (and, with a
     :class:`~attnbench.plugins.context.ContextPlan`, get their forward's context bound)."""
-    return PluginFactory(binding, has_qkv_bias, context, requires)
+    return PluginFactory(binding, has_qkv_bias, context, requires, refuses)
 
 
 def _required_fields(impl, spec: AttnSpec) -> dict:
