@@ -189,3 +189,20 @@ def test_gemma_gain_is_measured_as_one_plus_scale(repo_cwd):
     load_weights(module, w, ROPE_HEAD)
     assert torch.allclose(module.q_norm.scale, w.g_q.double() - 1)
     assert torch.allclose(export_weights(module, ROPE_HEAD).g_k, w.g_k.double())
+
+
+CONTEXT_CORRECT = [C + n for n in ("llama32.py:GroupedQueryAttention", "qwen3.py:GroupedQueryAttention",
+                                   "gemma3.py:GroupedQueryAttention", "olmo3.py:Attention", "hf_rotary.py:RotaryAttention")]
+"""The correct classes in the chapter-5 / HF styles (the 20-seed false-alarm sweep runs them)."""
+
+
+@pytest.mark.slow
+def test_no_false_alarm_over_20_seeds_in_the_context_styles(repo_cwd):
+    """The forward and decode cases (and every RoPE kind the matrix has) of the correct context styles, 20 seeds
+    (tests/test_properties.py runs every kind of the older styles; these would double that test's time)."""
+    from attnbench.correctness.matrix import RUNNERS
+    from attnbench.tools.false_alarms import false_alarms
+
+    kinds = ["forward", "decode"] + [k for k in RUNNERS if k.startswith(("rope", "qk"))]
+    bad = false_alarms(CONTEXT_CORRECT, range(20), kinds=kinds)
+    assert bad.empty, "\n".join(f"seed {r.seed}: {r.impl} {r.kind} {r.shape}: {r.message}" for r in bad.itertuples())
