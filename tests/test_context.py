@@ -192,7 +192,8 @@ def test_gemma_gain_is_measured_as_one_plus_scale(repo_cwd):
 
 
 CONTEXT_CORRECT = [C + n for n in ("llama32.py:GroupedQueryAttention", "qwen3.py:GroupedQueryAttention",
-                                   "gemma3.py:GroupedQueryAttention", "olmo3.py:Attention", "hf_rotary.py:RotaryAttention")]
+                                   "gemma3.py:GroupedQueryAttention", "olmo3.py:Attention", "hf_rotary.py:RotaryAttention",
+                                   "mla.py:MultiHeadLatentAttention")]
 """The correct classes in the chapter-5 / HF styles (the 20-seed false-alarm sweep runs them)."""
 
 
@@ -206,3 +207,40 @@ def test_no_false_alarm_over_20_seeds_in_the_context_styles(repo_cwd):
     kinds = ["forward", "decode"] + [k for k in RUNNERS if k.startswith(("rope", "qk"))]
     bad = false_alarms(CONTEXT_CORRECT, range(20), kinds=kinds)
     assert bad.empty, "\n".join(f"seed {r.seed}: {r.impl} {r.kind} {r.shape}: {r.message}" for r in bad.itertuples())
+
+
+# --- MLA: the reference takes its weights from the module; the latent cache -------------------------------------
+
+MLA = AttnSpec(16, 32, 16, 0.0, 4, qkv_bias=True)
+
+
+def test_mla_is_checked_with_weights_composed_from_the_module(repo_cwd):
+    impl = registry.get(C + "mla.py:MultiHeadLatentAttention")
+    assert impl.kv_cache and impl.backward == () and any(line.startswith("mla: yes") for line in impl.factory.evidence)
+    for kind in ("forward", "decode", "causality"):
+        r = verdict("mla.py:MultiHeadLatentAttention", MLA, kind)
+        assert r.status == "pass", (kind, r.message)
+    module = impl.build(MLA, "cpu", "float64", weights=random_weights(MLA))
+    w = export_weights(module, MLA)
+    assert torch.allclose(w.W_k, module.W_UK.weight @ module.W_DKV.weight)
+    assert torch.allclose(w.b_v, module.W_UV.weight @ module.W_DKV.bias + module.W_UV.bias)
+    assert torch.linalg.matrix_rank(w.W_k) == module.latent_dim == 8  # d_out // 4: low rank
+
+
+def test_mla_latent_cache_misused_is_flagged_by_decode(repo_cwd):
+    r = verdict("mla.py:LatentOfEarlierStepsDropped", MLA, "decode")
+    assert r.status == "fail" and "decoded token at position" in r.message
+    assert verdict("mla.py:LatentOfEarlierStepsDropped", MLA, "forward").status == "pass"
+
+
+def test_decode_mode_times_a_returned_cache_and_measures_the_latent(repo_cwd):
+    from attnbench.results.schema import Cell
+    from attnbench.runner.workload import build_workload
+
+    sizes = dict(batch=2, seq_len=12, num_heads=4, d_model=32, mode="decode")
+    qwen = build_workload(Cell(impl=C + "qwen3.py:GroupedQueryAttention", num_kv_heads=2, **sizes))
+    assert qwen.check_output(qwen.step()) is None
+    assert qwen.kv_cache_bytes == 2 * 2 * 12 * 2 * 8 * 4  # keys and values: b, T, kv heads, head_dim, float32
+    mla = build_workload(Cell(impl=C + "mla.py:MultiHeadLatentAttention", **sizes))
+    assert mla.check_output(mla.step()) is None
+    assert mla.kv_cache_bytes == 2 * 12 * 8 * 4  # one latent of d_out // 4 per token: 1/8 of MHA's keys and values

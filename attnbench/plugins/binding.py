@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins.mla import latent_dim
 from attnbench.spec import AttnSpec
 
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -40,6 +41,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "norm_eps": ("norm_eps", "rms_norm_eps", "qk_norm_eps"),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
     "softcap": ("softcap", "attn_logit_softcapping", "logit_softcapping", "softcapping"),
+    # MLA: the width of the key/value latent, d_out // 4 (plugins.mla)
+    "latent_dim": ("latent_dim", "kv_lora_rank", "d_latent", "latent_size", "kv_latent_dim"),
 }
 """Spec field -> the constructor parameter (and config field) names it binds to."""
 
@@ -67,6 +70,7 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     values["head_dim"] = spec.head_dim
     scale = getattr(spec, "scale", None)  # Gemma: scores * query_pre_attn_scalar ** -0.5
     values["query_pre_attn_scalar"] = scale ** -2 if scale is not None else spec.head_dim
+    values["latent_dim"] = latent_dim(spec)
     return values
 
 

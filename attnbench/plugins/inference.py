@@ -149,9 +149,27 @@ def infer_positional(binding: Binding, names: set[str], where: str, declared: di
         if found and key not in declared:
             caps[key] = True
             lines.append(f"{key}: yes ({where} {found[0]})")
+    low_rank = _low_rank(binding)
+    if low_rank is not None and "backward" not in declared:
+        caps["backward"] = ()
+        lines.append(f"mla: yes ({low_rank.down} -> latent -> {low_rank.up_k}/{low_rank.up_v}: the reference takes the "
+                     "composed W_k = W_UK @ W_DKV from the module; no backward cases, a composed weight's gradient has "
+                     "no canonical counterpart)")
     if requires:
         caps["requires"] = tuple(requires)
     return caps, lines
+
+
+def _low_rank(binding: Binding):
+    """The MLA down/up projections of the class built on a probe (:mod:`~attnbench.plugins.mla`), or ``None``."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+    from attnbench.plugins.mla import find_low_rank
+
+    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    try:
+        return find_low_rank(dict(binding(probe).named_modules()), probe)
+    except Exception:  # does not build at the probe's sizes: the cases show what it does
+        return None
 
 
 def _norm_placement(binding: Binding, qk_norm: str | None) -> str | None:

@@ -29,6 +29,7 @@ from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
 from attnbench.plugins.context import bind_context
+from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
 from attnbench.plugins.qk_norm import Gain, NormError, find_gains
 from attnbench.spec import AttnSpec
 from attnbench.weights import NAMES, Adapter, CanonicalWeights, random_weights
@@ -107,6 +108,12 @@ class Layout:
     missing: tuple[str, ...] = ()  # biases the spec asks for that the module does not have (a bug the matrix shows)
     same_width_reason: str = ""  # why the module needs d_in == d_out (found only once built)
     gains: tuple[Gain, ...] = ()  # q/k norms holding the canonical g_q/g_k (plugins.qk_norm)
+    low_rank: LowRank | None = None  # MLA: keys and values through a latent (plugins.mla)
+
+    @property
+    def composed(self) -> bool:
+        """True when the reference must take its weights from the module (a low-rank K/V path)."""
+        return self.low_rank is not None
     square_only_problem: str = ""  # why its parameters do not fit when d_in != d_out (a bug the matrix shows)
 
     def to_state(self, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
@@ -132,6 +139,8 @@ class Layout:
                 raise UnavailableError(f"{g.param} is a QK-norm gain ({g.placement}) but the spec has no qk_norm: "
                                        f"the class always normalises queries and keys")
             state[g.param] = g.to_param(gain)
+        if self.low_rank is not None:
+            state.update(self.low_rank.to_state(w, spec, latent_dim(spec)))
         return state
 
     def from_state(self, state, spec: AttnSpec) -> CanonicalWeights:
@@ -156,6 +165,9 @@ class Layout:
         if not spec.qkv_bias:
             values.update(b_q=None, b_k=None, b_v=None)
         gains = {g.canonical: g.to_gain(state[g.param]) for g in self.gains if getattr(spec, "qk_norm", None)}
+        if self.low_rank is not None:
+            composed = self.low_rank.compose(state)
+            values.update(composed if spec.qkv_bias else {k: v for k, v in composed.items() if k.startswith("W")})
         return CanonicalWeights(**{n: values.get(n) for n in NAMES}, **gains)
 
     def adapter(self) -> Adapter:
@@ -187,6 +199,7 @@ class Layout:
                 lines.append(f"{name} <- {where}")
                 start += rows
         lines += [g.describe() for g in self.gains]
+        lines += self.low_rank.describe() if self.low_rank is not None else []
         lines += [f"{n} = 0 (the module has no such parameter; the reference holds it at zero)" for n in sorted(self.held_at_zero)]
         lines += [f"{n}: not found (the constructor takes qkv_bias, but the module has no such bias)" for n in self.missing]
         return lines
@@ -257,6 +270,12 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
         gains = []
         problems.append(str(exc))
     gain_params = {g.param for g in gains}
+    low_rank = find_low_rank(modules, spec)
+    if low_rank is not None:
+        gain_params |= low_rank.params()
+        for name, holder in (("W_k", low_rank.up_k), ("W_v", low_rank.up_v), ("b_k", low_rank.up_k), ("b_v", low_rank.up_v)):
+            if name.startswith("W") or holder in low_rank.biases:
+                claims[name].append(holder)
     mha_outs = _claim_multihead(modules, params, spec, shapes, claim)
     groups = _groups({n: p for n, p in params.items() if n not in sources and n not in gain_params}, modules)
     orient: dict[str, bool | None] = {}
@@ -318,7 +337,7 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
             missing = tuple(absent)
         else:
             held |= set(absent)  # bias-free by design: the constructor cannot be asked for biases
-    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains))
+    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank)
 
 
 def _claim_multihead(modules, params, spec, shapes, claim) -> list[str]:
