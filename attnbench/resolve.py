@@ -39,6 +39,7 @@ from packaging.version import Version
 
 from attnbench.devices import cuda_available, dtype_name, parse_device, parse_device_type, to_dtype
 from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
+from attnbench.spec import positional_from_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +285,11 @@ POSITIONAL_FIELDS = ("rope_theta", "rope_style", "qk_norm", "scale", "softcap")
 """The positional fields a :class:`Request` carries from a spec or a cell (issue 26)."""
 
 
+def _positional_fields(text: str) -> dict:
+    """The :data:`POSITIONAL_FIELDS` of a cell's ``positional`` text (:func:`attnbench.spec.positional_from_text`)."""
+    return {k: v for k, v in positional_from_text(text).items() if k in POSITIONAL_FIELDS}
+
+
 def request_for(target=None, **given) -> Request:
     """A :class:`Request` from a results ``Cell``, an ``AttnSpec``, a ``Request`` or nothing, plus keyword fields.
 
@@ -297,7 +303,7 @@ def request_for(target=None, **given) -> Request:
         fields = dict(device=target.device, dtype=target.dtype, mode=target.mode, d_in=target.d_model,
                       d_out=target.d_model, num_heads=target.num_heads, batch=target.batch, seq_len=target.seq_len,
                       cache=target.cache, num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
-                      **{k: getattr(target, k) for k in POSITIONAL_FIELDS if getattr(target, k, None) is not None})
+                      **_positional_fields(getattr(target, "positional", "")))
     elif target is not None:  # attnbench.spec.AttnSpec
         fields = dict(d_in=target.d_in, d_out=target.d_out, num_heads=target.num_heads, dropout=float(target.dropout),
                       num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,

@@ -36,6 +36,37 @@ class RopeScaling:
                                    f"{self.low_freq_factor} and {self.high_freq_factor}")
 
 
+_TEXT_FIELDS = {"rope_theta": float, "rope_style": str, "rope_scaling": str, "qk_norm": str, "norm_eps": float,
+                "scale": float, "softcap": float}
+
+
+def _number(v: float) -> str:
+    short = f"{v:.15g}"
+    return short if float(short) == v else repr(v)
+
+
+def positional_from_text(text: str | None) -> dict:
+    """The positional keyword arguments of a sweep's ``positional`` text (:meth:`AttnSpec.positional_text`):
+    ``"rope_theta=500000;rope_scaling=llama3;qk_norm=head"`` -> ``{"rope_theta": 500000.0, ...}``; ``""``: none."""
+    out: dict = {}
+    for item in filter(None, (t.strip() for t in str(text or "").split(";"))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _TEXT_FIELDS:
+            raise InvalidSpecError(f"positional setting {item!r} is not KEY=VALUE with KEY one of "
+                                   f"{', '.join(_TEXT_FIELDS)} (e.g. rope_theta=500000;rope_scaling=llama3)")
+        try:
+            out[key] = _TEXT_FIELDS[key](value.strip())
+        except ValueError:
+            raise InvalidSpecError(f"positional setting {item!r}: {value.strip()!r} is not a number") from None
+    if "rope_scaling" in out:
+        if out["rope_scaling"] != "llama3":
+            raise InvalidSpecError(f"rope_scaling={out['rope_scaling']!r}: the one scaling is llama3 "
+                                   "(factor 8, low_freq_factor 1, high_freq_factor 4, original context 8192)")
+        out["rope_scaling"] = RopeScaling()
+    return out
+
+
 @dataclass(frozen=True)
 class AttnSpec:
     """Sizes of one multi-head attention layer, as the book's constructor takes them.
@@ -172,6 +203,20 @@ class AttnSpec:
         if self.softcap is not None:
             out["softcap"] = self.softcap
         return out
+
+    def positional_text(self) -> str:
+        """The positional fields as one sweep value (``""`` when none is set; :func:`positional_from_text` reads it).
+        A scaling other than the default Llama-3 one has no text: build such a spec in Python."""
+        kw = self.positional_kwargs()
+        if "rope_scaling" in kw:
+            if kw["rope_scaling"] != RopeScaling():
+                raise InvalidSpecError(f"{kw['rope_scaling']} is not the default llama3 scaling a sweep can name")
+            kw["rope_scaling"] = "llama3"
+        if kw.get("rope_style") == "half":
+            del kw["rope_style"]
+        if kw.get("norm_eps") == 1e-6:
+            del kw["norm_eps"]
+        return ";".join(f"{k}={_number(v) if isinstance(v, float) else v}" for k, v in kw.items())
 
     def variant_kwargs(self) -> dict:
         """The variant fields that differ from the book's defaults (what a variant-aware constructor takes)."""

@@ -110,7 +110,8 @@ def _set_threads() -> None:
 def _builtins(device: str) -> list[str]:
     """Built-in multi-head implementations that declare ``device`` (metadata only: probes run later, in setup).
 
-    The variant implementations (GQA, KV caches) are tracked by :class:`GQA` and :class:`Decode` only,
+    The variant implementations (GQA, KV caches, the rope family) are tracked by :class:`GQA`, :class:`Decode` and
+    :class:`Rope` only,
     which keeps this grid small."""
     kind = device.split(":")[0]
     return [n for n in registry.names() if registry.get(n).origin == "builtin" and kind in registry.get(n).devices
@@ -238,6 +239,43 @@ class Decode(GQA):
         return self.track_gbytes_per_s(impl, num_kv_heads, seq_len) / measure.peak_gbytes_per_s(str(self.workload.device))
 
     track_frac_peak_bw.unit = "fraction"
+
+
+class Rope:
+    """The rope family (issue 26) as a Llama-3-style layer: GQA with RoPE (base 500000, Llama-3 scaling) and per-head
+    QK-norm, a prefill (inference) and one decode step; the decode cell also tracks its cache's bytes."""
+
+    params = (["rope_sdpa", "rope_math"], ["inference", "decode"], [256])
+    param_names = ("impl", "mode", "seq_len")
+    positional = "rope_theta=500000;rope_scaling=llama3;qk_norm=head"
+    number = Attention.number
+    sample_time = Attention.sample_time
+    repeat = Attention.repeat
+    rounds = Attention.rounds
+    warmup_time = Attention.warmup_time
+    min_run_count = Attention.min_run_count
+    timeout = Attention.timeout
+
+    def setup(self, impl, mode, seq_len):
+        _set_threads()
+        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode=mode, num_kv_heads=2,
+                                 positional=self.positional)
+        self._held = _lock_machine()
+
+    def teardown(self, impl, mode, seq_len):
+        _unlock_machine(getattr(self, "_held", None))
+
+    def time_step(self, impl, mode, seq_len):
+        self.workload.step()
+        if self.workload.device.type == "cuda":
+            torch.cuda.synchronize(self.workload.device)
+
+    def track_kv_cache_bytes(self, impl, mode, seq_len):
+        if mode != "decode":
+            raise NotImplementedError("a prefill keeps no cache")
+        return self.workload.kv_cache_bytes
+
+    track_kv_cache_bytes.unit = "bytes"
 
 
 class Compile:

@@ -40,12 +40,16 @@ class VariantAttention(AttentionModule):
         """``q`` ``(b, nh, T, hd)``, ``k``/``v`` ``(b, n_kv, T, hd)`` -> context ``(b, nh, T, hd)``."""
         raise NotImplementedError
 
-    def forward(self, x):
-        self.check_input(x)
+    def project(self, x: torch.Tensor, start_pos: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q`` ``(b, nh, T, hd)`` and ``k``/``v`` ``(b, n_kv, T, hd)`` of the tokens of ``x`` at positions
+        ``start_pos ..`` (positions matter to subclasses with RoPE: ``implementations/rope.py``)."""
         q = split_heads(self.W_query(x), self.num_heads)  # (b, nh, T, hd)
         k = split_heads(self.W_key(x), self.num_kv_heads)  # (b, n_kv, T, hd)
-        v = split_heads(self.W_value(x), self.num_kv_heads)
-        return self.out_proj(merge_heads(self.attend(q, k, v)))  # (b, T, d_out)
+        return q, k, split_heads(self.W_value(x), self.num_kv_heads)
+
+    def forward(self, x):
+        self.check_input(x)
+        return self.out_proj(merge_heads(self.attend(*self.project(x))))  # (b, T, d_out)
 
 
 class GroupedQueryAttention(VariantAttention):

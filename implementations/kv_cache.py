@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from attnbench.errors import InputShapeError, InvalidSpecError
-from attnbench.implementations._common import merge_heads, split_heads, visible
+from attnbench.implementations._common import merge_heads, visible
 from attnbench.implementations.gqa import VariantAttention, _factory
 from attnbench.registry import register
 
@@ -100,9 +100,7 @@ class CachedAttention(VariantAttention):
             raise InputShapeError(f"the KV cache would hold {self.pos + t} tokens, more than context_length="
                                   f"{self.spec.context_length}; call reset_cache() or build the layer with a larger "
                                   "context_length")
-        q = split_heads(self.W_query(x), self.num_heads)  # (b, nh, t, hd)
-        k = split_heads(self.W_key(x), self.num_kv_heads)  # (b, n_kv, t, hd)
-        v = split_heads(self.W_value(x), self.num_kv_heads)
+        q, k, v = self.project(x, self.pos)  # (b, nh, t, hd), (b, n_kv, t, hd) x 2
         keys, values, key_pos = self._update(k, v)  # (b, n_kv, L, hd)
         if t == 1 and key_pos is None and self.window is None:
             mask = None  # one new token sees every cached one

@@ -66,6 +66,17 @@ def test_decode_benchmark_tracks_bandwidth(suite, single_thread):
     assert HIGHER_IS_BETTER.search("bench_attention.Decode.track_gbytes_per_s('kv_prealloc', 2, 512)")
 
 
+def test_rope_benchmark_decodes_a_llama3_style_layer(suite, single_thread):
+    bench = suite.Rope()
+    bench.setup("rope_sdpa", "decode", 256)
+    bench.time_step("rope_sdpa", "decode", 256)
+    cell = bench.workload.cell
+    assert (cell.num_kv_heads, cell.positional) == (2, "rope_theta=500000;rope_scaling=llama3;qk_norm=head")
+    assert bench.track_kv_cache_bytes("rope_sdpa", "decode", 256) >= 2 * 2 * 256 * 2 * 64 * 4  # 2·b·T·kv·hd·4 bytes
+    bench.teardown("rope_sdpa", "decode", 256)
+    assert "rope_math" in suite.Rope.params[0] and not {"rope_sdpa", "rope_math"} & set(suite.Attention.params[0])
+
+
 def test_suite_runs_one_cell_and_skips_impossible_ones(suite, single_thread):
     bench = suite.Attention()
     bench.setup("weight_split", "forward+backward", 64, 256)

@@ -76,9 +76,10 @@ def test_correct_plugins_pass_every_case(repo_cwd, matrix_results, name):
     assert (df.status == "pass").sum() + unsupported.sum() >= len(df) - 1  # and golden: not one of the book's classes
 
 
-SLOW_ON_CPU = ("flex",)
+SLOW_ON_CPU = ("flex", "rope_")
 """Eager FlexAttention takes about 1 s per case on 2 cores (~30 s a matrix): its full matrix runs in the slow set,
-and test_flex_forward_and_causality_on_cpu keeps a fast check of it."""
+and test_flex_forward_and_causality_on_cpu keeps a fast check of it. The rope family's full matrices are slow too
+(the plain cases are those of gqa/sdpa_cache); tests/test_rope_bugs.py runs its positional cases in the fast set."""
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith(SLOW_ON_CPU) else n

@@ -66,8 +66,19 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     console.print(f"{n_pass} passed, {n_bad} failed, {int((results.status == 'skip').sum())} skipped")
     for impl_name, rows in results.groupby("impl", sort=False):
         console.print(_summary_line(impl_name, rows), markup=False)
+    if verbose:
+        _print_exercised(results)
     if n_bad:
         sys.exit(1)
+
+
+def _print_exercised(results) -> None:
+    """``NAME exercised: RoPE (...), QK-norm (head), score scale, softcap``: the positional fields its cases ran."""
+    from attnbench.correctness.matrix import shape_specs
+    from attnbench.correctness.positional import exercised
+
+    for impl_name, text in exercised(results, shape_specs()).items():
+        console.print(f"{impl_name} exercised: {text}", markup=False)
 
 
 def _summary_line(impl_name: str, rows) -> str:

@@ -82,6 +82,17 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--kv-heads", "num_kv_heads", help="Key/value heads: 1 (MQA), a divisor of --heads (GQA), mha (= heads).")
 @click.option("--window", help="Sliding windows: none (full attention) or w >= 1 (the token and the previous w-1), e.g. none,64.")
 @click.option("--causal/--no-causal", "causal", default=None, help="Causal (default) or bidirectional attention.")
+@click.option("--rope-theta", "rope_theta", type=float, help="Rotary position embeddings of this base (e.g. 500000); "
+              "only implementations declaring rope run (the rope family).")
+@click.option("--rope-style", "rope_style", type=click.Choice(["half", "interleaved"]), help="RoPE pairs: half (Llama/HF, "
+              "default) or interleaved (GPT-J).")
+@click.option("--rope-scaling", "rope_scaling", type=click.Choice(["llama3"]), help="Llama-3 frequency scaling "
+              "(factor 8, low/high frequency factors 1/4, original context 8192).")
+@click.option("--qk-norm", "qk_norm", type=click.Choice(["head", "full"]), help="RMSNorm of queries and keys per head "
+              "(Qwen3, Gemma 3) or over the whole projection (OLMo), before RoPE.")
+@click.option("--norm-eps", "norm_eps", type=float, help="The QK-norm's epsilon (default 1e-6).")
+@click.option("--score-scale", "score_scale", type=float, help="Score scale (default head_dim ** -0.5).")
+@click.option("--softcap", type=float, help="tanh soft-capping of the scores: cap * tanh(s / cap).")
 @click.option("--cache", help="warm, cold (cold flushes the GPU L2 before each call; CUDA only).")
 @click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
@@ -120,7 +131,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
             cache, out, resume,
             budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift, baseline,
             cell_timeout_s, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile, csv,
-            no_report, report_dir, quiet, as_json) -> None:
+            no_report, report_dir, quiet, as_json, **positional_flags) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
 
     \b
@@ -130,9 +141,12 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     attnbench run sweeps/gpt2-small.toml
     attnbench run --preset long-context
     attnbench run --kv-heads 1,2,4 --heads 4 --window none,64 --mode decode,inference --seq 128,512
+    attnbench run --preset llama3
+    attnbench run --impl rope_sdpa,rope_math --rope-theta 500000 --rope-scaling llama3 --qk-norm head --kv-heads 2
     attnbench run --resume results/<run-id>
     """
     from attnbench.runner.engine import argv_for_meta, make_sweep, run
+    from attnbench.runner.positional import compose
 
     quiet = quiet or as_json
     if no_wait and allow_concurrent:
@@ -148,7 +162,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         raise click.BadParameter("must be > 0", param_hint="--budget")
     axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
                 num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
-                causal=None if causal is None else (causal,))
+                causal=None if causal is None else (causal,), positional=compose(positional_flags))
     if resume:
         if sweep_file or preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")

@@ -11,7 +11,8 @@ pattern and position, e.g. ``decode, uneven chunks: chunk of 3 appended at posit
   or without that method the cache state snapshotted and restored: :mod:`attnbench.plugins.cache_state`), decode
   it again;
 * ``uneven chunks``: after the prefill, single tokens mixed with chunks of 2-5 tokens appended to the
-  non-empty cache (chunked prefill, speculative decoding); with a sliding window, one chunk crosses the
+  non-empty cache (chunked prefill, speculative decoding; with RoPE each chunk at its absolute positions, the
+  cached keys rotated once); with a sliding window, one chunk crosses the
   window's wrap-around (its positions straddle a multiple of the window, where a ring of ``window`` slots
   starts again at slot 0);
 * ``eval mode with dropout``: a layer built with dropout 0.2 decodes in eval mode (no dropout anywhere);
@@ -49,6 +50,11 @@ DECODE_SHAPES = [  # (prefill = DECODE_PREFILL tokens, then the patterns up to s
     Shape("decode_gqa", 2, 11, AttnSpec(32, 32, 16, 0.0, 4, num_kv_heads=2)),
     Shape("decode_mqa_window", 2, 15, AttnSpec(16, 16, 16, 0.0, 4, num_kv_heads=1, window=4)),  # wraps 2x+
     Shape("decode_window_long_prefill", 1, 14, AttnSpec(16, 16, 16, 0.0, 2, True, window=3)),  # prefill > window
+    # RoPE (issue 26; where declared): new tokens rotated at their absolute positions, cached keys rotated once
+    Shape("decode_rope_gqa_qknorm", 2, 11, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=2, rope_theta=100.0,
+                                                      qk_norm="head")),
+    Shape("decode_rope_interleaved_window", 1, 12, AttnSpec(16, 16, 12, 0.0, 2, window=4, rope_theta=500_000.0,
+                                                              rope_style="interleaved")),
 ]
 DECODE_PREFILL = {"decode_window_long_prefill": 7}  # default 5
 EVAL_DROPOUT = 0.2

@@ -9,7 +9,8 @@ shapes (GQA, MQA, sliding windows, non-causal) run where an implementation decla
 skipped with the reason elsewhere; ``decode`` cases check KV-cache decoding patterns against the full
 forward (:mod:`attnbench.correctness.decode`). The round-2 properties (extreme logits, long T, dropout
 statistics, strided inputs, side effects, shape sequences, low precision) are in
-:mod:`attnbench.correctness.properties`. This module builds :data:`RUNNERS` from those three modules'
+:mod:`attnbench.correctness.properties`; RoPE, QK-norm, score scale and soft-capping in
+:mod:`attnbench.correctness.positional`. This module builds :data:`RUNNERS` from those three modules'
 tables; none of them imports this one.
 
 Errors are *relative max-norm* errors: ``max|out - ref| / max|ref|``, compared with a tolerance per
@@ -28,7 +29,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.correctness import basic, decode, properties
+from attnbench.correctness import basic, decode, positional, properties
 from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
     GRAD_TOLERANCE,
     SEED,
@@ -69,6 +70,12 @@ VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped w
 ]
 
 
+def shape_specs() -> dict[str, AttnSpec]:
+    """Every shape id of the matrix and its spec (for what ``check -v`` says was exercised)."""
+    shapes = SHAPES + VARIANT_SHAPES + DECODE_SHAPES + positional.POSITIONAL_SHAPES + [positional.START_SHAPE]
+    return {s.id: s.spec for s in shapes}
+
+
 def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     """Every case of the matrix (optionally only ``kinds``; an unknown kind is a :class:`SweepError`)."""
     if kinds is not None:
@@ -90,13 +97,14 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
             Case("eval_deterministic", PROPERTY_SHAPE, "float64"), Case("dropout_train", PROPERTY_SHAPE, "float32"),
             Case("golden", SHAPES[0], "float32")]
     out += properties.cases()
+    out += positional.cases()
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
-    **basic.RUNNERS, "decode": decode.run_decode, **properties.RUNNERS}
-"""Case kind -> runner: the plain kinds, the decode property, then the round-2 properties."""
-CASE_MODES = {**basic.CASE_MODES, "decode": "decode", **properties.CASE_MODES}
+    **basic.RUNNERS, "decode": decode.run_decode, **properties.RUNNERS, **positional.RUNNERS}
+"""Case kind -> runner: the plain kinds, the decode property, the round-2 properties, then the start positions."""
+CASE_MODES = {**basic.CASE_MODES, "decode": "decode", **properties.CASE_MODES, **positional.CASE_MODES}
 """How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
 CASE_DROPOUT = {**basic.CASE_DROPOUT, **properties.CASE_DROPOUT}
 """The dropout each case kind builds with (the others: none)."""

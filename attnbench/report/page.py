@@ -268,6 +268,9 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         t["compile"] = tables.add("compile", comp_disp, comp)
     if len(bar_table):
         t["bars"] = tables.add("bars", bar_table)
+    per_token = variants.cache_per_token(df)
+    if len(per_token):
+        t["cache_per_token"] = tables.add("cache_per_token", variants.cache_per_token_display(per_token), per_token)
 
     # profiler op tables
     ops_file = _run_folder(path) / "profile" / "ops.parquet"

@@ -79,6 +79,35 @@ def sentences(df: pd.DataFrame) -> list[str]:
     return out
 
 
+ELEMENT_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def cache_per_token(df: pd.DataFrame) -> pd.DataFrame:
+    """KV-cache bytes per cached token and sequence (issue 26), per configuration, implementation and variant, at
+    the longest cache: the measured ``kv_cache_bytes / (batch * seq_len)`` against MHA's ``2 * d_model`` elements
+    per token (keys and values of every head), so GQA, MQA, windows and a latent cache (MLA) compare at one shape."""
+    ok = _decode(df)
+    ok = ok[np.isfinite(ok["kv_cache_bytes"].astype(float)) & (ok["kv_cache_bytes"].astype(float) > 0)]
+    rows = []
+    for key, r in ok.groupby([*CONFIG, "impl", "variant", "positional"] if "positional" in ok else [*CONFIG, "impl", "variant"],
+                             sort=False, dropna=False):
+        row = r.sort_values("seq_len").iloc[-1]
+        per_token = float(row["kv_cache_bytes"]) / (int(row["batch"]) * int(row["seq_len"]))
+        mha = 2 * int(row["d_model"]) * ELEMENT_BYTES.get(str(row["dtype"]), np.nan)
+        rows.append({"configuration": _config_label(dict(zip(CONFIG, key, strict=False))), "impl": row["impl"],
+                     "variant": row["variant"], "positional": row.get("positional") or "", "T": int(row["seq_len"]),
+                     "bytes_per_token": per_token, "of_mha": per_token / mha})
+    return pd.DataFrame(rows, columns=["configuration", "impl", "variant", "positional", "T", "bytes_per_token", "of_mha"])
+
+
+def cache_per_token_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`cache_per_token` formatted for the report."""
+    out = table.copy()
+    out["bytes_per_token"] = [an.fmt_bytes(v) if v >= 1024 else f"{v:.0f} B" for v in table["bytes_per_token"]]
+    out["of_mha"] = [f"{100 * v:.0f}%" if np.isfinite(v) else "–" for v in table["of_mha"]]
+    return out.rename(columns={"bytes_per_token": "cache per token", "of_mha": "of MHA's 2·d_model"})
+
+
 def _has_bandwidth(ok: pd.DataFrame) -> pd.DataFrame:
     """The decode rows with a bandwidth figure (runs older than the columns have none)."""
     if "gbytes_per_s" not in ok.columns:

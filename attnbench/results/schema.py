@@ -28,7 +28,7 @@ CACHE_STATES = ("warm", "cold")
 """``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
 
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache", "num_kv_heads", "window",
-        "causal")
+        "causal", "positional")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
 INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
@@ -40,6 +40,9 @@ COLUMNS: dict[str, str] = {
     "dtype": "string", "batch": "int64", "seq_len": "int64", "num_heads": "int64", "d_model": "int64",
     "head_dim": "int64", "mode": "string", "cache": "string", "threads": "int64",
     "num_kv_heads": "int64", "window": "float64", "causal": "bool",  # window NaN = full attention
+    # issue 26: the spec's positional fields (RoPE, QK-norm, score scale, softcap) as one text,
+    # AttnSpec.positional_text(): "rope_theta=500000;rope_scaling=llama3;qk_norm=head" ("" = none)
+    "positional": "string",
     # timing (seconds per call)
     "median_s": "float64", "iqr_s": "float64", "mean_s": "float64", "std_s": "float64", "min_s": "float64",
     "max_s": "float64", "n": "int64", "ci_low_s": "float64", "ci_high_s": "float64", "ci_rel": "float64",
@@ -101,6 +104,7 @@ class Cell:
     num_kv_heads: int | None = None  # None (or num_heads): multi-head attention
     window: int | None = None  # None: full attention
     causal: bool = True
+    positional: str = ""  # RoPE / QK-norm / scale / softcap (AttnSpec.positional_text); "" = none
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -112,6 +116,8 @@ class Cell:
             if value is not None and not isinstance(value, bool):
                 object.__setattr__(self, name, int(value))
         object.__setattr__(self, "causal", bool(self.causal))
+        if self.positional is None or self.positional != self.positional:  # None / NaN read back from a row
+            object.__setattr__(self, "positional", "")
 
     @property
     def kv_heads(self) -> int:
@@ -133,7 +139,8 @@ class Cell:
         """The :attr:`cell_id` without the implementation: the key of the cell's comparison group (the cells
         that differ only in ``impl``, timed together in alternation and paired for speed-ups)."""
         variant = ((f"|kv{self.num_kv_heads}" if self.num_kv_heads is not None else "")
-                   + (f"|w{self.window}" if self.window is not None else "") + ("" if self.causal else "|noncausal"))
+                   + (f"|w{self.window}" if self.window is not None else "") + ("" if self.causal else "|noncausal")
+                   + (f"|{self.positional}" if self.positional else ""))
         return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
@@ -213,7 +220,7 @@ def empty_row(cell: Cell, run_id: str = "") -> dict:
 
 KEPT_ON_FAILURE = frozenset({
     "run_id", "cell_id", "group_id", "impl", "device", "device_name", "dtype", "batch", "seq_len", "num_heads",
-    "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "baseline",
+    "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
     "cpu_affinity"})
 """What a row that is not ``ok`` keeps: what the cell is, what happened, and where and when it ran. Every other

@@ -91,6 +91,8 @@ def axis_label(axis: str, value) -> str:
         return "full attention" if not _finite(value) or value <= 0 else f"window {int(value)}"
     if axis == "causal":
         return "causal" if bool(value) else "non-causal"
+    if axis == "positional":  # issue 26: RoPE / QK-norm / scale / softcap, "" = none
+        return str(value).replace(";", ", ") if value else "no RoPE"
     return _AXIS_LABEL.get(axis, "{}").format(value)
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
 from attnbench.results.schema import AXES, CACHE_STATES, INT_AXES, MODES, Cell, display_name
+from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
+from attnbench.runner.positional import compose, parse_positional
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Sweep:
     num_kv_heads: tuple[int | None, ...] = (None,)  # None: as many kv heads as heads (MHA)
     window: tuple[int | None, ...] = (None,)  # None: full attention
     causal: tuple[bool, ...] = (True,)
+    positional: tuple[str, ...] = ("",)  # RoPE / QK-norm / scale / softcap: attnbench.runner.positional
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -96,6 +99,7 @@ class Sweep:
         object.__setattr__(self, "num_kv_heads", parse_kv_heads(self.num_kv_heads))
         object.__setattr__(self, "window", parse_windows(self.window))
         object.__setattr__(self, "causal", parse_bools(self.causal))
+        object.__setattr__(self, "positional", parse_positional(self.positional))
         for heads in self.num_heads:
             for kv in self.num_kv_heads:
                 if kv is not None and heads % kv:
@@ -112,12 +116,12 @@ class Sweep:
         """Every cell of the grid; CPU cells only get the ``warm`` cache state (no L2 flush on CPU)."""
         out: list[Cell] = []
         seen: set[str] = set()
-        for impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal in itertools.product(
+        for impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos in itertools.product(
                 self.impl, self.device, self.dtype, self.batch, self.seq_len, self.num_heads, self.d_model,
-                self.mode, self.cache, self.num_kv_heads, self.window, self.causal):
+                self.mode, self.cache, self.num_kv_heads, self.window, self.causal, self.positional):
             if device == "cpu":
                 cache = "warm"
-            cell = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal)
+            cell = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos)
             if cell.cell_id not in seen:
                 seen.add(cell.cell_id)
                 out.append(cell)
@@ -232,14 +236,16 @@ def parse_axis(axis: str, value) -> tuple:
     """The tuple of values of one sweep axis, parsed from a flag's text or a TOML value."""
     if axis in INT_AXES:
         return parse_ints(value, axis)
-    parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools}
+    parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools,
+               "positional": parse_positional}
     return parsers[axis](value) if axis in parsers else parse_strs(value)
 
 
 AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "batch", "seq": "seq_len",
              "seq_len": "seq_len", "heads": "num_heads", "num_heads": "num_heads", "d_model": "d_model",
              "d-model": "d_model", "mode": "mode", "cache": "cache", "kv_heads": "num_kv_heads",
-             "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal"}
+             "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal",
+             "positional": "positional"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:
@@ -254,9 +260,15 @@ def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str]
         raise SweepError(f"unknown table(s) {sorted(unknown)} in sweep {name!r}; use [sweep] and [measure]")
     axes_in = dict(data.get("sweep", {}))
     axes: dict = {}
+    composed = compose({k: axes_in.pop(k) for k in list(axes_in) if k in POSITIONAL_KEYS})  # rope_theta = 500000, ...
+    if composed is not None:
+        if "positional" in axes_in:
+            raise SweepError(f"sweep {name!r} gives both positional and {', '.join(POSITIONAL_KEYS)} keys; use one")
+        axes["positional"] = (composed,)
     for key, value in axes_in.items():
         if key not in AXIS_KEYS:
-            raise SweepError(f"unknown sweep axis {key!r} in {name!r}; known: {', '.join(sorted(set(AXIS_KEYS)))}")
+            raise SweepError(f"unknown sweep axis {key!r} in {name!r}; known: "
+                             f"{', '.join(sorted(set(AXIS_KEYS) | set(POSITIONAL_KEYS)))}")
         axis = AXIS_KEYS[key]
         axes[axis] = parse_axis(axis, value)
     impls = axes.get("impl") or ("available",)

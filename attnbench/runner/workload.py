@@ -19,7 +19,7 @@ from attnbench.measure.memory import retained_bytes, storage_bytes
 from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
-from attnbench.spec import AttnSpec
+from attnbench.spec import AttnSpec, positional_from_text
 from attnbench.weights import random_weights
 
 
@@ -61,7 +61,7 @@ def spec_for(cell: Cell) -> AttnSpec:
     decode: the cache holds ``seq_len`` tokens and the new one), no dropout, the cell's variant."""
     context = cell.seq_len + 1 if cell.mode == "decode" else cell.seq_len
     return AttnSpec(cell.d_model, cell.d_model, context, 0.0, cell.num_heads, num_kv_heads=cell.num_kv_heads,
-                    window=cell.window, causal=cell.causal)
+                    window=cell.window, causal=cell.causal, **positional_from_text(cell.positional))
 
 
 def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Workload:
