@@ -37,6 +37,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "causal": ("causal", "is_causal"),
     # issue 26: what a class that owns its RoPE, QK-norm, score scale or soft-capping is built with
     "rope_theta": ("rope_theta", "theta", "base", "rope_base", "rotary_base", "rotary_emb_base"),
+    "rope_scaling": ("rope_scaling",),  # a keyword gets the spec's RopeScaling; a config the HF dict (hf_rope_scaling)
     "qk_norm": ("qk_norm", "use_qk_norm", "qk_layernorm"),
     "norm_eps": ("norm_eps", "rms_norm_eps", "qk_norm_eps"),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
@@ -107,8 +108,17 @@ class SpecConfig(dict):
         values = spec_values(spec)
         config = cls({alias: values[field] for alias, field in _BY_NAME.items()})
         config.update(dict.fromkeys(RESIDUAL_DROPOUT, 0.0))
-        config.update(is_causal=spec.causal, causal=spec.causal)
+        config.update(is_causal=spec.causal, causal=spec.causal, rope_scaling=hf_rope_scaling(spec))
         return config
+
+
+def hf_rope_scaling(spec: AttnSpec) -> dict | None:
+    """``spec.rope_scaling`` as a Hugging Face config carries it (``{"rope_type": "llama3", "factor": ...}``), or None."""
+    s = getattr(spec, "rope_scaling", None)
+    if s is None:
+        return None
+    return {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor, "original_max_position_embeddings": s.original_context_length}
 
 
 @dataclass(frozen=True)

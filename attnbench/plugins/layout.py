@@ -545,7 +545,7 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     """
     factory = impl.factory
     lines = [f"constructor: {factory.binding.describe()}"] if isinstance(factory, PluginFactory) else []
-    lines += [line if line.endswith("attnbench_capabilities)") or line.startswith("config fields") else f"inferred {line}"
+    lines += [line if line.endswith("attnbench_capabilities)") or line.startswith(("config fields", "bound ")) else f"inferred {line}"
               for line in getattr(factory, "evidence", ())]
     dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]
     for qkv_bias in (False, True):

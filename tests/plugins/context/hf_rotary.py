@@ -1,17 +1,35 @@
 """Hugging Face style, owning its rotary tables: ``Attention(config)`` reads ``rope_theta`` and
-``max_position_embeddings``, builds ``inv_freq`` in ``__init__`` and rotates inside ``forward(hidden_states)``."""
+``max_position_embeddings`` (and a Llama-3 ``rope_scaling`` dict),
+builds ``inv_freq`` in ``__init__`` and rotates inside ``forward(hidden_states)``."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 
+def llama3_inv_freq(inv_freq, scaling):
+    # Llama 3.1: long wavelengths divided by factor, short ones kept, a smooth blend between
+    low_wavelen = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"]
+    high_wavelen = scaling["original_max_position_embeddings"] / scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (scaling["original_max_position_embeddings"] / wavelen - scaling["low_freq_factor"]) / (
+        scaling["high_freq_factor"] - scaling["low_freq_factor"])
+    blended = (1 - smooth) * inv_freq / scaling["factor"] + smooth * inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / scaling["factor"], inv_freq)
+    middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(middle, blended, out)
+
+
 class RotaryEmbedding(nn.Module):
-    def __init__(self, dim, max_position_embeddings, base=10000.0):
+    def __init__(self, dim, max_position_embeddings, base=10000.0, scaling=None):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        if scaling is not None and scaling.get("rope_type") == "llama3":
+            inv_freq = llama3_inv_freq(inv_freq, scaling)
         t = torch.arange(max_position_embeddings, dtype=torch.float64)
         emb = torch.cat([torch.outer(t, inv_freq)] * 2, dim=-1)
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
@@ -36,7 +54,8 @@ class RotaryAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        self.rotary_emb = RotaryEmbedding(self.head_dim, config.max_position_embeddings, base=self.theta(config))
+        self.rotary_emb = RotaryEmbedding(self.head_dim, config.max_position_embeddings, base=self.theta(config),
+                                          scaling=getattr(config, "rope_scaling", None))
 
     def theta(self, config):
         return config.rope_theta
