@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnbench import cli, registry
+from attnbench import registry
 from attnbench.correctness.cases import Case, Shape
 from attnbench.correctness.decode import run_decode
 from attnbench.correctness.matrix import run_case, run_matrix
@@ -19,21 +19,12 @@ from attnbench.plugins.inference import plan_with_probe
 from attnbench.plugins.loading import import_file
 from attnbench.spec import AttnSpec
 from attnbench.weights import export_weights, load_weights, random_weights
+from tests.test_plugins import run_cli
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 C = "tests/plugins/context/"
 KINDS = ["forward", "decode", "causality"]
-
-
-def run_cli(argv, capsys):
-    try:
-        cli.main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def _plan(repo_cwd, path, cls):
@@ -138,9 +129,9 @@ OLMO = replace(ROPE, qk_norm="full")
 PLAIN = AttnSpec(16, 16, 16, 0.0, 4, num_kv_heads=2)
 
 
-def verdict(name: str, spec: AttnSpec, kind: str = "forward"):
+def verdict(name: str, spec: AttnSpec, kind: str = "forward", dtype: str = "float64"):
     impl = registry.get(C + name)
-    case = Case(kind, Shape("rope_test", 2, 12, spec), "float64")
+    case = Case(kind, Shape("rope_test", 2, 12, spec), dtype)
     return run_decode(impl, case, torch.device("cpu")) if kind == "decode" else run_case(impl, case)
 
 
@@ -244,3 +235,11 @@ def test_decode_mode_times_a_returned_cache_and_measures_the_latent(repo_cwd):
     mla = build_workload(Cell(impl=C + "mla.py:MultiHeadLatentAttention", **sizes))
     assert mla.check_output(mla.step()) is None
     assert mla.kv_cache_bytes == 2 * 12 * 8 * 4  # one latent of d_out // 4 per token: 1/8 of MHA's keys and values
+
+
+def test_meta_style_freqs_cis_is_interleaved_rope(repo_cwd):
+    impl = registry.get(C + "meta.py:Attention")
+    assert impl.rope == ("interleaved",)
+    spec = AttnSpec(16, 16, 16, 0.0, 2, rope_theta=100.0, rope_style="interleaved")
+    assert verdict("meta.py:Attention", spec, "forward", "float32").status == "pass"  # it rotates in float32
+    assert "'half' style" in verdict("meta.py:Attention", replace(spec, rope_style="half")).message  # skipped: not its style
