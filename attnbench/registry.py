@@ -77,7 +77,9 @@ class Implementation:
                 object.__setattr__(self, name, tuple(self.devices) if value else ())
         for name, every in (("rope", ROPE_STYLES), ("qk_norm", QK_NORMS)):
             value = getattr(self, name)
-            object.__setattr__(self, name, (tuple(every) if value else ()) if isinstance(value, bool) else tuple(value))
+            if isinstance(value, bool):
+                value = tuple(every) if value else ()
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
 
     def supports_backward(self, device: str | torch.device) -> bool:
         """Whether gradients can be taken on ``device``'s type."""

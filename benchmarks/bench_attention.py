@@ -178,12 +178,9 @@ class Attention:
     track_gflops.unit = "GFLOP/s"
 
 
-class GQA:
-    """Grouped-query attention through SDPA's enable_gqa (inference), MQA and GQA against MHA."""
+class _Timer:
+    """asv's timer settings of :class:`Attention`, shared by the variant benchmarks (no benchmark itself)."""
 
-    params = (["sdpa_gqa"], [1, 2, 4], [256])
-    param_names = ("impl", "num_kv_heads", "seq_len")
-    mode = "inference"
     number = Attention.number
     sample_time = Attention.sample_time
     repeat = Attention.repeat
@@ -191,6 +188,21 @@ class GQA:
     warmup_time = Attention.warmup_time
     min_run_count = Attention.min_run_count
     timeout = Attention.timeout
+
+
+def _step(workload) -> None:
+    """One timed step (synchronised on CUDA)."""
+    workload.step()
+    if workload.device.type == "cuda":
+        torch.cuda.synchronize(workload.device)
+
+
+class GQA(_Timer):
+    """Grouped-query attention through SDPA's enable_gqa (inference), MQA and GQA against MHA."""
+
+    params = (["sdpa_gqa"], [1, 2, 4], [256])
+    param_names = ("impl", "num_kv_heads", "seq_len")
+    mode = "inference"
 
     def setup(self, impl, num_kv_heads, seq_len):
         _set_threads()
@@ -201,9 +213,7 @@ class GQA:
         _unlock_machine(getattr(self, "_held", None))
 
     def time_step(self, impl, num_kv_heads, seq_len):
-        self.workload.step()
-        if self.workload.device.type == "cuda":
-            torch.cuda.synchronize(self.workload.device)
+        _step(self.workload)
 
 
 class Decode(GQA):
@@ -241,20 +251,13 @@ class Decode(GQA):
     track_frac_peak_bw.unit = "fraction"
 
 
-class Rope:
+class Rope(_Timer):
     """The rope family (issue 26) as a Llama-3-style layer: GQA with RoPE (base 500000, Llama-3 scaling) and per-head
     QK-norm, a prefill (inference) and one decode step; the decode cell also tracks its cache's bytes."""
 
     params = (["rope_sdpa", "rope_math"], ["inference", "decode"], [256])
     param_names = ("impl", "mode", "seq_len")
     positional = "rope_theta=500000;rope_scaling=llama3;qk_norm=head"
-    number = Attention.number
-    sample_time = Attention.sample_time
-    repeat = Attention.repeat
-    rounds = Attention.rounds
-    warmup_time = Attention.warmup_time
-    min_run_count = Attention.min_run_count
-    timeout = Attention.timeout
 
     def setup(self, impl, mode, seq_len):
         _set_threads()
@@ -266,9 +269,7 @@ class Rope:
         _unlock_machine(getattr(self, "_held", None))
 
     def time_step(self, impl, mode, seq_len):
-        self.workload.step()
-        if self.workload.device.type == "cuda":
-            torch.cuda.synchronize(self.workload.device)
+        _step(self.workload)
 
     def track_kv_cache_bytes(self, impl, mode, seq_len):
         if mode != "decode":

@@ -11,6 +11,7 @@ import pytest
 
 from attnbench import registry
 from attnbench.correctness.matrix import RUNNERS, SHAPES, VARIANT_SHAPES, cases, run_case, run_matrix, summarize
+from attnbench.correctness.positional import POSITIONAL_SHAPES
 from attnbench.errors import UnknownImplementationError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -39,7 +40,7 @@ def _describe(df: pd.DataFrame) -> str:
 def test_cases_cover_every_kind_and_filter():
     all_cases = cases()
     assert {c.kind for c in all_cases} == set(RUNNERS)
-    assert {c.shape.id for c in cases(["forward"])} == {s.id for s in SHAPES + VARIANT_SHAPES}
+    assert {c.shape.id for c in cases(["forward"])} == {s.id for s in SHAPES + VARIANT_SHAPES + POSITIONAL_SHAPES}
     assert any(s.spec.d_in != s.spec.d_out for s in SHAPES), "the grid must expose d_in != d_out bugs"
     assert any(s.spec.num_heads > 1 for s in SHAPES) and any(s.spec.num_heads == 1 for s in SHAPES)
     only = cases(kinds=["causality", "backward"])

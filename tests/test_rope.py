@@ -92,3 +92,16 @@ def test_spec_round_trips_the_positional_fields_and_rejects_bad_ones():
                        ({"num_heads": 16, "rope_theta": 1e4}, "even"), ({"softcap": 0}, "softcap")]:
         with pytest.raises(InvalidSpecError, match=match):
             AttnSpec(16, 16, 8, **bad)
+
+
+def test_capabilities_normalise_and_the_skip_rule_names_what_is_missing():
+    from attnbench.registry import Implementation
+    from attnbench.resolve import variant_skip_reason
+
+    impl = Implementation("x", lambda s: None, "", "", rope="interleaved", qk_norm=True)
+    assert impl.rope == ("interleaved",) and impl.qk_norm == ("head", "full") and not impl.softcap
+    assert variant_skip_reason(impl, AttnSpec(16, 16, 8, 0.0, 2, rope_theta=1e4, rope_style="interleaved",
+                                              qk_norm="full")) is None
+    why = variant_skip_reason(impl, AttnSpec(16, 16, 8, 0.0, 2, rope_theta=1e4, softcap=5.0))
+    assert why == ("does not support rotary position embeddings in the 'half' style (rope_theta=10000) or "
+                   "soft-capping of the scores (softcap=5)")

@@ -100,3 +100,11 @@ def test_no_false_alarm_in_the_positional_cases_over_20_seeds():
 
     bad = false_alarms(["rope_math", "rope_sdpa"], range(20), run=run)
     assert bad.empty, "\n".join(f"seed {r.seed}: {r.impl} {r.kind} {r.shape} {r.dtype}: {r.message}" for r in bad.itertuples())
+
+
+def test_check_verbose_says_what_was_exercised(capsys):
+    from tests.test_cli_basic import run_cli
+
+    code, out, _ = run_cli(["check", "rope_math", "--kind", "rope_start", "-v"], capsys)
+    assert code == 0, out
+    assert "rope_math exercised: RoPE (half; theta 100; start positions), QK-norm (head)" in out

@@ -21,7 +21,9 @@ def summary_table(df, title: str) -> Table:
     """Ok cells with median ± CI, memory and throughput; then one line per failed status."""
     table = Table(title=title)
     # kv heads, window and causality only when the run has variants; the KV cache only for decode runs
-    variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)).any())
+    positional = df["positional"].fillna("").astype(str) if "positional" in df else pd.Series("", index=df.index)
+    variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)
+                     | (positional != "")).any())
     decode = bool((df["mode"] == "decode").any())
     cols = ["impl", "device", "dtype", "mode", "b", "T", "h", "d"] + (["kv", "window"] if variants else [])
     # paired speed-ups (comparison groups timed interleaved) when the run has them
@@ -37,6 +39,7 @@ def summary_table(df, title: str) -> Table:
         half = (r.ci_high_s - r.ci_low_s) / 2
         mem = fmt_bytes(r.peak_bytes)
         window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
+        window += f" {positional[r.Index]}" if positional[r.Index] else ""  # RoPE / QK-norm / scale / softcap
         kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", f"{100 * r.frac_peak_bw:.0f}%"] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]

@@ -88,16 +88,18 @@ def cache_per_token(df: pd.DataFrame) -> pd.DataFrame:
     per token (keys and values of every head), so GQA, MQA, windows and a latent cache (MLA) compare at one shape."""
     ok = _decode(df)
     ok = ok[np.isfinite(ok["kv_cache_bytes"].astype(float)) & (ok["kv_cache_bytes"].astype(float) > 0)]
+    columns = ["configuration", "impl", "variant", "positional", "T", "bytes_per_token", "of_mha"]
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
     rows = []
-    for key, r in ok.groupby([*CONFIG, "impl", "variant", "positional"] if "positional" in ok else [*CONFIG, "impl", "variant"],
-                             sort=False, dropna=False):
+    for key, r in ok.groupby([*CONFIG, "impl", "variant", "positional"], sort=False, dropna=False):
         row = r.sort_values("seq_len").iloc[-1]
         per_token = float(row["kv_cache_bytes"]) / (int(row["batch"]) * int(row["seq_len"]))
         mha = 2 * int(row["d_model"]) * ELEMENT_BYTES.get(str(row["dtype"]), np.nan)
         rows.append({"configuration": _config_label(dict(zip(CONFIG, key, strict=False))), "impl": row["impl"],
                      "variant": row["variant"], "positional": row.get("positional") or "", "T": int(row["seq_len"]),
                      "bytes_per_token": per_token, "of_mha": per_token / mha})
-    return pd.DataFrame(rows, columns=["configuration", "impl", "variant", "positional", "T", "bytes_per_token", "of_mha"])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def cache_per_token_display(table: pd.DataFrame) -> pd.DataFrame:
