@@ -1,4 +1,4 @@
-"""Gemma 3 style: ``query_pre_attn_scalar`` sets the score scale, QK-norm per head whose RMSNorm stores ``scale``
+"""Gemma 3 style: ``query_pre_attn_scalar`` sets the score scale (and Gemma 2's ``attn_logit_softcapping`` caps it), QK-norm per head whose RMSNorm stores ``scale``
 around zero and multiplies by ``1 + scale``, and a ``forward(x, mask, cos, sin)`` the model gives a sliding-window
 mask (local layers) or a causal one (global layers). Its RMSNorm computes in the input's dtype (Gemma upcasts to
 float32, which float64 cases at 1e-9 would show)."""
@@ -28,7 +28,7 @@ def apply_rope(x, cos, sin):
 
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_in, num_heads, num_kv_groups, head_dim=None, qk_norm=False, query_pre_attn_scalar=None,
-                 dtype=None):
+                 attn_logit_softcapping=None, dtype=None):
         super().__init__()
         self.num_heads, self.num_kv_groups = num_heads, num_kv_groups
         self.group_size = num_heads // num_kv_groups
@@ -41,6 +41,7 @@ class GroupedQueryAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
         self.scaling = (query_pre_attn_scalar or self.head_dim) ** -0.5
+        self.softcap = attn_logit_softcapping  # Gemma 2: cap * tanh(scores / cap)
 
     def heads(self, x):
         b, T, _ = x.shape
@@ -61,6 +62,8 @@ class GroupedQueryAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = k.repeat_interleave(self.group_size, dim=1), v.repeat_interleave(self.group_size, dim=1)
         scores = (q * self.scaling) @ k.transpose(2, 3)
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
         w = torch.softmax(scores.masked_fill(mask, -torch.inf), dim=-1)
         return self.out_proj((w @ v).transpose(1, 2).reshape(b, T, self.d_out))
 
