@@ -1,5 +1,5 @@
 """Gemma 3 style: ``query_pre_attn_scalar`` sets the score scale (Gemma 2's ``attn_logit_softcapping`` caps it),
- QK-norm per head whose RMSNorm stores ``scale``
+QK-norm per head whose RMSNorm stores ``scale``
 around zero and multiplies by ``1 + scale``, and a ``forward(x, mask, cos, sin)`` the model gives a sliding-window
 mask (local layers) or a causal one (global layers). Its RMSNorm computes in the input's dtype (Gemma upcasts to
 float32, which float64 cases at 1e-9 would show)."""
