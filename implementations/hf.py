@@ -13,8 +13,11 @@ The layer is built from its model's own config class with the spec mapped onto t
 (width, heads, kv heads, head_dim, max positions, attention dropout, the bias flag, the sliding window,
 ``is_decoder``; ``layer_idx=0`` in a one-layer config), and called as the model calls it: with the
 causal, bidirectional or sliding-window mask that ``transformers.masking_utils`` makes for the
-backend, and a *neutral* rotary embedding (cos = 1, sin = 0), so RoPE itself is not tested. The first
-element of its output is the result. What the layer supports (GQA, sliding windows, non-causal
+backend, and the ``position_embeddings`` of the model's own rotary class (``LlamaRotaryEmbedding``, ...) built
+from the spec's ``rope_theta`` and ``rope_scaling`` (Llama-3 scaling as ``rope_type="llama3"``) at the absolute
+positions of the call; a spec without RoPE gets a neutral embedding (cos = 1, sin = 0). The rotary classes
+compute their tables in float32 whatever the layer's dtype, so float64 RoPE cases are skipped with that reason.
+The first element of its output is the result. What the layer supports (GQA, sliding windows, non-causal
 attention, dropout, a KV cache) is read from the config class's fields and the layer's signature.
 
 Canonical weights map onto ``q_proj/k_proj/v_proj/o_proj`` style ``nn.Linear`` layers or GPT-2's fused
@@ -35,6 +38,7 @@ listed as unavailable with that command.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -112,7 +116,8 @@ def implementation(name: str):
 
     return Implementation(
         name=name, factory=functools.partial(HFAttention, layer_cls=layer_cls, config_cls=config_cls, backend=backend),
-        description=f"Hugging Face {cls_name} with attn_implementation={backend!r} (neutral RoPE)",
+        description=f"Hugging Face {cls_name} with attn_implementation={backend!r}"
+                    + (" (its own rotary embedding)" if caps.get("rope") else ""),
         source=f"{source} (transformers {transformers.__version__}); README: Hugging Face layers",
         probe=functools.partial(_backend_reason, backend), origin="hf", **caps)
 
@@ -178,7 +183,9 @@ def capabilities(layer_cls: type, config_cls: type, backend: str) -> dict:
     fields = _config_fields(config_cls)
     has_dropout = _first(fields, ALIASES["dropout"]) is not None
     cached = bool({"cache", "past_key_values"} & _forward_params(layer_cls))
+    rotary = "position_embeddings" in _forward_params(layer_cls) and rotary_class(layer_cls) is not None
     caps = dict(same_width_only=True,  # the layer maps hidden_size to hidden_size
+                rope=("half",) if rotary and _rope_fields(fields) else (),
                 gqa=_first(fields, ALIASES["num_kv_heads"]) is not None,
                 sliding_window="sliding_window" in fields,
                 non_causal="is_decoder" in fields,  # encoders (BERT) are causal only as decoders
@@ -194,6 +201,36 @@ def capabilities(layer_cls: type, config_cls: type, backend: str) -> dict:
     else:
         caps.update(dropout=("cpu", "cuda") if has_dropout else ())
     return caps
+
+
+def rotary_class(layer_cls: type) -> type | None:
+    """The model's own rotary-embedding class (``LlamaRotaryEmbedding``: built from the config, called with
+    ``(x, position_ids)``), from the layer's module; None when it has none."""
+    module = inspect.getmodule(layer_cls)
+    found = [v for n, v in vars(module).items() if n.endswith("RotaryEmbedding") and isinstance(v, type)
+             and issubclass(v, nn.Module) and "config" in inspect.signature(v.__init__).parameters]
+    return found[0] if len(found) == 1 else None
+
+
+def _rope_fields(fields: set[str]) -> str | None:
+    """How the config class takes RoPE: ``rope_parameters`` (transformers 5) or ``rope_theta`` (4.x); None: not at all."""
+    return _first(fields, ("rope_parameters", "rope_theta"))
+
+
+def rope_config(fields: set[str], spec: AttnSpec) -> dict:
+    """The config fields for ``spec``'s RoPE (theta, Llama-3 scaling as ``rope_type="llama3"``)."""
+    theta, scaling = getattr(spec, "rope_theta", None), getattr(spec, "rope_scaling", None)
+    if theta is None:
+        return {}
+    params = {"rope_type": "default", "rope_theta": float(theta)}
+    if scaling is not None:
+        params.update(rope_type="llama3", factor=scaling.factor, low_freq_factor=scaling.low_freq_factor,
+                      high_freq_factor=scaling.high_freq_factor,
+                      original_max_position_embeddings=scaling.original_context_length)
+    if _rope_fields(fields) == "rope_parameters":
+        return {"rope_parameters": params}
+    legacy = {k: v for k, v in params.items() if k != "rope_theta"}
+    return {"rope_theta": float(theta), "rope_scaling": legacy if scaling is not None else None}
 
 
 def _softmax_in_float32(layer_cls: type) -> bool:
@@ -242,6 +279,7 @@ def make_config(config_cls: type, spec: AttnSpec, backend: str):
         kwargs["layer_types"] = ["sliding_attention" if spec.window is not None else "full_attention"]
     if "is_decoder" in fields:
         kwargs["is_decoder"] = spec.causal
+    kwargs.update(rope_config(fields, spec))
     try:
         config = config_cls(**kwargs)
     except Exception as exc:
@@ -264,11 +302,13 @@ class HFAttention(nn.Module):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._cache_position = "cache_position" in params  # transformers 4.x layers take it explicitly
         self._rope = "position_embeddings" in params
+        rotary = rotary_class(layer_cls) if getattr(spec, "rope_theta", None) is not None else None
+        self.rotary = rotary(config=self.config) if rotary is not None else None  # the model's own tables
         self.sliding = self._is_sliding()
         self.out_proj = None
         if _find(self.layer, _O) is None and _fused(self.layer) is None:  # BERT: the output dense is outside the layer
             self.out_proj = nn.Linear(spec.d_out, spec.d_out)
-        self.weight_adapter = _adapter(self)
+        self.weight_adapter = _float32_rope(_adapter(self)) if self.rotary is not None else _adapter(self)
         self.cache = None
         self.reset_cache()
 
@@ -306,7 +346,9 @@ class HFAttention(nn.Module):
         past = cache.get_seq_length() if cache is not None else 0
         position_ids = torch.arange(past, past + t, device=x.device)[None]  # (1, t)
         kwargs = {"attention_mask": self._mask(x, cache, position_ids)}
-        if self._rope:  # neutral rotary embedding: q * 1 + rotate_half(q) * 0 == q
+        if self.rotary is not None:  # the model's own rotary embedding at the absolute positions
+            kwargs["position_embeddings"] = self.rotary(x, position_ids)
+        elif self._rope:  # neutral rotary embedding: q * 1 + rotate_half(q) * 0 == q
             cos = torch.ones(1, t, self.spec.head_dim, dtype=x.dtype, device=x.device)  # (1, t, hd)
             kwargs["position_embeddings"] = (cos, torch.zeros_like(cos))
         if cache is not None:
@@ -408,6 +450,18 @@ def _fused(layer: nn.Module) -> str | None:
     from transformers.pytorch_utils import Conv1D
 
     return "c_attn" if isinstance(getattr(layer, "c_attn", None), Conv1D) else None
+
+
+def _float32_rope(adapter: Adapter) -> Adapter:
+    """``adapter`` refusing float64 weights: the model's rotary class computes its tables in float32, ~1e-7 from
+    the float64 reference (a skip, as the eager path's float32 softmax is)."""
+    def to_state(w: CanonicalWeights, s: AttnSpec) -> dict[str, torch.Tensor]:
+        if w.W_q.dtype == torch.float64:
+            raise UnavailableError("the model's rotary embedding computes cos/sin in float32 whatever the dtype, "
+                                   "so a float64 RoPE case cannot reach 1e-9; float32 and lower are checked")
+        return adapter.to_state(w, s)
+
+    return dataclasses.replace(adapter, to_state=to_state)
 
 
 def _adapter(module: HFAttention) -> Adapter:

@@ -15,13 +15,14 @@ import torch
 
 from attnbench import registry
 from attnbench.correctness import matrix
+from attnbench.correctness.cases import Shape
 from attnbench.correctness.matrix import SHAPES, VARIANT_SHAPES, Case
 from attnbench.errors import PluginLoadError, UnavailableError, UnknownImplementationError
 from attnbench.implementations import hf
 from attnbench.measure import kv_cache_bytes_analytic
 from attnbench.results.schema import Cell
 from attnbench.runner.workload import build_workload
-from attnbench.spec import AttnSpec
+from attnbench.spec import AttnSpec, RopeScaling
 from attnbench.weights import export_weights, random_weights, zero_held
 
 REPO = Path(__file__).resolve().parent.parent
@@ -324,3 +325,40 @@ def test_check_basic_cases_pass(name):
 @pytest.mark.parametrize("name", ACCEPTANCE)  # llama and mistral are bias-free: the round-2 properties hold their biases at zero
 def test_check_round2_properties_and_decode_pass(name):
     assert not _failures(name, ROUND2_KINDS)
+
+
+# --- real rotary embeddings (issue 26): the model's own rotary class, default and Llama-3 scaled ----------------
+
+ROPE_SHAPES = [Shape("hf_rope", 2, 12, AttnSpec(32, 32, 16, 0.0, 4, num_kv_heads=2, rope_theta=500.0)),
+               Shape("hf_rope_llama3", 2, 12, AttnSpec(32, 32, 16, 0.0, 4, rope_theta=10000.0,
+                                                       rope_scaling=RopeScaling(factor=8.0, original_context_length=8)))]
+
+
+@needs_hf
+@pytest.mark.parametrize("name", ["hf:llama", "hf:qwen2", "hf:mistral"])
+def test_layers_pass_with_their_own_rotary_embedding(name):
+    impl = registry.get(name)
+    assert impl.rope == ("half",) and "neutral" not in impl.description
+    for shape in ROPE_SHAPES:
+        for kind in ("forward", "decode"):
+            row = matrix.run_case(name, Case(kind, shape, "float32"))
+            assert row.status == "pass", (shape.id, kind, row.message)
+    assert "float32" in matrix.run_case(name, Case("forward", ROPE_SHAPES[0], "float64")).message
+
+
+@needs_hf
+def test_rope_skipping_the_keys_is_flagged(monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    real = modeling_llama.apply_rotary_pos_emb
+    case = Case("forward", ROPE_SHAPES[0], "float32")
+    neutral = Case("forward", SHAPE["gqa"], "float32")
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", lambda q, k, cos, sin, *a, **kw: (real(q, k, cos, sin)[0], k))
+    row = matrix.run_case("hf:llama", case)
+    assert row.status == "fail" and row.error > 0.01, row
+    assert matrix.run_case("hf:llama", neutral).status == "pass"  # what neutral RoPE alone would have said
+
+
+def test_bert_is_not_described_with_rope():
+    if MISSING is None:
+        assert "RoPE" not in registry.get("hf:bert").description and registry.get("hf:bert").rope == ()

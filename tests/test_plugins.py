@@ -166,10 +166,10 @@ def test_binding_positional_only_when_names_say_nothing():
 
 def test_binding_unknown_required_parameter_is_one_clear_error():
     class M(torch.nn.Module):
-        def __init__(self, d_model, n_heads, rotary_base):
+        def __init__(self, d_model, n_heads, rotary_pct):
             super().__init__()
 
-    with pytest.raises(PluginLoadError, match=r"'rotary_base'.*make_attention\(spec\)"):
+    with pytest.raises(PluginLoadError, match=r"'rotary_pct'.*make_attention\(spec\)"):
         bind(M)
 
 
@@ -179,8 +179,8 @@ def test_config_object_carries_every_codebase_s_names():
     assert (config.attn_pdrop, config.resid_pdrop) == (0.1, 0.0)  # residual dropout: 0 (README)
     assert (config.hidden_size, config.num_attention_heads, config["max_position_embeddings"]) == (32, 4, 16)
     assert config.attention_dropout == 0.1 and config.head_dim == 8 and getattr(config, "missing", None) is None
-    with pytest.raises(AttributeError, match="no field 'rope_theta'"):
-        config.rope_theta  # noqa: B018
+    with pytest.raises(AttributeError, match="no field 'partial_rotary_factor'"):
+        config.partial_rotary_factor  # noqa: B018
 
 
 def test_constructor_without_dropout_declares_none(repo_cwd):
@@ -373,5 +373,5 @@ def test_use_cache_with_a_cache_passed_in_is_not_a_kv_cache_class(tmp_path):
         "    def forward(self, hidden_states, past_key_value=None, use_cache=False):"))
     impl = registry.get(f"{path}:LlamaStyleAttention")
     assert impl.kv_cache is False and impl.gqa is True
-    assert "kv_cache: no (forward takes use_cache with past_key_value: the cache is passed in, not kept by the class)" in \
-        impl.factory.evidence
+    assert ("kv_cache: no (forward takes past_key_value, but a probe step returned no next cache: the cache is passed "
+            "in, not kept by the class)") in impl.factory.evidence

@@ -25,7 +25,7 @@ from torch import nn
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES
 from attnbench.spec import AttnSpec
-from attnbench.weights import CanonicalWeights, load_weights, zero_held
+from attnbench.weights import CanonicalWeights, adapter_for, export_weights, load_weights, zero_held
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 """Relative max-norm error allowed per dtype (TF32 is switched off while checking on CUDA)."""
@@ -162,4 +162,7 @@ def build(impl, spec: AttnSpec, device: torch.device | str, dtype: str, w: Canon
     weights every reference for it must use (see :class:`Built`)."""
     w_low = w.to(dtype=DTYPES[dtype])
     module = impl.build(spec, device, dtype, weights=w_low).train(train)
+    # a low-rank K/V path (MLA, plugins.mla): the reference takes the weights the module computes with
+    if getattr(getattr(adapter_for(module), "layout", None), "composed", False):
+        w_low = export_weights(module, spec).to(dtype=DTYPES[dtype], device=w_low.W_q.device)
     return Built(module, zero_held(module, w_low), spec, dtype)

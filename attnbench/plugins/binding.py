@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins.mla import latent_dim
 from attnbench.spec import AttnSpec
 
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -34,6 +35,15 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # evidence of a sliding window: it can size a cache (the book's optimized KV cache), see WINDOW_EVIDENCE
     "window": ("window", "sliding_window", "sliding_window_size", "attention_window", "window_size"),
     "causal": ("causal", "is_causal"),
+    # issue 26: what a class that owns its RoPE, QK-norm, score scale or soft-capping is built with
+    "rope_theta": ("rope_theta", "theta", "base", "rope_base", "rotary_base", "rotary_emb_base"),
+    "rope_scaling": ("rope_scaling",),  # a keyword gets the spec's RopeScaling; a config the HF dict (hf_rope_scaling)
+    "qk_norm": ("qk_norm", "use_qk_norm", "qk_layernorm"),
+    "norm_eps": ("norm_eps", "rms_norm_eps", "qk_norm_eps"),
+    "query_pre_attn_scalar": ("query_pre_attn_scalar",),
+    "softcap": ("softcap", "attn_logit_softcapping", "logit_softcapping", "softcapping"),
+    # MLA: the width of the key/value latent, d_out // 4 (plugins.mla)
+    "latent_dim": ("latent_dim", "kv_lora_rank", "d_latent", "latent_size", "kv_latent_dim"),
 }
 """Spec field -> the constructor parameter (and config field) names it binds to."""
 
@@ -59,6 +69,9 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     values = {f.name: getattr(spec, f.name) for f in fields(spec)}
     values["num_kv_heads"] = getattr(spec, "num_kv_heads", None) or spec.num_heads
     values["head_dim"] = spec.head_dim
+    scale = getattr(spec, "scale", None)  # Gemma: scores * query_pre_attn_scalar ** -0.5
+    values["query_pre_attn_scalar"] = scale ** -2 if scale is not None else spec.head_dim
+    values["latent_dim"] = latent_dim(spec)
     return values
 
 
@@ -95,8 +108,17 @@ class SpecConfig(dict):
         values = spec_values(spec)
         config = cls({alias: values[field] for alias, field in _BY_NAME.items()})
         config.update(dict.fromkeys(RESIDUAL_DROPOUT, 0.0))
-        config.update(is_causal=spec.causal, causal=spec.causal)
+        config.update(is_causal=spec.causal, causal=spec.causal, rope_scaling=hf_rope_scaling(spec))
         return config
+
+
+def hf_rope_scaling(spec: AttnSpec) -> dict | None:
+    """``spec.rope_scaling`` as a Hugging Face config carries it (``{"rope_type": "llama3", "factor": ...}``), or None."""
+    s = getattr(spec, "rope_scaling", None)
+    if s is None:
+        return None
+    return {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor, "original_max_position_embeddings": s.original_context_length}
 
 
 @dataclass(frozen=True)

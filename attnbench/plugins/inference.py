@@ -25,6 +25,7 @@ import torch
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, SpecConfig, bind, capabilities
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
+from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe_mask
 from attnbench.spec import AttnSpec
 
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
@@ -51,7 +52,7 @@ def config_fields_read(binding: Binding) -> list[str] | None:
         return None
     from attnbench.plugins.layout import SQUARE_PROBE
 
-    config = SpecConfig.for_spec(replace(SQUARE_PROBE, num_kv_heads=2))
+    config = SpecConfig.for_spec(replace(SQUARE_PROBE, num_kv_heads=2, rope_theta=10000.0))  # a class may need a theta
     config.__dict__["_attnbench_read"] = []
     try:
         binding.target(**{binding.config_param: config})
@@ -60,7 +61,7 @@ def config_fields_read(binding: Binding) -> list[str] | None:
     return list(config.__dict__["_attnbench_read"])
 
 
-def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
+def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = None) -> tuple[dict, list[str]]:
     """The variant capabilities of ``target`` (a class or factory, bound as ``binding``) and one line of
     evidence per inference; ``declared`` (``attnbench_capabilities``) wins and is not inferred.
 
@@ -94,9 +95,16 @@ def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
         caps["non_causal"] = True
         lines.append(f"non_causal: yes ({where} {causal_names[0]})")
 
+    positional, positional_lines = infer_positional(binding, names, where, declared)
+    caps.update(positional)
+    lines += positional_lines
     forward = _forward_params(target)
     external = sorted(forward & EXTERNAL_CACHE)
-    if "use_cache" in forward and external and "kv_cache" not in declared:
+    if plan is not None:
+        context_caps, context_lines = infer_context(binding, plan, declared)
+        caps.update(context_caps)
+        lines += context_lines
+    elif "use_cache" in forward and external and "kv_cache" not in declared:
         lines.append(f"kv_cache: no (forward takes use_cache with {external[0]}: the cache is passed in, not kept by the class)")
     elif "use_cache" in forward and "kv_cache" not in declared:
         reset = reset_method(target)
@@ -111,6 +119,120 @@ def infer(target, binding: Binding, declared: dict) -> tuple[dict, list[str]]:
     for key in sorted(set(declared) & {"gqa", "sliding_window", "non_causal", "kv_cache"}):
         lines.append(f"{key}: {'yes' if declared[key] else 'no'} (declared in attnbench_capabilities)")
     return caps, lines
+
+
+def infer_positional(binding: Binding, names: set[str], where: str, declared: dict) -> tuple[dict, list[str]]:
+    """RoPE, QK-norm, score scale and soft-capping a class owns, from its constructor's (or config's) names and
+    its q/k norms on a probe. ``requires`` lists the fields it always applies (a spec without them is skipped)."""
+    caps: dict = {}
+    lines: list[str] = []
+    requires: list[str] = []
+    theta = [n for n in ALIASES["rope_theta"] if n in names]
+    if theta and "rope" not in declared:
+        caps["rope"] = ("half",)
+        requires.append("rope_theta")
+        lines.append(f"rope: half ({where} {theta[0]}: the class builds its own tables, with the theta the spec gives; "
+                     "declare attnbench_capabilities = {'rope': ('interleaved',)} for GPT-J/Meta pairs)")
+        if "rope_scaling" not in names:
+            caps["refuses"] = ("rope_scaling",)
+            lines.append("rope_scaling: no (nothing the class takes says it scales its tables)")
+    switch = [n for n in ALIASES["qk_norm"] if n in names]
+    placement = _norm_placement(binding, "head" if switch else None)
+    if placement and "qk_norm" not in declared:
+        caps["qk_norm"] = (placement,)
+        if not switch:
+            requires.append("qk_norm")
+        lines.append(f"qk_norm: {placement} ({f'{where} {switch[0]}; ' if switch else 'always on: '}its q/k norms "
+                     f"are {'per head' if placement == 'head' else 'over the whole projection'} on a probe)")
+    for key, field in (("score_scale", "query_pre_attn_scalar"), ("softcap", "softcap")):
+        found = [n for n in ALIASES[field] if n in names]
+        if found and key not in declared:
+            caps[key] = True
+            lines.append(f"{key}: yes ({where} {found[0]})")
+    low_rank = _low_rank(binding)
+    if low_rank is not None and "backward" not in declared:
+        caps["backward"] = ()
+        lines.append(f"mla: yes ({low_rank.down} -> latent -> {low_rank.up_k}/{low_rank.up_v}: the reference takes the "
+                     "composed W_k = W_UK @ W_DKV from the module; no backward cases, a composed weight's gradient has "
+                     "no canonical counterpart)")
+    if requires:
+        caps["requires"] = tuple(requires)
+    return caps, lines
+
+
+def _low_rank(binding: Binding):
+    """The MLA down/up projections of the class built on a probe (:mod:`~attnbench.plugins.mla`), or ``None``."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+    from attnbench.plugins.mla import find_low_rank
+
+    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    try:
+        return find_low_rank(dict(binding(probe).named_modules()), probe)
+    except Exception:  # does not build at the probe's sizes: the cases show what it does
+        return None
+
+
+def _norm_placement(binding: Binding, qk_norm: str | None) -> str | None:
+    """Where the class's q/k norms sit (``head`` or ``full``) when built on a probe with ``qk_norm``; ``None``
+    when it has none there (or does not build)."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+    from attnbench.plugins.qk_norm import NormError, find_gains
+
+    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, qk_norm=qk_norm)
+    try:
+        gains = find_gains(binding(probe), probe)
+    except NormError as exc:
+        raise PluginLoadError(f"{getattr(binding.target, '__qualname__', binding.target)}'s QK-norm: {exc} ({GUIDE})") from None
+    except Exception:  # does not build at the probe's sizes: the cases show what it does
+        return None
+    return gains[0].placement if gains else None
+
+
+def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
+    """The context ``target.forward`` takes (:func:`~attnbench.plugins.context.plan_for`), its mask and table forms
+    decided on a probe; ``None`` for a ``forward(x)``."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    plan = plan_for(target)
+    if plan is None:
+        return None
+    return probe_mask(binding, plan, SQUARE_PROBE if binding.same_width_only else PROBE)
+
+
+def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[dict, list[str]]:
+    """What a forward that takes its context supports: any mask content (sliding windows, non-causal) when it
+    takes a mask, a KV cache when it returns the next cache on a probe step."""
+    caps: dict = {}
+    lines = list(plan.describe())
+    if plan.tables and "rope" not in declared:
+        caps["rope"] = (plan.rope_style,)
+        lines.append(f"rope: {plan.rope_style} (forward takes {', '.join(plan.tables)}: attnbench supplies the spec's tables)")
+    if plan.mask:
+        for key in ("sliding_window", "non_causal"):
+            if key not in declared:
+                caps[key] = True
+                lines.append(f"{key}: yes (forward takes {plan.mask}: attnbench supplies the mask's content)")
+    if plan.cache and "kv_cache" not in declared:
+        returned = _returns_cache(binding, plan)
+        caps["kv_cache"] = returned is None
+        lines.append(f"kv_cache: yes (forward takes {plan.cache} and returns the next cache; a step is undone by "
+                     f"putting the previous cache back)" if returned is None else
+                     f"kv_cache: no (forward takes {plan.cache}, but {returned}: the cache is passed in, not kept by the class)")
+    return caps, lines
+
+
+def _returns_cache(binding: Binding, plan: ContextPlan) -> str | None:
+    """``None`` when a probe step returns a next cache, else what it does instead, in words."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    try:
+        module = bind_context(binding(probe).eval(), plan, probe)
+        with torch.no_grad():
+            module(torch.randn(1, 3, probe.d_in), use_cache=True)
+    except Exception as exc:
+        return f"a probe step raised {type(exc).__name__}: {exc}"
+    return None if module._attnbench_cache is not None else "a probe step returned no next cache"
 
 
 def _confirm_restorable(binding: Binding, name: str) -> str:
@@ -174,8 +296,10 @@ def implementation_fields(obj, source: str) -> dict:
     if binding.style == "keywords" and "dropout" not in binding.fields:
         inferred["dropout"] = ()  # nothing to pass the rate to: the class has no attention dropout
     declared = capabilities(obj)
-    variants, evidence = infer(obj, binding, declared)
+    plan = plan_with_probe(obj, binding)
+    variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
-    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields)
+    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields, context=plan,
+                          requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()))
     factory.evidence = evidence
     return {"factory": factory, **caps, "source": caps.get("source", source)}

@@ -28,6 +28,9 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
+from attnbench.plugins.context import bind_context
+from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
+from attnbench.plugins.qk_norm import Gain, NormError, find_gains
 from attnbench.spec import AttnSpec
 from attnbench.weights import NAMES, Adapter, CanonicalWeights, random_weights
 
@@ -104,6 +107,13 @@ class Layout:
     held_at_zero: frozenset[str] = frozenset()
     missing: tuple[str, ...] = ()  # biases the spec asks for that the module does not have (a bug the matrix shows)
     same_width_reason: str = ""  # why the module needs d_in == d_out (found only once built)
+    gains: tuple[Gain, ...] = ()  # q/k norms holding the canonical g_q/g_k (plugins.qk_norm)
+    low_rank: LowRank | None = None  # MLA: keys and values through a latent (plugins.mla)
+
+    @property
+    def composed(self) -> bool:
+        """True when the reference must take its weights from the module (a low-rank K/V path)."""
+        return self.low_rank is not None
     square_only_problem: str = ""  # why its parameters do not fit when d_in != d_out (a bug the matrix shows)
 
     def to_state(self, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
@@ -123,6 +133,14 @@ class Layout:
                 t = torch.cat([_part(w, name) for name in s.canonical]) if len(s.canonical) > 1 else _part(w, s.canonical[0])
                 t = t.t() if s.transposed else t
             state[s.param] = t
+        for g in self.gains:
+            gain = getattr(w, g.canonical, None)
+            if gain is None:
+                raise UnavailableError(f"{g.param} is a QK-norm gain ({g.placement}) but the spec has no qk_norm: "
+                                       f"the class always normalises queries and keys")
+            state[g.param] = g.to_param(gain)
+        if self.low_rank is not None:
+            state.update(self.low_rank.to_state(w, spec, latent_dim(spec)))
         return state
 
     def from_state(self, state, spec: AttnSpec) -> CanonicalWeights:
@@ -146,7 +164,11 @@ class Layout:
                 values[name] = torch.zeros(shapes[name], dtype=next(iter(state.values())).dtype)
         if not spec.qkv_bias:
             values.update(b_q=None, b_k=None, b_v=None)
-        return CanonicalWeights(**{n: values.get(n) for n in NAMES})
+        gains = {g.canonical: g.to_gain(state[g.param]) for g in self.gains if getattr(spec, "qk_norm", None)}
+        if self.low_rank is not None:
+            composed = self.low_rank.compose(state)
+            values.update(composed if spec.qkv_bias else {k: v for k, v in composed.items() if k.startswith("W")})
+        return CanonicalWeights(**{n: values.get(n) for n in NAMES}, **gains)
 
     def adapter(self) -> Adapter:
         """This layout as an :class:`~attnbench.weights.Adapter` (with ``held_at_zero``)."""
@@ -176,6 +198,8 @@ class Layout:
                     where = f"{s.param}[:, {start}:{start + rows}].T" if s.transposed else f"{s.param}[{start}:{start + rows}]"
                 lines.append(f"{name} <- {where}")
                 start += rows
+        lines += [g.describe() for g in self.gains]
+        lines += self.low_rank.describe() if self.low_rank is not None else []
         lines += [f"{n} = 0 (the module has no such parameter; the reference holds it at zero)" for n in sorted(self.held_at_zero)]
         lines += [f"{n}: not found (the constructor takes qkv_bias, but the module has no such bias)" for n in self.missing]
         return lines
@@ -240,8 +264,20 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
             if (holder or src.param) not in claims[name]:
                 claims[name].append(holder or src.param)
 
+    try:
+        gains = find_gains(module, spec)
+    except NormError as exc:
+        gains = []
+        problems.append(str(exc))
+    gain_params = {g.param for g in gains}
+    low_rank = find_low_rank(modules, spec)
+    if low_rank is not None:
+        gain_params |= low_rank.params()
+        for name, holder in (("W_k", low_rank.up_k), ("W_v", low_rank.up_v), ("b_k", low_rank.up_k), ("b_v", low_rank.up_v)):
+            if name.startswith("W") or holder in low_rank.biases:
+                claims[name].append(holder)
     mha_outs = _claim_multihead(modules, params, spec, shapes, claim)
-    groups = _groups({n: p for n, p in params.items() if n not in sources}, modules)
+    groups = _groups({n: p for n, p in params.items() if n not in sources and n not in gain_params}, modules)
     orient: dict[str, bool | None] = {}
     for g in groups:
         canonical = _CANONICAL[g.role] if g.kind == "weight" else tuple("b" + n[1:] for n in _CANONICAL[g.role])
@@ -287,7 +323,7 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
             problems.append("no recognisable projections" if not claims else f"no parameter found for {name}")
     covered = {src.param.format(i=i) if src.per_head else src.param
                for src in sources.values() for i in range(heads_of(src.canonical[0], spec) if src.per_head else 1)}
-    unclaimed = [n for n in params if n not in covered]
+    unclaimed = [n for n in params if n not in covered and n not in gain_params]
     if unclaimed and not problems:
         problems.append(f"no canonical counterpart for {', '.join(unclaimed)}")
     if problems:
@@ -301,7 +337,7 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
             missing = tuple(absent)
         else:
             held |= set(absent)  # bias-free by design: the constructor cannot be asked for biases
-    return Layout(tuple(sources.values()), frozenset(held), missing)
+    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank)
 
 
 def _claim_multihead(modules, params, spec, shapes, claim) -> list[str]:
@@ -402,17 +438,31 @@ class PluginFactory:
     """A user's constructor (bound by :mod:`~attnbench.plugins.binding`) whose modules carry a discovered
     weight layout as ``weight_adapter`` (unless they bring their own)."""
 
-    def __init__(self, binding, has_qkv_bias: bool) -> None:
+    def __init__(self, binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = (),
+                 refuses: tuple[str, ...] = ()) -> None:
         self.binding = binding
+        self.requires = requires  # spec fields the class always applies (its own RoPE, QK-norm with no switch)
+        self.refuses = refuses  # spec fields it cannot apply beyond its capabilities (its own RoPE unscaled)
+        self.context = context  # a plugins.context.ContextPlan: forward takes its mask, rotary tables, cache
         self.has_qkv_bias = has_qkv_bias
         self._layouts: dict[bool, Layout] = {}
         self.evidence: list[str] = []  # what was inferred about the class and why (plugins.inference), for check -v
         self.__name__ = f"{getattr(binding.target, '__name__', 'plugin')}_factory"
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
+        lacking = [f for f in self.requires if getattr(spec, f, None) is None]
+        if lacking:
+            raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} always applies "
+                                   f"{' and '.join(_ALWAYS[f] for f in lacking)}; the spec has none ({', '.join(lacking)}=None)")
+        refused = [f for f in self.refuses if getattr(spec, f, None) is not None]
+        if refused:
+            raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} takes no "
+                                   f"{', '.join(refused)} (it builds its own rotary tables unscaled)")
         module = self.binding(spec)
         if not isinstance(module, nn.Module):
             return module
+        if self.context is not None:
+            bind_context(module, self.context, spec)
         module.register_forward_hook(_first_of_tuple)
         if not isinstance(getattr(module, "weight_adapter", None), Adapter):
             object.__setattr__(module, "weight_adapter", self.layout(spec, module).adapter())
@@ -422,10 +472,11 @@ class PluginFactory:
         """The layout of ``module`` (built for ``spec``), discovered once per bias setting (and for grouped-query
         specs, whose keys and values are narrower) on the probe spec."""
         gqa = spec.num_kv_heads not in (None, spec.num_heads)  # keys and values narrower than queries
-        key = (spec.qkv_bias, gqa)
+        qk_norm = getattr(spec, "qk_norm", None)
+        key = (spec.qkv_bias, gqa, qk_norm)
         if key not in self._layouts:
             probe = replace(SQUARE_PROBE if self.binding.same_width_only else PROBE, qkv_bias=spec.qkv_bias,
-                            num_kv_heads=GQA_PROBE_KV_HEADS if gqa else None)
+                            num_kv_heads=GQA_PROBE_KV_HEADS if gqa else None, qk_norm=qk_norm)
             try:
                 probe_module = self.binding(probe)
             except Exception:  # the class refuses the probe's sizes: read the layout off the module itself
@@ -465,9 +516,23 @@ def _first_of_tuple(module: nn.Module, args, output):
     return output
 
 
-def with_layout(binding, has_qkv_bias: bool) -> PluginFactory:
-    """``binding`` as an implementation factory whose modules carry their discovered weight layout."""
-    return PluginFactory(binding, has_qkv_bias)
+_ALWAYS = {"rope_theta": "its own rotary embeddings", "qk_norm": "QK-norm"}
+
+
+def with_layout(binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = (),
+                refuses: tuple[str, ...] = ()) -> PluginFactory:
+    """``binding`` as an implementation factory whose modules carry their discovered weight layout (and, with a
+    :class:`~attnbench.plugins.context.ContextPlan`, get their forward's context bound)."""
+    return PluginFactory(binding, has_qkv_bias, context, requires, refuses)
+
+
+def _required_fields(impl, spec: AttnSpec) -> dict:
+    """What a probe needs for a class that always applies its RoPE or QK-norm (``PluginFactory.requires``)."""
+    needed = {}
+    for f in getattr(impl.factory, "requires", ()):
+        if getattr(spec, f, None) is None:
+            needed[f] = 10000.0 if f == "rope_theta" else impl.qk_norm[0]
+    return needed
 
 
 def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
@@ -480,7 +545,7 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     """
     factory = impl.factory
     lines = [f"constructor: {factory.binding.describe()}"] if isinstance(factory, PluginFactory) else []
-    lines += [line if line.endswith("attnbench_capabilities)") or line.startswith("config fields") else f"inferred {line}"
+    lines += [line if line.endswith("attnbench_capabilities)") or line.startswith(("config fields", "bound ")) else f"inferred {line}"
               for line in getattr(factory, "evidence", ())]
     dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]
     for qkv_bias in (False, True):
@@ -488,7 +553,7 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
         for spec in (PROBE, SQUARE_PROBE, *other_specs):
             if impl.same_width_only and spec.d_in != spec.d_out:
                 continue
-            spec = replace(spec, qkv_bias=qkv_bias)
+            spec = replace(spec, qkv_bias=qkv_bias, **_required_fields(impl, spec))
             try:
                 module = impl.build(spec, device, dtype, weights=random_weights(spec))
                 break

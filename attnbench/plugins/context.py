@@ -1,0 +1,275 @@
+"""Forwards that take their context as arguments: ``forward(x, mask, cos, sin, start_pos=0, cache=None)``.
+
+The book's chapter-5 layers (Llama 3.2, Qwen3, Gemma 3, OLMo 3) and most model code take the mask, the
+rotary tables, the start position and the KV cache from their caller. attnbench is that caller: the names of
+``forward``'s parameters say what each is, and the module is rebound once, at build time, to a
+``forward(x, use_cache=False)`` (plus ``reset_cache()`` when it has a cache) that the runner, the correctness
+matrix and the decode timer call as they call every other implementation:
+
+* ``mask`` / ``attn_mask`` / ``attention_mask``: the step's ``(T_new, T_total)`` mask, causal or windowed as
+  the spec says, in the form the class reads. The form (the book's bool mask with True = hidden, a bool
+  keep-mask, or an additive float mask; 2-D or ``(1, 1, T_new, T_total)``) is decided by a probe that never
+  compares with the reference: with the right form, changing the last token leaves every earlier output
+  unchanged and changes the last one (:func:`probe_mask`);
+* ``cos`` / ``sin``, ``position_embeddings=(cos, sin)`` (rotate-half tables, Llama/HF) and ``freqs_cis``
+  (complex, interleaved pairs, Meta): the spec's RoPE tables (neutral, cos = 1 and sin = 0, when the spec has
+  no RoPE). A class that also takes a position gets ``(context_length, head_dim)`` tables to index itself;
+  one that takes no position gets the rows of the step's positions;
+* ``start_pos`` / ``input_pos`` (an int), ``position_ids`` (``(1, T_new)``), ``cache_position`` (``(T_new,)``):
+  the absolute position of the step's first token;
+* ``cache`` / ``kv_cache`` / ``past_key_value(s)`` / ``layer_past``: the cache the previous step returned
+  (``None`` after a reset); the class returns ``(out, next_cache)``, and a ``use_cache`` parameter gets True
+  while decoding.
+
+A required parameter attnbench cannot supply is one :class:`~attnbench.errors.PluginLoadError` naming it
+and what is supplied, raised when the plug-in loads (never one failure per case).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from attnbench.errors import PluginLoadError
+from attnbench.spec import AttnSpec
+
+MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
+TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "freqs_cis": "complex"}
+POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
+CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
+GUIDE = "README: Forwards that take their context"
+SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin) or freqs_cis; "
+            "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache")
+
+
+@dataclass(frozen=True)
+class MaskForm:
+    """How a class reads its mask: ``hidden`` (bool, True = hidden), ``keep`` (bool, True = attend) or
+    ``additive`` (float, 0 or -inf); ``dims`` 2 for ``(T_new, T_total)``, 4 for ``(1, 1, T_new, T_total)``."""
+
+    kind: str
+    dims: int = 2
+
+    def make(self, hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        m = hidden if self.kind == "hidden" else ~hidden if self.kind == "keep" else \
+            torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(hidden, float("-inf"))
+        return m[None, None] if self.dims == 4 else m
+
+    def describe(self) -> str:
+        words = {"hidden": "bool, True = hidden (the book's)", "keep": "bool, True = attend",
+                 "additive": "additive float, -inf = hidden"}[self.kind]
+        return f"{words}, {'(T_new, T_total)' if self.dims == 2 else '(1, 1, T_new, T_total)'}"
+
+
+MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4) for k in ("hidden", "keep", "additive"))
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """What ``forward`` takes besides ``x``, by parameter name, and in which form attnbench supplies it."""
+
+    target: str
+    x: str
+    mask: str | None = None
+    tables: tuple[str, ...] = ()
+    position: str | None = None
+    cache: str | None = None
+    use_cache: bool = False
+    mask_form: MaskForm | None = None
+    full_tables: bool = False  # (context_length, head_dim) tables the class indexes at its position
+
+    @property
+    def rope_style(self) -> str:
+        """The RoPE convention the tables carry: ``interleaved`` for ``freqs_cis``, else ``half``."""
+        return "interleaved" if "freqs_cis" in self.tables else "half"
+
+    def describe(self) -> list[str]:
+        """What is bound, one line each, for ``check -v``."""
+        lines = []
+        if self.mask:
+            form = self.mask_form.describe() if self.mask_form else "undecided"
+            lines.append(f"bound {self.mask}: the causal/windowed mask of each step, {form} (decided by a probe: "
+                         "changing the last token changes only the last output)")
+        if self.tables:
+            rows = "(context_length, head_dim) tables indexed by the class" if self.full_tables else \
+                "the rows of the step's positions"
+            lines.append(f"bound {', '.join(self.tables)}: the spec's {self.rope_style} RoPE tables (neutral without "
+                         f"RoPE), {rows}")
+        if self.position:
+            lines.append(f"bound {self.position}: the absolute position of the step's first token "
+                         f"({POSITION_NAMES[self.position]})")
+        if self.cache:
+            lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
+                         + ("; use_cache=True while decoding" if self.use_cache else ""))
+        return lines
+
+
+def plan_for(target) -> ContextPlan | None:
+    """The context ``target.forward`` takes, or ``None`` when it takes nothing attnbench binds (``forward(x)``,
+    ``forward(x, use_cache=False)``, or only optional masks). Raises :class:`PluginLoadError` for a required
+    parameter attnbench cannot supply."""
+    forward = getattr(target, "forward", None) if inspect.isclass(target) else None
+    if forward is None:
+        return None
+    try:
+        params = list(inspect.signature(forward).parameters.values())[1:]  # self
+    except (TypeError, ValueError):
+        return None
+    named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not named:
+        return None
+    x, rest = named[0].name, named[1:]
+    names = [p.name for p in rest]
+    known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"}
+    unknown = [p.name for p in rest if p.default is p.empty and p.name not in known]
+    name = getattr(target, "__qualname__", repr(target))
+    if unknown:
+        raise PluginLoadError(f"{name}.forward needs {', '.join(map(repr, unknown))}, which attnbench cannot supply "
+                              f"(it supplies by name: {SUPPLIED}); give {'them defaults' if len(unknown) > 1 else 'it a default'}, "
+                              f"rename, or wrap the class ({GUIDE})")
+    required = {p.name for p in rest if p.default is p.empty}
+    tables = tuple(n for n in names if n in TABLE_NAMES)
+    if ("cos" in tables) != ("sin" in tables):
+        raise PluginLoadError(f"{name}.forward takes {'cos' if 'cos' in tables else 'sin'} without "
+                              f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
+    position = next((n for n in names if n in POSITION_NAMES), None)
+    cache = next((n for n in names if n in CACHE_NAMES), None)
+    if not (required or tables or position or cache):
+        return None  # e.g. forward(x, attention_mask=None): it masks by itself
+    mask = next((n for n in names if n in MASK_NAMES), None)
+    return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names)
+
+
+def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:
+    """``(length, start + length)`` bool, True = hidden: query ``start + i`` hides key ``j`` when ``j`` is later
+    (causal) or outside the window (``|i - j| >= window``)."""
+    q = torch.arange(start, start + length, device=device)[:, None]
+    k = torch.arange(start + length, device=device)[None, :]
+    hidden = (k > q) if spec.causal else torch.zeros(length, start + length, dtype=torch.bool, device=device)
+    if spec.window is not None:
+        hidden = hidden | ((q - k).abs() >= spec.window)
+    return hidden
+
+
+def rope_rows(spec: AttnSpec, positions: torch.Tensor, style: str, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The spec's ``(cos, sin)`` rows at ``positions``, each ``(len(positions), head_dim)``; neutral (1, 0) when the
+    spec has no RoPE."""
+    theta = getattr(spec, "rope_theta", None)
+    if theta is None:
+        shape = (len(positions), spec.head_dim)
+        return torch.ones(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+    from attnbench.correctness.rope import rope_tables
+
+    cos, sin = rope_tables(positions.cpu(), spec.head_dim, theta, getattr(spec, "rope_scaling", None), style=style,
+                           dtype=torch.float64)
+    return cos.to(dtype=dtype, device=device), sin.to(dtype=dtype, device=device)
+
+
+def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, cache, decoding: bool) -> dict:
+    """The keyword arguments of one call: ``x`` holds tokens ``start .. start + T - 1``; the keys are those of the
+    cache (positions from 0) and ``x`` when decoding, else those of ``x`` alone."""
+    T, device, dtype = x.shape[1], x.device, x.dtype if x.is_floating_point() else torch.float32
+    kwargs: dict = {}
+    if plan.mask:
+        form = plan.mask_form or MASK_FORMS[0]
+        hidden = step_mask(spec, start, T, device)
+        kwargs[plan.mask] = form.make(hidden if decoding else hidden[:, start:], dtype)
+    if plan.tables:
+        rows = torch.arange(spec.context_length if plan.full_tables else T, device=device)
+        cos, sin = rope_rows(spec, rows if plan.full_tables else rows + start, "half", dtype, device)
+        for name in plan.tables:
+            if name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
+                half = cos.shape[-1] // 2
+                kwargs[name] = torch.complex(cos[:, :half].float(), sin[:, :half].float())
+            else:
+                kwargs[name] = (cos[None], sin[None]) if name == "position_embeddings" else cos if name == "cos" else sin
+    if plan.position:
+        kind = POSITION_NAMES[plan.position]
+        ids = torch.arange(start, start + T, device=device)
+        kwargs[plan.position] = start if kind == "int" else ids[None] if kind.startswith("ids (1") else ids
+    if plan.cache:
+        kwargs[plan.cache] = cache
+    if plan.use_cache:
+        kwargs["use_cache"] = decoding
+    return kwargs
+
+
+def _split(result, plan: ContextPlan):
+    """``(out, next_cache)`` of a call (``next_cache`` None when the class returns no cache)."""
+    if isinstance(result, tuple | list) and result and isinstance(result[0], torch.Tensor):
+        return result[0], (result[1] if plan.cache and len(result) > 1 else None)
+    return result, None
+
+
+def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Module:
+    """``module`` rebound to ``forward(x, use_cache=False, start_pos=0)`` (``start_pos``: where a prefill without the
+    cache starts) and ``reset_cache()``, its context supplied by ``plan`` for ``spec``: its class is replaced by a subclass made for it (as
+    ``torch.nn.utils.parametrize`` does), so parameter names, hooks and ``.to()`` are unchanged."""
+    base = type(module)
+    original = base.forward
+    own_reset = next((getattr(base, n) for n in ("reset_cache", "reset_kv_cache", "clear_cache")
+                      if callable(getattr(base, n, None))), None)
+
+    def forward(self, x, use_cache: bool = False, start_pos: int = 0):
+        start = self._attnbench_pos if use_cache else start_pos
+        cache = self._attnbench_cache if use_cache else None
+        out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan)
+        if use_cache:
+            self._attnbench_pos = start + x.shape[1]
+            self._attnbench_cache = next_cache
+        return out
+
+    def reset_cache(self) -> None:
+        if own_reset is not None:
+            own_reset(self)
+        self._attnbench_pos, self._attnbench_cache = 0, None
+
+    members = {"forward": forward, "reset_cache": reset_cache, "attnbench_context": plan,
+               "__doc__": base.__doc__, "__module__": base.__module__}
+    module.__class__ = type(base.__name__, (base,), members)
+    module._attnbench_pos, module._attnbench_cache = 0, None
+    return module
+
+
+def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:
+    """Causal on a probe? ``True`` when changing the last of 5 tokens changes only the last output; the exception,
+    in words, when the call raises."""
+    plan = replace(plan, mask_form=form, full_tables=full)
+    try:
+        module = bind_context(build(spec).eval(), plan, spec)
+    except Exception as exc:
+        return f"does not build at the probe's sizes ({type(exc).__name__}: {exc})"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 5, spec.d_in, generator=g)
+    y = x.clone()
+    y[:, -1] += torch.randn(spec.d_in, generator=g)
+    try:
+        with torch.no_grad():
+            a, b = module(x), module(y)
+    except Exception as exc:
+        return f"raises {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not isinstance(a, torch.Tensor) or a.shape[:2] != (1, 5) or not torch.isfinite(a).all():
+        return False
+    diff = (a - b).abs().amax(dim=(0, 2))
+    scale = a.abs().max().clamp_min(1e-6)
+    return bool((diff[:-1] <= 1e-5 * scale).all() and diff[-1] > 1e-3 * scale)
+
+
+def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
+    """``plan`` with its mask form and table form decided on ``probe`` (causal, no RoPE): the first form under which
+    the class's outputs are causal (the class is compared with itself, never with the reference). Raises
+    :class:`PluginLoadError` when none is."""
+    probe = replace(probe, window=None, causal=True, context_length=max(probe.context_length, 9))
+    table_forms = (True, False) if plan.position and plan.tables else (False,)
+    tried = []
+    for full in table_forms:
+        for form in (MASK_FORMS if plan.mask else (None,)):
+            verdict = _moves(build, plan, probe, form, full)
+            if verdict is True:
+                return replace(plan, mask_form=form, full_tables=full)
+            tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
+    raise PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply "
+                          f"({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")
