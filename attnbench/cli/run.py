@@ -78,11 +78,17 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--seq", "seq_len", help="Sequence lengths: 128,256 or 128..2048x2 or 64..512+64.")
 @click.option("--heads", "num_heads", help="Numbers of heads.")
 @click.option("--d-model", "d_model", help="Model widths (d_in = d_out).")
-@click.option("--mode", help="inference, forward, forward+backward, decode (comma-separated).")
+@click.option("--mode", help="inference, forward, forward+backward, decode; with --scope block/model also train; with "
+              "--scope model generate (= generate-cache,generate-nocache) (comma-separated).")
 @click.option("--kv-heads", "num_kv_heads", help="Key/value heads: 1 (MQA), a divisor of --heads (GQA), mha (= heads).")
 @click.option("--window", help="Sliding windows: none (full attention) or w >= 1 (the token and the previous w-1), e.g. none,64.")
 @click.option("--causal/--no-causal", "causal", default=None, help="Causal (default) or bidirectional attention.")
 @click.option("--cache", help="warm, cold (cold flushes the GPU L2 before each call; CUDA only).")
+@click.option("--scope", help="layer (the attention alone, default), block (inside a transformer block), model (inside "
+              "a GPT); comma-separated. README: In the model.")
+@click.option("--layers", help="Model scope: blocks of the GPT (e.g. 2 or 2,12).")
+@click.option("--vocab", help="Model scope: vocabulary size (the book's GPT-2: 50257).")
+@click.option("--new-tokens", "new_tokens", help="--mode generate: tokens generated greedily after the --seq prompt.")
 @click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
 @click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
@@ -117,7 +123,7 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
-            cache, out, resume,
+            cache, scope, layers, vocab, new_tokens, out, resume,
             budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift, baseline,
             cell_timeout_s, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile, csv,
             no_report, report_dir, quiet, as_json) -> None:
@@ -148,7 +154,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         raise click.BadParameter("must be > 0", param_hint="--budget")
     axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
                 num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
-                causal=None if causal is None else (causal,))
+                causal=None if causal is None else (causal,), scope=scope, layers=layers, vocab=vocab,
+                new_tokens=new_tokens)
     if resume:
         if sweep_file or preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
