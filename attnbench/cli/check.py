@@ -21,8 +21,11 @@ from attnbench.errors import UnavailableError
 @click.option("--all-cases", is_flag=True, help="Print every case, not just the summary and the failures.")
 @click.option("-v", "--verbose", is_flag=True, help="Print how each plug-in is constructed and where its weights map.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Draw other weights and inputs for every case.")
+@click.option("--scope", type=click.Choice(["layer", "block", "model"]), default="layer", show_default=True,
+              help="block / model: the implementation inside a tiny transformer block or GPT against the float64 "
+              "reference block or model, and (model) generation with == without the KV cache == the reference.")
 def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool,
-              verbose: bool, seed: int) -> None:
+              verbose: bool, seed: int, scope: str) -> None:
     """Run the correctness matrix on IMPL (or --impl) and print one summary line per implementation.
 
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
@@ -46,9 +49,15 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
             for line in lines:
                 console.print(f"  {line}", markup=False)
     with console.status("running the correctness matrix ..."):
-        results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed)
+        if scope == "layer":
+            results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed)
+        else:
+            from attnbench.models.check import run_scope_checks
+
+            results = run_scope_checks(names, scope, device=device, seed=seed)
     summary = summarize(results)
-    table = Table(title=f"correctness matrix on {device} (relative max-norm error vs float64 reference)")
+    where = "" if scope == "layer" else f" at {scope} scope"
+    table = Table(title=f"correctness matrix{where} on {device} (relative max-norm error vs float64 reference)")
     for col in ("impl", "kind", "dtype", "pass", "fail", "error", "skip", "worst error", "tolerance"):
         table.add_column(col, justify="right" if col not in ("impl", "kind", "dtype") else "left")
     for r in summary.itertuples():

@@ -29,7 +29,9 @@ def summary_table(df, title: str) -> Table:
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
     sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
     cols += ["median", "±CI"] + ([sp_col] if paired else []) + ["peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else [])
-    cols += ["GFLOP/s", "% peak", "flag"]
+    scoped, gen_cols = _model_columns(df)
+    cols[4:4] = ["scope"] if scoped else []
+    cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
     for col in cols:
         table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
@@ -40,11 +42,47 @@ def summary_table(df, title: str) -> Table:
         kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", f"{100 * r.frac_peak_bw:.0f}%"] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]
-        table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
+        table.add_row(r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
+                      str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
                       f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
-                      *kv, f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%", _flags(r))
+                      *kv, *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", f"{100 * r.frac_peak:.0f}%", _flags(r))
     return table
+
+
+GENERATION_COLUMNS = ["TTFT", "prefill tok/s", "decode tok/s", "end-to-end tok/s", "KV cache (all layers)"]
+
+
+def _model_columns(df) -> tuple[bool, list[str]]:
+    """Whether the run has block or model rows (a scope column), and the columns of generation and attention's share
+    (issue 27)."""
+    scopes = df["scope"] if "scope" in df else pd.Series(["layer"] * len(df))
+    scoped = bool((scopes.fillna("layer") != "layer").any())
+    generating = bool(df["mode"].astype(str).str.startswith("generate").any())
+    shared = "attn_share" in df and bool(np.isfinite(pd.to_numeric(df["attn_share"], errors="coerce")).any())
+    return scoped, (GENERATION_COLUMNS if generating else []) + (["attn share (p10–p90)"] if shared else [])
+
+
+def _scope_text(r) -> str:
+    scope = str(getattr(r, "scope", "layer") or "layer")
+    return f"model L{r.layers} V{r.vocab}" + (f" +{r.new_tokens}" if r.new_tokens else "") if scope == "model" else scope
+
+
+def _model_cells(r, cols: list[str]) -> list[str]:
+    """A row's generation and attention-share cells ("-" where the row has none)."""
+    def rate(v):
+        return "-" if v is None or v != v else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+    out = []
+    if "TTFT" in cols:
+        gen = str(r.mode).startswith("generate")
+        out += [fmt_time(r.ttft_s) if gen else "-", rate(r.prefill_tokens_per_s), rate(r.decode_tokens_per_s),
+                rate(r.end_to_end_tokens_per_s), fmt_bytes(r.kv_cache_bytes) if r.mode == "generate-cache" else "-"]
+    if cols and cols[-1].startswith("attn share"):
+        share = getattr(r, "attn_share", float("nan"))
+        out.append("-" if share != share else
+                   f"{100 * share:.0f}% ({100 * r.attn_share_low:.0f}–{100 * r.attn_share_high:.0f}%)")
+    return out
 
 
 def _flags(r) -> str:

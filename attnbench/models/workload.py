@@ -11,9 +11,11 @@ over every layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from attnbench import registry
@@ -26,7 +28,7 @@ from attnbench.models.zoo import ModelShape, assemble, attention_modules, layer_
 from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
-from attnbench.runner.workload import Workload
+from attnbench.spec import AttnSpec
 
 BACKWARD_MODES = ("forward+backward", "train")
 
@@ -40,9 +42,21 @@ def shape_of(cell: Cell) -> ModelShape:
 
 
 @dataclass
-class ScopeWorkload(Workload):
-    """A block or model cell; ``phases`` collects each generation's timing (generate modes)."""
+class ScopeWorkload:
+    """A block or model cell, with the attributes and methods of :class:`attnbench.runner.workload.Workload` (which
+    builds it, so this module does not import that one); ``phases`` collects each generation's timing."""
 
+    cell: Cell
+    spec: AttnSpec
+    module: nn.Module
+    x: torch.Tensor  # activations (block) or token ids (model)
+    grad_out: torch.Tensor | None
+    device: torch.device
+    step: Callable[[], torch.Tensor] | None
+    kv_cache_bytes: float | None = None
+    timed_step: Callable[[], torch.Tensor] | None = None  # a generation needs no restoring between steps
+    restore: Callable[[], None] | None = None
+    notes: tuple[str, ...] = ()
     shape: ModelShape | None = None
     phases: Phases | None = None
     attn_notes: list[str] = field(default_factory=list)
@@ -79,6 +93,7 @@ class ScopeWorkload(Workload):
 
     def extra_columns(self, median_s: float) -> dict:
         """Attention's share of the step, the generation's phases and, with the cache, the KV cache's bytes."""
+        self.notes = (*self.notes, *self.attn_notes)
         out = attention_share(self.step, attention_modules(self.module), self.device,
                               backward=self.cell.mode in BACKWARD_MODES)
         if self.phases is not None:
