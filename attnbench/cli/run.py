@@ -85,6 +85,18 @@ def _model_cells(r, cols: list[str]) -> list[str]:
     return out
 
 
+def _print_model_views(df) -> None:
+    """Issue 27: the layer-vs-block-vs-model speed-ups and the KV cache's end-to-end factor, when the run has them."""
+    from attnbench.models.views import cache_factors, scope_sentences
+
+    for line in scope_sentences(df):
+        console.print(f"  speed-up by scope: {line}", markup=False)
+    for _, r in cache_factors(df).iterrows():
+        console.print(f"  KV cache: {r['impl']} generates {r['factor']:.2f}x the tokens/s with the cache "
+                      f"({r['generate-nocache']:.1f} -> {r['generate-cache']:.1f} tokens/s end to end, "
+                      f"prompt {r['seq_len']}, {r['new_tokens']} new tokens)", markup=False)
+
+
 def _flags(r) -> str:
     """The flag column: ``unstable`` (two modes) and/or ``contended`` (others took the CPUs while it was timed)."""
     flags = ["unstable"] if str(getattr(r, "stability", "")) == "unstable" else []
@@ -108,6 +120,7 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @cli.command("run")
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode, "
+              "model-small, generate-small, gpt2-124m-generate, "
               "cpu-flash-rfc, cpu-flash-rfc-train.")
 @click.option("--impl", "impls", multiple=True, help="Implementations, comma-separated (also compiled:NAME, file.py:Class).")
 @click.option("--device", help="cpu, cuda, cuda:N (comma-separated).")
@@ -235,6 +248,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                                "interrupted": df.attrs["interrupted"], "contended": _contended(df)}))
     elif not quiet:
         console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
+        _print_model_views(df)
         bad = df[df.status != "ok"]
         skipped = bad[bad.status == "skipped"]
         if len(skipped) > 20:  # e.g. a variant sweep: most implementations support only some combinations
