@@ -96,6 +96,7 @@ class TestModelZoo:
         w = build_scope_workload(tiny("kv_concat", mode))
         assert w.check_output(w.step()) is None
 
+    @pytest.mark.slow
     def test_a_training_step_changes_the_weights(self):
         w = build_scope_workload(tiny("sdpa", "train", scope="block"))
         before = w.module.attn.out_proj.weight.detach().clone() if hasattr(w.module.attn, "out_proj") else None
