@@ -300,7 +300,9 @@ def request_for(target=None, **given) -> Request:
     if isinstance(target, Request):
         fields = dataclasses.asdict(target)
     elif target is not None and hasattr(target, "d_model"):  # attnbench.results.schema.Cell
-        fields = dict(device=target.device, dtype=target.dtype, mode=target.mode, d_in=target.d_model,
+        # a block or model mode asks of the attention inside what it does there (train: forward+backward, ...)
+        fields = dict(device=target.device, dtype=target.dtype, mode=getattr(target, "attention_mode", target.mode),
+                      d_in=target.d_model,
                       d_out=target.d_model, num_heads=target.num_heads, batch=target.batch, seq_len=target.seq_len,
                       cache=target.cache, num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
                       **_positional_fields(getattr(target, "positional", "")))

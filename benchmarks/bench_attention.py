@@ -314,3 +314,30 @@ class Compile:
         return row["compile_s"]
 
     track_compile_s.unit = "seconds"
+
+
+class Generate:
+    """Greedy generation by a small GPT (2 blocks, d 128, vocab 512; 16-token prompt, 32 new tokens) with the book's
+    KV cache and without it: end-to-end tokens/s (new tokens / generation seconds). Higher is better."""
+
+    params = (["kv_concat"], ["generate-cache", "generate-nocache"])
+    param_names = ("impl", "mode")
+    timeout = Attention.timeout
+
+    def setup(self, impl, mode):
+        _set_threads()
+        # a commit before scopes has no such Cell axis: _prepare skips it
+        self.workload = _prepare(impl=impl, mode=mode, seq_len=16, d_model=128, scope="model", layers=2, vocab=512,
+                                 new_tokens=32)
+        self._held = _lock_machine()
+
+    def teardown(self, impl, mode):
+        _unlock_machine(getattr(self, "_held", None))
+
+    def track_tokens_per_s(self, impl, mode):
+        w = self.workload
+        timing = measure.time_fn(w.step, w.device, warmup_calls=1, warmup_s=0.0, budget_s=0.5, min_samples=5,
+                                 target_rel_ci=0.05)
+        return BATCH * w.cell.new_tokens / timing.stats()["median_s"]
+
+    track_tokens_per_s.unit = "tokens/s"

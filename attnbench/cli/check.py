@@ -22,8 +22,11 @@ from attnbench.cli.app import _split, cli, console
 @click.option("--case-timeout", "--timeout", "case_timeout", metavar="SECONDS|none",
               help="Seconds after which a case fails as a timeout (and its implementation's later cases are skipped). "
               "Default 60 (300 for compiled:); none: no timeout.")
+@click.option("--scope", type=click.Choice(["layer", "block", "model"]), default="layer", show_default=True,
+              help="block / model: the implementation inside a tiny transformer block or GPT against the float64 "
+              "reference block or model, and (model) generation with == without the KV cache == the reference.")
 def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool,
-              verbose: bool, seed: int, case_timeout: str | None) -> None:
+              verbose: bool, seed: int, case_timeout: str | None, scope: str) -> None:
     """Run the correctness matrix on IMPL (or --impl) and print one summary line per implementation.
 
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
@@ -48,8 +51,13 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
             for line in lines:
                 console.print(f"  {line}", markup=False)
     with console.status("running the correctness matrix ..."):
-        results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed, case_timeout_s=timeout)
-    console.print(matrix_table(results, device))
+        if scope == "layer":
+            results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed, case_timeout_s=timeout)
+        else:
+            from attnbench.models.check import run_scope_checks
+
+            results = run_scope_checks(names, scope, device=device, seed=seed)
+    console.print(matrix_table(results, device, scope))
     shown = results if all_cases else results[results.status.isin(["fail", "error"])]
     for r in shown.itertuples():
         console.print(f"  {case_line(r)}", markup=False)
@@ -73,12 +81,13 @@ def summary_line(impl_name: str, rows) -> str:
     return f"{impl_name}: FAIL ({len(bad)} failed: {', '.join(dict.fromkeys(bad.kind))}; {counts})"
 
 
-def matrix_table(results, device: str) -> Table:
+def matrix_table(results, device: str, scope: str = "layer") -> Table:
     """The check's summary: one row per implementation, kind and dtype (the console's, and a notebook's)."""
     from attnbench.correctness.matrix import summarize
 
     summary = summarize(results)
-    table = Table(title=f"correctness matrix on {device} (relative max-norm error vs float64 reference)")
+    where = "" if scope == "layer" else f" at {scope} scope"
+    table = Table(title=f"correctness matrix{where} on {device} (relative max-norm error vs float64 reference)")
     for col in ("impl", "kind", "dtype", "pass", "fail", "error", "skip", "worst error", "tolerance"):
         table.add_column(col, justify="right" if col not in ("impl", "kind", "dtype") else "left")
     for r in summary.itertuples():

@@ -37,7 +37,9 @@ def summary_table(df, title: str) -> Table:
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
     sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
     cols += ["median", "±CI"] + ([sp_col] if paired else []) + ["peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else [])
-    cols += ["GFLOP/s", "% peak", "flag"]
+    scoped, gen_cols = _model_columns(df)
+    cols[4:4] = ["scope"] if scoped else []
+    cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
     for col in cols:
         table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
@@ -49,11 +51,60 @@ def summary_table(df, title: str) -> Table:
         kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]
-        table.add_row(r.impl, r.device, r.dtype, r.mode, str(r.batch), str(r.seq_len), str(r.num_heads),
+        table.add_row(r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
+                      str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
                       f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
-                      *kv, f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r))
+                      *kv, *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r))
     return table
+
+
+GENERATION_COLUMNS = ["TTFT", "prefill tok/s", "decode tok/s", "end-to-end tok/s", "KV cache (all layers)"]
+
+
+def _model_columns(df) -> tuple[bool, list[str]]:
+    """Whether the run has block or model rows (a scope column), and the columns of generation and attention's share
+    (issue 27)."""
+    scopes = df["scope"] if "scope" in df else pd.Series(["layer"] * len(df))
+    scoped = bool((scopes.fillna("layer") != "layer").any())
+    generating = bool(df["mode"].astype(str).str.startswith("generate").any())
+    shared = "attn_share" in df and bool(np.isfinite(pd.to_numeric(df["attn_share"], errors="coerce")).any())
+    return scoped, (GENERATION_COLUMNS if generating else []) + (["attn share (p10–p90)"] if shared else [])
+
+
+def _scope_text(r) -> str:
+    scope = str(getattr(r, "scope", "layer") or "layer")
+    return f"model L{r.layers} V{r.vocab}" + (f" +{r.new_tokens}" if r.new_tokens else "") if scope == "model" else scope
+
+
+def _model_cells(r, cols: list[str]) -> list[str]:
+    """A row's generation and attention-share cells ("-" where the row has none)."""
+    def rate(v):
+        return "-" if v is None or v != v else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+    out = []
+    if "TTFT" in cols:
+        gen = str(r.mode).startswith("generate")
+        out += [fmt_time(r.ttft_s) if gen else "-", rate(r.prefill_tokens_per_s), rate(r.decode_tokens_per_s),
+                rate(r.end_to_end_tokens_per_s), fmt_bytes(r.kv_cache_bytes) if r.mode == "generate-cache" else "-"]
+    if cols and cols[-1].startswith("attn share"):
+        share = getattr(r, "attn_share", float("nan"))
+        out.append("-" if share != share else
+                   f"{100 * share:.0f}% ({100 * r.attn_share_low:.0f}–{100 * r.attn_share_high:.0f}%)")
+    return out
+
+
+def _print_model_views(df) -> None:
+    """Issue 27: the layer-vs-block-vs-model speed-ups and the KV cache's end-to-end factor, when the run has them."""
+    from attnbench.models.views import cache_factors, scope_sentences
+
+    for line in scope_sentences(df):
+        console.print(f"  speed-up by scope: {line}", markup=False)
+    for _, r in cache_factors(df).iterrows():
+        console.print(f"  KV cache: {r['impl']} generates {r['factor']:.2f}x the tokens/s with the cache "
+                      f"({r['generate-nocache']:.1f} -> {r['generate-cache']:.1f} tokens/s end to end, "
+                      f"prompt {r['seq_len']}, {r['new_tokens']} new tokens)", markup=False)
+
 
 
 def _pct_of_peak(frac: float) -> str:
@@ -98,6 +149,7 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @cli.command("run")
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode, "
+              "model-small, generate-small, gpt2-124m-generate, "
               "cpu-flash-rfc, cpu-flash-rfc-train.")
 @click.option("--impl", "impls", multiple=True, help="Implementations, comma-separated (also compiled:NAME, file.py:Class).")
 @click.option("--device", help="cpu, cuda, cuda:N (comma-separated).")
@@ -106,7 +158,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--seq", "seq_len", help="Sequence lengths: 128,256 or 128..2048x2 or 64..512+64.")
 @click.option("--heads", "num_heads", help="Numbers of heads.")
 @click.option("--d-model", "d_model", help="Model widths (d_in = d_out).")
-@click.option("--mode", help="inference, forward, forward+backward, decode (comma-separated).")
+@click.option("--mode", help="inference, forward, forward+backward, decode; with --scope block/model also train; with "
+              "--scope model generate (= generate-cache,generate-nocache) (comma-separated).")
 @click.option("--kv-heads", "num_kv_heads", help="Key/value heads: 1 (MQA), a divisor of --heads (GQA), mha (= heads).")
 @click.option("--window", help="Sliding windows: none (full attention) or w >= 1 (the token and the previous w-1), e.g. none,64.")
 @click.option("--causal/--no-causal", "causal", default=None, help="Causal (default) or bidirectional attention.")
@@ -122,6 +175,11 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--score-scale", "score_scale", type=float, help="Score scale (default head_dim ** -0.5).")
 @click.option("--softcap", type=float, help="tanh soft-capping of the scores: cap * tanh(s / cap).")
 @click.option("--cache", help="warm, cold (cold flushes the GPU L2 before each call; CUDA only).")
+@click.option("--scope", help="layer (the attention alone, default), block (inside a transformer block), model (inside "
+              "a GPT); comma-separated. README: In the model.")
+@click.option("--layers", help="Model scope: blocks of the GPT (e.g. 2 or 2,12).")
+@click.option("--vocab", help="Model scope: vocabulary size (the book's GPT-2: 50257).")
+@click.option("--new-tokens", "new_tokens", help="--mode generate: tokens generated greedily after the --seq prompt.")
 @click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
 @click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
@@ -163,7 +221,7 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
-            cache, out, resume,
+            cache, scope, layers, vocab, new_tokens, out, resume,
             budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift, baseline,
             cell_timeout, no_memory_guard, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile,
             csv, no_report, report_dir, quiet, as_json, **positional_flags) -> None:
@@ -204,7 +262,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
         raise click.BadParameter("must be > 0", param_hint="--budget")
     axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
                 num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
-                causal=None if causal is None else (causal,), positional=compose(positional_flags))
+                causal=None if causal is None else (causal,), positional=compose(positional_flags), scope=scope,
+                layers=layers, vocab=vocab, new_tokens=new_tokens)
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not resume and executor == "local":
         ahead.enter_context(_prestarted(settings, device))
@@ -254,6 +313,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                                "time": time_line}))
     elif not quiet:
         console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
+        _print_model_views(df)
         bad = df[df.status != "ok"]
         skipped = bad[bad.status == "skipped"]
         if len(skipped) > 20:  # e.g. a variant sweep: most implementations support only some combinations

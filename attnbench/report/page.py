@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.errors import ResultsError
+from attnbench.models import views as model_views
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
 from attnbench.report import variants
@@ -222,8 +223,15 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         figure_sections += [("decode", "KV-cache decoding: latency vs cache length", variants.decode_latency(df, styles, fig_dir)),
                             ("kv-cache", "KV-cache bytes vs context length", variants.kv_cache_bytes(df, styles, fig_dir))]
 
+    model_figs = model_views.model_figures(df, styles, fig_dir)  # issue 27: block and model rows
+    if model_figs:
+        figure_sections.append(("in-the-model", "In the model", model_figs))
+
     # tables
     t = {}
+    amdahl = model_views.scope_speedups(df)
+    if len(amdahl):
+        t["scopes"] = tables.add("scope_speedups", amdahl)
     counts = an.status_counts(df)
     t["status"] = tables.add("status_counts", counts)
     fastest = an.fastest(df)

@@ -19,20 +19,33 @@ STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
 ``timeout`` exceeded ``--cell-timeout``; ``invalid`` wrong shape or non-finite output (not timed);
 ``skipped`` an impossible combination (d_model % heads, dtype or backend unavailable here)."""
 
-MODES = ("inference", "forward", "forward+backward", "decode")
+MODES = ("inference", "forward", "forward+backward", "decode", "train", "generate-cache", "generate-nocache")
 """``inference`` under ``torch.inference_mode``; ``forward`` with autograd recording; ``forward+backward``
 also runs the backward pass (gradients cleared between iterations); ``decode`` one new token's step
-(under ``torch.inference_mode``) against a KV cache that already holds ``seq_len`` tokens."""
+(under ``torch.inference_mode``) against a KV cache that already holds ``seq_len`` tokens. Block and model scope
+(issue 27) add ``train`` (forward, backward and an AdamW step) and, at model scope, ``generate-cache`` /
+``generate-nocache`` (a prompt of ``seq_len`` tokens, then ``new_tokens`` greedy tokens with / without the KV cache;
+``--mode generate`` asks for both)."""
+
+SCOPES = ("layer", "block", "model")
+"""``layer`` the attention module alone (the default); ``block`` it inside a pre-LN transformer block; ``model`` inside
+a GPT of the book's chapter-4 layout (:mod:`attnbench.models`)."""
+
+ATTENTION_MODE = {"train": "forward+backward", "generate-cache": "decode", "generate-nocache": "inference"}
+"""What the attention inside a block or model does in the block-and-model modes (resolve's rules apply to it)."""
 
 CACHE_STATES = ("warm", "cold")
 """``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
 
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache", "num_kv_heads", "window",
-        "causal", "positional")
+        "causal", "positional", "scope", "layers", "vocab", "new_tokens")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
 INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
 """The axes that take positive integers (sweep ranges such as ``128..2048x2`` apply to them)."""
+
+MODEL_AXES = ("layers", "vocab", "new_tokens")
+"""The model's shape (issue 27): blocks, vocabulary and new tokens generated; 0 where the scope has none."""
 
 COLUMNS: dict[str, str] = {
     # identity
@@ -80,6 +93,14 @@ COLUMNS: dict[str, str] = {
     # issue 28: the cell's timeout (NaN: none) and what was predicted before it ran (attnbench.runner.budget):
     # seconds, peak bytes (NaN: not calibrated, far from the memory available) and the bytes available then
     "timeout_s": "float64", "predicted_s": "float64", "predicted_peak_bytes": "float64", "available_bytes": "float64",
+    # issue 27, attention in its model: the scope and the model's shape (0 where the scope has none); generation
+    # (generate-* rows: prefill = the prompt's forward and the first token, decode = the other new tokens; tokens/s
+    # count every batch row; end_to_end = new tokens / the generation's seconds, the book's figure); attention's share
+    # of the step's time (forward hooks around the attention modules: median and 10th..90th percentile over steps)
+    "scope": "string", "layers": "int64", "vocab": "int64", "new_tokens": "int64",
+    "ttft_s": "float64", "prefill_tokens_per_s": "float64", "decode_tokens_per_s": "float64",
+    "end_to_end_tokens_per_s": "float64", "attn_share": "float64", "attn_share_low": "float64",
+    "attn_share_high": "float64",
     # where and when
     "host": "string", "worker": "string", "started_at": "string", "duration_s": "float64",
     # issue 30: where the run's time went and why sampling stopped (attnbench.runner.phases). cycles: the burst cycles
@@ -115,6 +136,10 @@ class Cell:
     window: int | None = None  # None: full attention
     causal: bool = True
     positional: str = ""  # RoPE / QK-norm / scale / softcap (AttnSpec.positional_text); "" = none
+    scope: str = "layer"  # layer | block | model (issue 27)
+    layers: int = 0  # model scope: blocks (0 elsewhere)
+    vocab: int = 0  # model scope: vocabulary size (0 elsewhere)
+    new_tokens: int = 0  # generate modes: tokens generated after the prompt of seq_len (0 elsewhere)
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -128,6 +153,14 @@ class Cell:
         object.__setattr__(self, "causal", bool(self.causal))
         if self.positional is None or self.positional != self.positional:  # None / NaN read back from a row
             object.__setattr__(self, "positional", "")
+        object.__setattr__(self, "scope", str(self.scope or "layer"))
+        for name in MODEL_AXES:
+            object.__setattr__(self, name, int(getattr(self, name) or 0))
+
+    @property
+    def attention_mode(self) -> str:
+        """What the attention inside does: the cell's mode, or for a block or model mode :data:`ATTENTION_MODE`'s."""
+        return ATTENTION_MODE.get(self.mode, self.mode)
 
     @property
     def kv_heads(self) -> int:
@@ -151,6 +184,9 @@ class Cell:
         variant = ((f"|kv{self.num_kv_heads}" if self.num_kv_heads is not None else "")
                    + (f"|w{self.window}" if self.window is not None else "") + ("" if self.causal else "|noncausal")
                    + (f"|{self.positional}" if self.positional else ""))
+        if self.scope != "layer":  # layer cells keep the keys they had before scopes existed
+            variant += f"|{self.scope}" + (f"|L{self.layers}|V{self.vocab}" if self.scope == "model" else "")
+            variant += f"|M{self.new_tokens}" if self.new_tokens else ""
         return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
@@ -159,7 +195,8 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 3  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s)
+SCHEMA_VERSION = 4  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+# generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 
@@ -232,7 +269,7 @@ KEPT_ON_FAILURE = frozenset({
     "run_id", "cell_id", "group_id", "impl", "device", "device_name", "dtype", "batch", "seq_len", "num_heads",
     "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
-    "cpu_affinity",
+    "cpu_affinity", "scope", "layers", "vocab", "new_tokens",
     "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
     "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out
 """What a row that is not ``ok`` keeps: what the cell is, what happened, and where and when it ran. Every other
@@ -274,6 +311,8 @@ def fill_added_columns(df):
             df[name] = df["num_heads"]
         elif name == "group_id" and "cell_id" in df.columns:  # runs before comparison groups: the same key
             df[name] = df["cell_id"].map(lambda c: str(c).split("|", 1)[-1])
+        elif name == "scope":  # runs before scopes measured the attention layer alone
+            df[name] = "layer"
         elif kind == "object":
             df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)
         else:

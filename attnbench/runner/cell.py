@@ -27,7 +27,6 @@ import torch
 from attnbench.devices import device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
 from attnbench.measure import (
-    analytic_flops,
     contention,
     counted_flops,
     decode_bytes,
@@ -39,6 +38,7 @@ from attnbench.measure import (
     time_fn,
 )
 from attnbench.measure.stats import paired_speedup, split_groups, summarize, summarize_groups
+from attnbench.models.generate import rescaled_rates
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
 from attnbench.results.text import fmt_time
@@ -268,8 +268,7 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
     """FLOPs (the model, and counted unless compiled), throughput against the machine's peak, the KV cache of decode
     cells; then the row is ``ok`` with its notes."""
     cell, workload = built.cell, built.workload
-    flops = analytic_flops(cell.batch, cell.seq_len, cell.d_model, cell.d_model, cell.mode, num_heads=cell.num_heads,
-                           num_kv_heads=cell.num_kv_heads, window=cell.window, causal=cell.causal)
+    flops = workload.analytic_flops()
     row["flops"] = flops
     if cell.mode == "decode":
         row["kv_cache_bytes"] = workload.kv_cache_bytes
@@ -293,6 +292,7 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
                          "measured again: the fraction of peak is an upper bound")
     row["peak_gflops_per_s"] = peak
     row["frac_peak"] = row["gflops_per_s"] / peak
+    row.update(workload.extra_columns(row["median_s"]))
     row["status"] = "ok"
     row["notes"] = "; ".join(notes)
 
@@ -372,6 +372,7 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         merged["frac_peak"] = merged["gflops_per_s"] / merged["peak_gflops_per_s"]
         if merged.get("mode") == "decode":
             merged.update(decode_rates(merged["decode_bytes"], merged["median_s"], merged["peak_gbytes_per_s"]))
+        merged.update(rescaled_rates(rows[0], merged["median_s"]))  # generation's tokens/s from the pooled median
         recompiles = [r["recompiles"] for r in rows if r["recompiles"] == r["recompiles"]]
         merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
         merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
-from attnbench.results.schema import AXES, CACHE_STATES, INT_AXES, MODES, Cell, display_name
+from attnbench.results.schema import AXES, CACHE_STATES, INT_AXES, MODEL_AXES, MODES, Cell, display_name
 from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.positional import compose, parse_positional
 
@@ -83,6 +83,10 @@ class Sweep:
     window: tuple[int | None, ...] = (None,)  # None: full attention
     causal: tuple[bool, ...] = (True,)
     positional: tuple[str, ...] = ("",)  # RoPE / QK-norm / scale / softcap: attnbench.runner.positional
+    scope: tuple[str, ...] = ("layer",)  # issue 27: layer | block | model (attnbench.models)
+    layers: tuple[int, ...] = (2,)  # model scope: blocks
+    vocab: tuple[int, ...] = (512,)  # model scope: vocabulary
+    new_tokens: tuple[int, ...] = (16,)  # generate modes: tokens generated after the prompt
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -97,6 +101,7 @@ class Sweep:
                 if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                     raise SweepError(f"{axis} values must be positive integers, got {v!r}")
         object.__setattr__(self, "dtype", tuple(dtype_name(d) for d in self.dtype))
+        object.__setattr__(self, "mode", expand_modes(self.mode))
         for m in self.mode:
             if m not in MODES:
                 raise SweepError(f"unknown mode {m!r}; use one of {', '.join(MODES)}")
@@ -106,6 +111,9 @@ class Sweep:
         for d in self.device:
             if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit())):
                 raise SweepError(f"unknown device {d!r}; use cpu, cuda or cuda:N")
+        from attnbench.models.scope import check_scopes
+
+        check_scopes(self.scope, self.mode, MODEL_AXES, {a: getattr(self, a) for a in MODEL_AXES})
         baseline = self.settings.baseline
         if baseline is not None and baseline not in self.impl and baseline not in [display_name(i) for i in self.impl]:
             raise SweepError(f"--baseline {baseline!r} is not one of the sweep's implementations; use one of "
@@ -130,19 +138,23 @@ class Sweep:
         """Every cell of the grid; CPU cells only get the ``warm`` cache state (no L2 flush on CPU)."""
         out: list[Cell] = []
         seen: set[str] = set()
-        for impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos in itertools.product(
+        from attnbench.models.scope import scope_cells
+
+        for impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos, scope in itertools.product(
                 self.impl, self.device, self.dtype, self.batch, self.seq_len, self.num_heads, self.d_model,
-                self.mode, self.cache, self.num_kv_heads, self.window, self.causal, self.positional):
+                self.mode, self.cache, self.num_kv_heads, self.window, self.causal, self.positional, self.scope):
             if device == "cpu":
                 cache = "warm"
-            cell = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos)
-            if cell.cell_id not in seen:
-                seen.add(cell.cell_id)
-                out.append(cell)
+            layer = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos)
+            for cell in scope_cells(layer, scope, self.layers, self.vocab, self.new_tokens):
+                if cell.cell_id not in seen:
+                    seen.add(cell.cell_id)
+                    out.append(cell)
         return out
 
 
-FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model", "num_kv_heads": "kv-heads"}
+FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model", "num_kv_heads": "kv-heads",
+              "new_tokens": "new-tokens"}
 """The CLI flag of each integer axis, for error messages."""
 
 
@@ -192,6 +204,14 @@ def parse_ints(text: str | int | list, axis: str) -> tuple[int, ...]:
         if v <= 0:
             raise SweepError(f"--{FLAG_NAMES.get(axis, axis)} {v}: values must be >= 1")
     return tuple(dict.fromkeys(values))
+
+
+def expand_modes(modes) -> tuple[str, ...]:
+    """The modes with ``generate`` expanded to ``generate-cache`` and ``generate-nocache`` (issue 27)."""
+    out: list[str] = []
+    for m in modes:
+        out += ["generate-cache", "generate-nocache"] if m == "generate" else [m]
+    return tuple(dict.fromkeys(out))
 
 
 def parse_strs(text: str | list | tuple) -> tuple[str, ...]:
@@ -248,7 +268,7 @@ def parse_bools(text) -> tuple[bool, ...]:
 
 def parse_axis(axis: str, value) -> tuple:
     """The tuple of values of one sweep axis, parsed from a flag's text or a TOML value."""
-    if axis in INT_AXES:
+    if axis in INT_AXES or axis in MODEL_AXES:
         return parse_ints(value, axis)
     parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools,
                "positional": parse_positional}
@@ -259,7 +279,8 @@ AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "bat
              "seq_len": "seq_len", "heads": "num_heads", "num_heads": "num_heads", "d_model": "d_model",
              "d-model": "d_model", "mode": "mode", "cache": "cache", "kv_heads": "num_kv_heads",
              "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal",
-             "positional": "positional"}
+             "positional": "positional",
+             "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:

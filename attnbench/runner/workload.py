@@ -15,6 +15,7 @@ from torch import nn
 from attnbench import registry
 from attnbench.correctness.decode import missing_protocol
 from attnbench.errors import PluginLoadError
+from attnbench.measure.flops import analytic_flops
 from attnbench.measure.memory import retained_bytes, storage_bytes
 from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
@@ -55,6 +56,16 @@ class Workload:
             return "output has non-finite values (nan/inf)"
         return None
 
+    def analytic_flops(self) -> float:
+        """The useful FLOPs of one step (:func:`attnbench.measure.flops.analytic_flops` of the layer)."""
+        c = self.cell
+        return analytic_flops(c.batch, c.seq_len, c.d_model, c.d_model, c.mode, num_heads=c.num_heads,
+                              num_kv_heads=c.num_kv_heads, window=c.window, causal=c.causal)
+
+    def extra_columns(self, median_s: float) -> dict:
+        """Columns this kind of workload adds to an ok row after timing (none for a layer)."""
+        return {}
+
 
 def spec_for(cell: Cell) -> AttnSpec:
     """The layer spec of a cell: ``d_in = d_out = d_model``, ``context_length = seq_len`` (``seq_len + 1`` for
@@ -70,7 +81,12 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
     ``ready`` is the :func:`attnbench.resolve.resolve` answer for the cell when the caller has it;
     otherwise the cell is resolved here. Raises :class:`~attnbench.errors.AttnbenchError` subclasses for
     impossible cells (unknown name, unavailable device/dtype/mode, d_model not divisible by heads).
+    Block and model cells are built by :func:`attnbench.models.workload.build_scope_workload`.
     """
+    if cell.scope != "layer":
+        from attnbench.models.workload import build_scope_workload
+
+        return build_scope_workload(cell, seed, ready)
     impl = registry.get(cell.impl)
     if ready is None:
         outcome = resolve(impl, cell)
