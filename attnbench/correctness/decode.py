@@ -55,6 +55,7 @@ DECODE_SHAPES = [  # (prefill = DECODE_PREFILL tokens, then the patterns up to s
                                                       qk_norm="head")),
     Shape("decode_rope_interleaved_window", 1, 12, AttnSpec(16, 16, 12, 0.0, 2, window=4, rope_theta=500_000.0,
                                                               rope_style="interleaved")),
+    Shape("decode_rope_half_gqa", 2, 10, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=2, rope_theta=500.0)),  # plain RoPE
 ]
 DECODE_PREFILL = {"decode_window_long_prefill": 7}  # default 5
 EVAL_DROPOUT = 0.2

@@ -73,7 +73,7 @@ VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped w
 
 def shape_specs() -> dict[str, AttnSpec]:
     """Every shape id of the matrix and its spec (for what ``check -v`` says was exercised)."""
-    shapes = SHAPES + VARIANT_SHAPES + DECODE_SHAPES + positional.POSITIONAL_SHAPES + [positional.START_SHAPE]
+    shapes = SHAPES + VARIANT_SHAPES + DECODE_SHAPES + positional.POSITIONAL_SHAPES + positional.START_SHAPES
     return {s.id: s.spec for s in shapes}
 
 

@@ -41,10 +41,14 @@ POSITIONAL_SHAPES = [  # run where the implementation declares what they set
                                                    qk_norm="head")),
     Shape("qknorm_full_rope_window", 2, 11, AttnSpec(16, 16, 12, 0.0, 2, rope_theta=1000.0, qk_norm="full",
                                                        norm_eps=1e-5, window=4)),
+    # plain rotate-half RoPE (no scaling, no QK-norm): what a class owning unscaled tables (HF-style, the book's
+    # Llama 3.2 GQA) computes, so such a class is checked against RoPE too
+    Shape("rope_half_theta500_gqa", 2, 10, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=2, rope_theta=500.0)),
     Shape("score_scale", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, scale=0.9)),
     Shape("softcap", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, softcap=1.0)),
 ]
-START_SHAPE = Shape("rope_start", 2, 6, AttnSpec(16, 16, 16, 0.0, 2, rope_theta=100.0, qk_norm="head"))
+START_SHAPES = [Shape("rope_start", 2, 6, AttnSpec(16, 16, 16, 0.0, 2, rope_theta=100.0, qk_norm="head")),
+                Shape("rope_start_plain", 2, 6, AttnSpec(16, 16, 16, 0.0, 2, rope_theta=100.0))]  # no QK-norm
 STARTS = (3, 10)
 """Start positions of ``rope_start``: past 0, and the last that fits (10 + 6 = context_length, the tables' end)."""
 START_NAMES = ("start_pos",)
@@ -56,7 +60,7 @@ def cases() -> list[Case]:
     out: list[Case] = []
     for shape in POSITIONAL_SHAPES:
         out += [Case("forward", shape, "float64"), Case("forward", shape, "float32"), Case("backward", shape, "float64")]
-    return out + [Case("rope_start", START_SHAPE, "float64"), Case("rope_start", START_SHAPE, "float32")]
+    return out + [Case("rope_start", shape, dtype) for shape in START_SHAPES for dtype in ("float64", "float32")]
 
 
 def start_argument(module: torch.nn.Module) -> str | None:
