@@ -31,9 +31,9 @@ from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_we
 
 def check(impls=None, **kwargs):
     """Run the correctness matrix (see :func:`attnbench.correctness.matrix.run_matrix`): a DataFrame
-    (:class:`attnbench.notebook.CheckResults`) that a notebook shows as the check's summary table."""
+    (:class:`attnbench.results.notebook.CheckResults`) that a notebook shows as the check's summary table."""
     from attnbench.correctness.matrix import cases, run_matrix
-    from attnbench.notebook import CheckResults, in_notebook, notebook_progress
+    from attnbench.results.notebook import CheckResults, in_notebook, notebook_progress
 
     impls = list(impls) if impls else None
     if kwargs.get("progress") is None and in_notebook():
@@ -46,9 +46,9 @@ def check(impls=None, **kwargs):
 
 def run(*args, **kwargs):
     """Run a sweep and return its tidy DataFrame (see :func:`attnbench.runner.engine.run`):
-    :class:`attnbench.notebook.RunResults`, with ``plot(...)`` and ``report()``, shown in a notebook as the
+    :class:`attnbench.results.notebook.RunResults`, with ``plot(...)`` and ``report()``, shown in a notebook as the
     console's summary table and the headline speed-ups."""
-    from attnbench.notebook import RunResults, in_notebook, notebook_progress
+    from attnbench.results.notebook import RunResults, in_notebook, notebook_progress
     from attnbench.runner.engine import run as _run
 
     if kwargs.get("progress") is None and in_notebook():

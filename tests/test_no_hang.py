@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench import cli, interrupts
+from attnbench import cli
 from attnbench.errors import SweepError
 from attnbench.measure import oom
 from attnbench.results.schema import Cell
-from attnbench.runner import budget
+from attnbench.runner import budget, interrupts
 from attnbench.runner.executors import orphans
 from attnbench.runner.group import measure_unit
 from attnbench.runner.sweep import Settings

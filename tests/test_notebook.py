@@ -1,4 +1,4 @@
-"""Notebook results (attnbench.notebook): DataFrames that show the console's summary and draw the report's figures."""
+"""Notebook results (attnbench.results.notebook): DataFrames that show the console's summary and draw the report's figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from sample_runs import synthetic_run
 
 from attnbench.correctness.matrix import run_matrix
 from attnbench.errors import ResultsError
-from attnbench.notebook import CheckResults, Figures, RunResults
+from attnbench.results.notebook import CheckResults, Figures, RunResults
 from attnbench.results.store import load_run
 
 

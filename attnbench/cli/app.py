@@ -11,8 +11,8 @@ import sys
 import click
 from rich.console import Console
 
-from attnbench import interrupts
 from attnbench.errors import AttnbenchError
+from attnbench.runner import interrupts
 
 # Wide when piped (logs, CI): rich would otherwise wrap every table at 80 columns.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -41,7 +41,7 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user errors become one line and exit status 2; SIGTERM and SIGHUP are handled
-    like Ctrl-C (:mod:`attnbench.interrupts`: one line, exit 143 / 129)."""
+    like Ctrl-C (:mod:`attnbench.runner.interrupts`: one line, exit 143 / 129)."""
     interrupts.install()
     try:
         cli.main(args=argv, prog_name="attnbench", standalone_mode=False)

@@ -16,11 +16,11 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from attnbench import interrupts
 from attnbench.cli.app import _split, cli, console, err_console
 from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
+from attnbench.runner import interrupts
 
 
 def summary_table(df, title: str) -> Table:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench import interrupts, registry
+from attnbench import registry
 from attnbench.devices import cuda_available, parse_device, parse_device_type
 from attnbench.errors import AttnbenchError, SweepError
 from attnbench.measure import drift
 from attnbench.measure.cpu_env import check_allocator
 from attnbench.results.schema import AXES, INT_AXES, Cell
-from attnbench.runner import budget
+from attnbench.runner import budget, interrupts
 from attnbench.runner.cell import torch_threads
 from attnbench.runner.executors.base import Executor
 from attnbench.runner.session import RunSession, cpu_env_meta, sweep_from_meta, sweep_to_dict  # noqa: F401  (public here)
@@ -165,7 +165,7 @@ def run(sweep: Sweep | None = None, *, out: str | Path = "results", resume: str 
                                    argv=argv, progress=progress)
     try:
         session.measure(lock="off" if allow_concurrent else "no-wait" if no_wait else "wait")
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (attnbench.interrupts): every finished row is kept
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (attnbench.runner.interrupts): every finished row is kept
         session.interrupted = True
         interrupted_by = interrupts.signal_of(exc)
     finally:
