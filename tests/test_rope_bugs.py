@@ -83,7 +83,7 @@ def test_verbose_words_name_what_the_cases_exercised():
     rows = [run_case("rope_sdpa", c) for c in NEW_CASES]
     df = pd.DataFrame([r.__dict__ for r in rows])
     text = exercised(df, shape_specs())["rope_sdpa"]
-    assert text.startswith("RoPE (half, interleaved; theta 100, 1000, 500000; llama3 scaling; start positions; "
+    assert text.startswith("RoPE (half, interleaved; theta 100, 500, 1000, 500000; llama3 scaling; start positions; "
                            "decode offsets)")
     assert "QK-norm (full, head)" in text and "score scale" in text and "softcap" not in text
 
