@@ -264,6 +264,7 @@ class Attn(MultiHeadAttention):
 '''
 
 
+@pytest.mark.slow  # a real process start or two (15-25 s): the slow set
 def test_real_runs_flag_a_slowed_plugin(tmp_path, monkeypatch, isolated_registry):
     attnbench = pytest.importorskip("attnbench")
     pytest.importorskip("attnbench.runner.engine")

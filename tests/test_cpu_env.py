@@ -97,6 +97,7 @@ def test_default_threads_leave_one_core(monkeypatch, cpus, threads):
     assert cpu_env.default_threads() == threads
 
 
+@pytest.mark.slow  # a real process start or two (15-25 s): the slow set
 def test_given_threads_and_unbound_runs_keep_their_thread_count(tmp_path):
     given = attnbench.run(impl=["sdpa"], out=tmp_path / "given", settings={**FAST, "threads": 2}, **TINY)
     assert given.iloc[0].threads == 2

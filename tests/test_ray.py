@@ -21,6 +21,8 @@ from attnbench.results.schema import COLUMNS, Cell
 from attnbench.results.store import read_meta
 from attnbench.runner.sweep import Settings
 
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance per module: its tests stay on one xdist worker
+
 FAST = {"budget_s": 0.1, "min_samples": 3, "warmup_calls": 1, "warmup_s": 0.0, "flop_check": False}
 SMALL = {"seq_len": [32, 64], "d_model": [32], "num_heads": [2], "batch": [1], "mode": ["forward"]}
 

@@ -165,6 +165,7 @@ def test_cli_unknown_flag_in_a_real_process():
     assert proc.returncode == 2 and "No such option" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a real process start or two (15-25 s): the slow set
 def test_cli_json_output(tmp_path):
     proc = _cli("run", "--impl", "sdpa", "--seq", "16", "--batch", "1", "--heads", "2", "--d-model", "16",
                 "--budget", "0.05", "--out", str(tmp_path), "--json", "--no-report", "--csv")

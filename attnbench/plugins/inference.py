@@ -144,6 +144,10 @@ def infer_positional(binding: Binding, names: set[str], where: str, declared: di
             requires.append("qk_norm")
         lines.append(f"qk_norm: {placement} ({f'{where} {switch[0]}; ' if switch else 'always on: '}its q/k norms "
                      f"are {'per head' if placement == 'head' else 'over the whole projection'} on a probe)")
+        if not any(n in names for n in ALIASES["norm_eps"]):
+            caps["refuses"] = (*caps.get("refuses", ()), "norm_eps")
+            lines.append("norm_eps: its own (nothing the class takes sets its norms' epsilon: a spec with another "
+                         "norm_eps is skipped)")
     for key, field in (("score_scale", "query_pre_attn_scalar"), ("softcap", "softcap")):
         found = [n for n in ALIASES[field] if n in names]
         if found and key not in declared:

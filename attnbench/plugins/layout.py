@@ -19,6 +19,7 @@ The result is a :class:`Layout`, which gives an :class:`~attnbench.weights.Adapt
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections import defaultdict
@@ -434,6 +435,12 @@ def _mapping_error(module: nn.Module, params, spec: AttnSpec, problems: list[str
             f"to_state = lambda w, spec: {{'{first}': {value}, ..., 'out.weight': w.W_o}} ({GUIDE})")
 
 
+_SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AttnSpec)}
+_REFUSED = {"rope_scaling": "it builds its own rotary tables unscaled",
+            "norm_eps": f"its q/k norms keep their own epsilon; the spec's is {_SPEC_DEFAULTS['norm_eps']:g} by default"}
+"""Why a class cannot apply a spec field it does not take (``PluginFactory.refuses``: a value other than the default)."""
+
+
 class PluginFactory:
     """A user's constructor (bound by :mod:`~attnbench.plugins.binding`) whose modules carry a discovered
     weight layout as ``weight_adapter`` (unless they bring their own)."""
@@ -454,10 +461,10 @@ class PluginFactory:
         if lacking:
             raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} always applies "
                                    f"{' and '.join(_ALWAYS[f] for f in lacking)}; the spec has none ({', '.join(lacking)}=None)")
-        refused = [f for f in self.refuses if getattr(spec, f, None) is not None]
+        refused = [f for f in self.refuses if getattr(spec, f) != _SPEC_DEFAULTS[f]]
         if refused:
             raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} takes no "
-                                   f"{', '.join(refused)} (it builds its own rotary tables unscaled)")
+                                   + "; no ".join(f"{f} ({_REFUSED[f]})" for f in refused))
         module = self.binding(spec)
         if not isinstance(module, nn.Module):
             return module
