@@ -40,13 +40,34 @@ def cpu_busy_fraction(window_s: float = 0.5) -> float | None:
 
     import time
 
-    first = snapshot()
+    first, own_first = snapshot(), _own_ticks()
     if first is None:
         return None
     time.sleep(window_s)
-    second = snapshot()
+    second, own = snapshot(), _own_ticks() - own_first
     total, idle = second[0] - first[0], second[1] - first[1]
-    return round(1 - idle / total, 3) if total > 0 else None
+    return round(max(1 - idle / total - own / total, 0.0), 3) if total > 0 else None
+
+
+def _own_ticks() -> int:
+    """CPU ticks (user + system) of this process and every live descendant (``/proc``; 0 where unreadable), so that
+    :func:`cpu_busy_fraction` does not count this run's own work, e.g. a measuring worker started ahead that is
+    importing torch, as other load."""
+    ticks, todo, seen = 0, [str(os.getpid())], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += (task / "children").read_text().split()
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks
 
 
 def installed_version() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -219,3 +220,18 @@ def test_a_run_across_scopes_reports_in_the_model(tmp_path):
     html = build_report(df.attrs["run_dir"], tmp_path / "report").read_text()
     assert "In the model" in html and "model-attention-share" in html
     assert "Paired speed-ups of each implementation as a layer, in the block" in html
+
+
+@pytest.mark.parametrize("mode", ["generate-cache", "generate-nocache", "train", "inference"])
+def test_the_cost_prediction_reads_a_model_cells_own_flop_model(mode):
+    """The runner predicts every cell's cost before it runs (runner/budget.py): a model cell's modes have FLOPs of
+    their own (attention, MLP, LM head, the generation's steps), not the layer's."""
+    from attnbench.models.workload import step_flops
+    from attnbench.runner import budget
+    from attnbench.runner.sweep import Settings
+
+    cell = Cell("sdpa", "cpu", "float32", 1, 16, 4, 128, mode, "warm", scope="model", layers=2, vocab=512,
+                new_tokens=8 if mode.startswith("generate") else 0)
+    assert budget.cell_flops(cell) == step_flops(cell) > budget.cell_flops(Cell("sdpa", "cpu", "float32", 1, 16, 4, 128))
+    plan = budget.plan_cell(cell, Settings(), None, contextlib.nullcontext)
+    assert plan.skip is None and plan.predicted_s > 0 and plan.timeout_s >= budget.floor_s(cell)

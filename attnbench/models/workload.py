@@ -83,13 +83,7 @@ class ScopeWorkload:
 
     def analytic_flops(self) -> float:
         """Useful FLOPs of one step: every layer's attention (the layer model) and MLP, and the LM head."""
-        c, s = self.cell, self.shape
-        if c.mode == "generate-nocache":
-            return sum(forward_flops(c, s, t, "inference") for t in range(c.seq_len, c.seq_len + c.new_tokens))
-        if c.mode == "generate-cache":
-            return forward_flops(c, s, c.seq_len, "inference") + sum(
-                forward_flops(c, s, t, "decode") for t in range(c.seq_len, c.seq_len + c.new_tokens - 1))
-        return forward_flops(c, s, c.seq_len, "forward+backward" if c.mode == "train" else c.mode)
+        return step_flops(self.cell, self.shape)
 
     def extra_columns(self, median_s: float) -> dict:
         """Attention's share of the step, the generation's phases and, with the cache, the KV cache's bytes."""
@@ -101,6 +95,18 @@ class ScopeWorkload:
         if self.cell.mode == "generate-cache":
             out["kv_cache_bytes"] = self.kv_cache_bytes
         return out
+
+
+def step_flops(c: Cell, s: ModelShape | None = None) -> float:
+    """Useful FLOPs of one step of a block or model cell (``s``: its shape, default :func:`shape_of`), also what the
+    runner's cost prediction (:mod:`attnbench.runner.budget`) uses before anything is built."""
+    s = shape_of(c) if s is None else s
+    if c.mode == "generate-nocache":
+        return sum(forward_flops(c, s, t, "inference") for t in range(c.seq_len, c.seq_len + c.new_tokens))
+    if c.mode == "generate-cache":
+        return forward_flops(c, s, c.seq_len, "inference") + sum(
+            forward_flops(c, s, t, "decode") for t in range(c.seq_len, c.seq_len + c.new_tokens - 1))
+    return forward_flops(c, s, c.seq_len, "forward+backward" if c.mode == "train" else c.mode)
 
 
 def forward_flops(c: Cell, s: ModelShape, tokens: int, mode: str) -> float:

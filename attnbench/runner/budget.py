@@ -154,17 +154,22 @@ def memory_bound(cell: Cell) -> float:
     keys = cell.seq_len + (1 if cell.mode == "decode" else 0)
     scores = cell.batch * cell.num_heads * queries * keys
     acts = cell.batch * keys * cell.d_model
-    backward = 3 if cell.mode == "forward+backward" else 1
-    return float((4 * scores + 12 * acts) * element_bytes(cell) * backward)
+    backward = 3 if cell.attention_mode == "forward+backward" else 1  # a block's or model's training step too
+    layers = max(cell.layers, 1)  # a model holds every block's activations for its backward
+    return float((4 * scores + 12 * acts) * element_bytes(cell) * backward * layers)
 
 
 def resident_bytes(cell: Cell) -> float:
     """What the cell holds before its first call: the input and the four projection weights (their gradients too)."""
-    grads = 2 if cell.mode == "forward+backward" else 1
+    grads = 2 if cell.attention_mode == "forward+backward" else 1
     return float((cell.batch * cell.seq_len * cell.d_model + 4 * cell.d_model ** 2) * element_bytes(cell) * grads)
 
 
 def cell_flops(cell: Cell) -> float:
+    if cell.scope != "layer":  # a block or a model: its own FLOP model (attention, MLP, LM head; generation's steps)
+        from attnbench.models.workload import step_flops
+
+        return step_flops(cell)
     return analytic_flops(cell.batch, cell.seq_len, cell.d_model, cell.d_model, cell.mode, num_heads=cell.num_heads,
                           num_kv_heads=cell.num_kv_heads, window=cell.window, causal=cell.causal)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 import zlib
 from collections.abc import Callable
@@ -271,7 +272,11 @@ def plan_unit(cells: list[Cell], settings: Settings, peak_gflops_per_s: float | 
         if on_member:
             on_member(cell.cell_id)
         floor = budget.seconds(settings.cell_timeout_s, cell)
-        plans[cell.cell_id] = budget.plan_cell(cell, settings, peak_gflops_per_s, lambda floor=floor: deadline(floor))
+        try:
+            plans[cell.cell_id] = budget.plan_cell(cell, settings, peak_gflops_per_s, lambda floor=floor: deadline(floor))
+        except Exception as exc:  # a prediction that fails (a bug in a cost model) costs the cell its forecast, not its row
+            plans[cell.cell_id] = budget.Plan(cell.cell_id, math.nan, math.nan, math.nan, math.nan, floor,
+                                              f"no prediction ({type(exc).__name__}: {exc})")
     timeout = budget.unit_timeout(list(plans.values()))
     return plans, dataclasses.replace(settings, cell_timeout_s=timeout)
 
