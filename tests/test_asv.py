@@ -72,8 +72,10 @@ def test_rope_benchmark_decodes_a_llama3_style_layer(suite, single_thread):
     bench.time_step("rope_sdpa", "decode", 256)
     cell = bench.workload.cell
     assert (cell.num_kv_heads, cell.positional) == (2, "rope_theta=500000;rope_scaling=llama3;qk_norm=head")
-    assert bench.track_kv_cache_bytes("rope_sdpa", "decode", 256) >= 2 * 2 * 256 * 2 * 64 * 4  # 2·b·T·kv·hd·4 bytes
     bench.teardown("rope_sdpa", "decode", 256)
+    cache = suite.RopeCache()
+    cache.setup("rope_sdpa", 256)
+    assert cache.track_kv_cache_bytes("rope_sdpa", 256) >= 2 * 2 * 256 * 2 * 64 * 4  # 2·b·T·kv·hd·4 bytes
     assert "rope_math" in suite.Rope.params[0] and not {"rope_sdpa", "rope_math"} & set(suite.Attention.params[0])
 
 
