@@ -30,9 +30,14 @@ from attnbench.measure.timing import cuda_event_intervals, l2_flusher
 MIN_BURST_S = 0.01
 MAX_BURST_S = 0.05
 CALLS_PER_BURST_TARGET = 10
-"""Default burst length: about 10 calls of the group's slowest member, kept within 10-50 ms (always at least
-one call). Short enough that a cycle sees one state of the machine, long enough that switching members
-(caches, allocator) is a small part of a burst."""
+"""Default burst length with ``pairing="cycle"``: about 10 calls of the group's slowest member, kept within 10-50 ms
+(always at least one call). Short enough that a cycle sees one state of the machine, long enough that switching
+members (caches, allocator) is a small part of a burst."""
+ADJACENT_BURST = (2, 0.003, 0.02)
+"""Calls of the slowest member, minimum and maximum seconds of a burst with ``pairing="adjacent"``: a pair is a
+member's burst and the baseline's next to it, so shorter bursts keep its two halves within one state of the machine
+(measured on the 2-vCPU VM, 2026-12-02: 12 members at T=256, 9 s a group, 6 repeats: the speed-ups' SD between
+repeats was 3.4% with these bursts against 5.7% with the same bursts in a shuffled cycle)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class InterleavedTiming:
     member_stopped_by: Mapping[str, str] = None  # per member: target (known within it) | budget | max_cycles | failed
     member_cycles: Mapping[str, int] = None  # per member: the cycles it ran in
     warmup_s_spent: Mapping[str, float] = None  # per member: seconds of warm-up (the rest of the wall time is cycles)
+    pair_base_s: Mapping[str, tuple[float, ...]] = None  # pairing "adjacent": per member and cycle, the baseline's
+    # per-call time in the bursts right before and after this member's (their geometric mean; NaN where none)
+    pairing: str = "cycle"  # cycle: one burst per member and cycle | adjacent: a baseline burst between members
 
     @property
     def cycles(self) -> int:
@@ -68,7 +76,23 @@ class InterleavedTiming:
         (NaN without a baseline or without a cycle both ran in)."""
         if self.baseline is None:
             return math.nan, math.nan, math.nan
-        return paired_speedup([self.cycle_s[self.baseline]], [self.cycle_s[name]], seed=seed)
+        return paired_speedup([self.paired_base(name)], [self.cycle_s[name]], seed=seed)
+
+    def paired_base(self, name: str) -> tuple[float, ...]:
+        """The baseline's per-cycle times that ``name``'s are paired with: the adjacent bursts' (pairing
+        ``adjacent``), else the baseline's cycle times."""
+        if self.pairing == "adjacent" and self.pair_base_s and name != self.baseline:
+            return self.pair_base_s[name]
+        return self.cycle_s[self.baseline]
+
+
+PAIRINGS = ("cycle", "adjacent")
+"""How a member's bursts are paired with the baseline's. ``cycle``: every member (the baseline too) runs one burst per
+cycle, in a shuffled order, and a member's ratio is to the baseline's burst of the same cycle, up to a cycle away.
+``adjacent``: the baseline runs between every two members (B m1 B m2 ... B), so each member's burst is paired with
+the baseline's bursts right before and after it, milliseconds apart. On a shared VM whose speed changes every 50-500
+ms, the adjacent pairs see one state of the machine where a cycle of 12 members does not; the baseline then takes
+about half of the cycles' time."""
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu", *,
@@ -77,20 +101,23 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
                      min_block_s: float = 1e-3, seed: int = 0, l2_flush: bool = False, baseline: str | None = None,
                      on_burst: Callable[[str], None] | None = None,
                      guard: Callable[[str], contextlib.AbstractContextManager] | None = None,
-                     between: dict[str, Callable[[], object]] | None = None) -> InterleavedTiming:
+                     between: dict[str, Callable[[], object]] | None = None,
+                     pairing: str = "cycle") -> InterleavedTiming:
     """Time the members of ``fns`` (one call = one iteration of a member's workload) in alternation.
 
     Each member is warmed up in turn (at least ``warmup_calls`` calls and ``warmup_s`` seconds), which also
     measures its call time; the burst length is then ``burst_s`` (default: about 10 calls of the slowest
-    member, within 10-50 ms) and every member's calls per burst are fixed from its call time. Each cycle
-    runs every active member's burst once, in an order shuffled per cycle (``random.Random(seed)``). After
-    ``min_cycles`` cycles, a member whose figure the user reads is known within ``target_rel_ci`` leaves the
-    cycles: with a ``baseline``, a member's paired speed-up CI and the baseline's median CI (its block samples,
-    at least ``min_samples`` of them); without one, each member's median CI (:func:`_settled`). The baseline stays
-    while any other member is timed. Sampling stops when every member has left (``ci``), or after ``budget_s`` of
-    cycles (and at least 3; a ceiling, not a quota), or at ``max_cycles``. ``member_stopped_by`` says per member
-    why it stopped (``target`` when it left known, else the group's reason) and ``member_cycles`` how many cycles
-    it ran in.
+    member, within 10-50 ms; adjacent pairs: :data:`ADJACENT_BURST`) and every member's calls per burst are fixed from
+    its call time. Each cycle
+    runs every active member's burst once, in an order shuffled per cycle (``random.Random(seed)``); with
+    ``pairing="adjacent"`` and a ``baseline``, the baseline's burst also runs between every two others and at both
+    ends (:data:`PAIRINGS`). After ``min_cycles`` cycles, a member whose figure the user reads is known within
+    ``target_rel_ci`` leaves the cycles: with a ``baseline``, a member's paired speed-up CI and the baseline's median CI
+    (its block samples, at least ``min_samples`` of them); without one, each member's median CI (:func:`_settled`).
+    The baseline stays while any other member is timed. Sampling stops when every member has left (``ci``), or after
+    ``budget_s`` of cycles (and at least 3; a ceiling, not a quota), or at ``max_cycles``. ``member_stopped_by`` says
+    per member why it stopped (``target`` when it left known, else the group's reason) and ``member_cycles`` how many
+    cycles it ran in.
 
     A member that raises (in warm-up or in a burst) is dropped from later cycles and reported in
     ``failures``; the others carry on. ``on_burst(name)`` is called before each member's warm-up and each
@@ -99,68 +126,33 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     outside the timed region: its calls are then timed one by one.
     """
     device = torch.device(device)
-    cuda = device.type == "cuda"
     if baseline is not None and baseline not in fns:
         raise ValueError(f"baseline {baseline!r} is not one of the members {list(fns)}")
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing {pairing!r}: use one of {', '.join(PAIRINGS)}")
     names = tuple(fns)
-    between = between or {}
-    guard = guard or (lambda name: contextlib.nullcontext())
-    failures: dict[str, BaseException] = {}
-    per_call_s: dict[str, float] = {}
-    warm: dict[str, int] = {name: 0 for name in names}
-    warm_s: dict[str, float] = {name: 0.0 for name in names}
-    for name in names:
-        t_warm = time.perf_counter()
-        try:
-            if on_burst:
-                on_burst(name)
-            with guard(name):
-                per_call_s[name], warm[name] = _warm_up(fns[name], device, warmup_calls, warmup_s, between.get(name))
-        except Exception as exc:  # the member is out; the group goes on
-            failures[name] = exc
-        warm_s[name] = time.perf_counter() - t_warm
-
-    if burst_s is None:
-        slowest = max(per_call_s.values(), default=0.0)
-        burst_s = min(max(CALLS_PER_BURST_TARGET * slowest, MIN_BURST_S), MAX_BURST_S)
-    # calls per burst: `blocks` timed blocks of `block_calls` calls (CUDA: one call per event interval)
-    block_calls = {n: 1 if cuda or n in between else max(1, math.ceil(min_block_s / max(t, 1e-9)))
-                   for n, t in per_call_s.items()}
-    blocks = {n: max(1, round(burst_s / max(t * block_calls[n], 1e-9))) for n, t in per_call_s.items()}
-    flush = l2_flusher(device) if cuda and l2_flush else None
-
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    run = _Bursts(fns, device, between or {}, guard or (lambda name: contextlib.nullcontext()), on_burst)
+    per_call_s, warm, warm_s = run.warm_all(warmup_calls, warmup_s)
+    run.plan(per_call_s, burst_s, min_block_s, l2_flush, pairing == "adjacent" and baseline is not None)
     cycles: dict[str, list[float]] = {name: [] for name in names}
+    pairs: dict[str, list[float]] = {name: [] for name in names}
     orders: list[tuple[str, ...]] = []
     rng = random.Random(seed)
-    active = [n for n in names if n not in failures]
+    active = [n for n in names if n not in run.failures]
     stopped_by = "max_cycles" if active else "failed"
     known: set[str] = set()  # members that left the cycles known within the target
     start = time.perf_counter()
     while active and len(orders) < max_cycles:
-        order = rng.sample(active, len(active))
-        for name in names:
-            cycles[name].append(math.nan)
-        for name in order:
-            try:
-                if on_burst:
-                    on_burst(name)
-                with guard(name):
-                    synchronize(device)  # the previous member's work is finished before this burst starts
-                    burst = (_burst_cuda(fns[name], blocks[name], flush, device, between.get(name)) if cuda
-                             else _burst_cpu(fns[name], blocks[name], block_calls[name], between.get(name)))
-            except Exception as exc:
-                failures[name] = exc
-                active.remove(name)
-                continue
-            samples[name].extend(burst)
-            cycles[name][-1] = sum(burst) / len(burst)  # blocks are equally long: their mean is the per-call time
-        orders.append(tuple(order))
+        order = _order(rng, active, baseline, pairing)
+        times = run.cycle(order, active)
+        _record_cycle(order, times, baseline, cycles, pairs)
+        orders.append(order)
         if not active:
             stopped_by = "failed"
             break
         if len(orders) >= min_cycles:
-            settled = _settled(samples, cycles, active, baseline, min_samples, target_rel_ci)
+            paired_to = pairs if pairing == "adjacent" else None
+            settled = _settled(run.samples, cycles, active, baseline, min_samples, target_rel_ci, paired_to)
             if settled == set(active):
                 known |= settled
                 stopped_by = "ci"
@@ -169,19 +161,124 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
             # a member known well enough (its median, and its speed-up against the baseline) leaves the cycles,
             # so the group's time goes to the members still short of the target; the baseline stays while any
             # other member is timed, since every paired ratio needs it in the same cycle
-            active = [n for n in active if n not in settled or n == baseline]
+            active[:] = [n for n in active if n not in settled or n == baseline]
         if time.perf_counter() - start > budget_s and len(orders) >= min(3, max_cycles):
             stopped_by = "budget"
             break
+    failures = run.failures
     return InterleavedTiming(
-        members=names, samples_s={n: tuple(s) for n, s in samples.items()},
+        members=names, samples_s={n: tuple(s) for n, s in run.samples.items()},
         cycle_s={n: tuple(c) for n, c in cycles.items()}, orders=tuple(orders),
-        calls_per_sample={n: block_calls.get(n, 0) for n in names},
-        calls_per_burst={n: block_calls[n] * blocks[n] if n in blocks else 0 for n in names},
-        warmup_calls=warm, failures=failures, timer="cuda_event" if cuda else "perf_counter_ns",
+        calls_per_sample={n: run.block_calls.get(n, 0) for n in names},
+        calls_per_burst={n: run.block_calls[n] * run.blocks[n] if n in run.blocks else 0 for n in names},
+        warmup_calls=warm, failures=failures, timer="cuda_event" if device.type == "cuda" else "perf_counter_ns",
         stopped_by=stopped_by, baseline=baseline,
         member_stopped_by={n: "failed" if n in failures else "target" if n in known else stopped_by for n in names},
-        member_cycles={n: sum(1 for c in cycles[n] if c == c) for n in names}, warmup_s_spent=warm_s)
+        member_cycles={n: sum(1 for c in cycles[n] if c == c) for n in names}, warmup_s_spent=warm_s,
+        pair_base_s={n: tuple(p) for n, p in pairs.items()} if pairing == "adjacent" else None, pairing=pairing)
+
+
+def _order(rng: random.Random, active: list[str], baseline: str | None, pairing: str) -> tuple[str, ...]:
+    """One cycle's bursts: the active members shuffled; ``adjacent``: the baseline between every two and at both ends."""
+    if pairing != "adjacent" or baseline not in active or len(active) < 2:
+        return tuple(rng.sample(active, len(active)))
+    others = [n for n in active if n != baseline]
+    order = [baseline]
+    for name in rng.sample(others, len(others)):
+        order += [name, baseline]
+    return tuple(order)
+
+
+def _record_cycle(order: tuple[str, ...], times: list[float], baseline: str | None, cycles: dict[str, list[float]],
+                  pairs: dict[str, list[float]]) -> None:
+    """A cycle's per-call times (NaN: the burst failed) into each member's cycle time (the baseline's: the mean of its
+    bursts) and, for the others, the geometric mean of the baseline's bursts next to theirs (``pairs``)."""
+    for name in cycles:
+        cycles[name].append(math.nan)
+        pairs[name].append(math.nan)
+    base = [t for n, t in zip(order, times, strict=True) if n == baseline and t == t]
+    if base:
+        cycles[baseline][-1] = sum(base) / len(base)
+    for k, (name, t) in enumerate(zip(order, times, strict=True)):
+        if name == baseline or t != t:
+            continue
+        cycles[name][-1] = t
+        near = [times[j] for j in (k - 1, k + 1) if 0 <= j < len(order) and order[j] == baseline and times[j] == times[j]]
+        if near:
+            pairs[name][-1] = math.exp(sum(math.log(x) for x in near) / len(near))
+
+
+class _Bursts:
+    """The members' warm-up and bursts: their calls per block and blocks per burst, samples and failures."""
+
+    def __init__(self, fns, device, between, guard, on_burst):
+        self.fns, self.device, self.between, self.guard, self.on_burst = fns, device, between, guard, on_burst
+        self.failures: dict[str, BaseException] = {}
+        self.samples: dict[str, list[float]] = {name: [] for name in fns}
+        self.block_calls: dict[str, int] = {}
+        self.blocks: dict[str, int] = {}
+        self.flush = None
+
+    def warm_all(self, warmup_calls: int, warmup_s: float):
+        """Warm every member up in turn: per-call times, calls made and seconds spent, per member."""
+        per_call_s: dict[str, float] = {}
+        warm = {name: 0 for name in self.fns}
+        warm_s = {name: 0.0 for name in self.fns}
+        for name in self.fns:
+            t_warm = time.perf_counter()
+            try:
+                if self.on_burst:
+                    self.on_burst(name)
+                with self.guard(name):
+                    per_call_s[name], warm[name] = _warm_up(self.fns[name], self.device, warmup_calls, warmup_s,
+                                                            self.between.get(name))
+            except Exception as exc:  # the member is out; the group goes on
+                self.failures[name] = exc
+            warm_s[name] = time.perf_counter() - t_warm
+        return per_call_s, warm, warm_s
+
+    def plan(self, per_call_s: dict[str, float], burst_s: float | None, min_block_s: float, l2_flush: bool,
+             adjacent: bool = False) -> None:
+        """Each member's calls per timed block and blocks per burst, so that every burst lasts about ``burst_s``
+        (default: :data:`CALLS_PER_BURST_TARGET`, or :data:`ADJACENT_BURST` for adjacent pairs)."""
+        cuda = self.device.type == "cuda"
+        if burst_s is None:
+            calls, low, high = ADJACENT_BURST if adjacent else (CALLS_PER_BURST_TARGET, MIN_BURST_S, MAX_BURST_S)
+            slowest = max(per_call_s.values(), default=0.0)
+            burst_s = min(max(calls * slowest, low), high)
+        # calls per burst: `blocks` timed blocks of `block_calls` calls (CUDA: one call per event interval)
+        self.block_calls = {n: 1 if cuda or n in self.between else max(1, math.ceil(min_block_s / max(t, 1e-9)))
+                            for n, t in per_call_s.items()}
+        self.blocks = {n: max(1, round(burst_s / max(t * self.block_calls[n], 1e-9))) for n, t in per_call_s.items()}
+        self.flush = l2_flusher(self.device) if cuda and l2_flush else None
+
+    def cycle(self, order: tuple[str, ...], active: list[str]) -> list[float]:
+        """Run the bursts of ``order``; each burst's per-call time (NaN where it failed: that member leaves ``active``)."""
+        out = []
+        for name in order:
+            if name not in active:  # failed earlier in this cycle
+                out.append(math.nan)
+                continue
+            try:
+                if self.on_burst:
+                    self.on_burst(name)
+                with self.guard(name):
+                    synchronize(self.device)  # the previous member's work is finished before this burst starts
+                    burst = self.burst(name)
+            except Exception as exc:
+                self.failures[name] = exc
+                active.remove(name)
+                out.append(math.nan)
+                continue
+            self.samples[name].extend(burst)
+            out.append(sum(burst) / len(burst))  # blocks are equally long: their mean is the per-call time
+        return out
+
+    def burst(self, name: str) -> list[float]:
+        fn, between = self.fns[name], self.between.get(name)
+        if self.device.type == "cuda":
+            return _burst_cuda(fn, self.blocks[name], self.flush, self.device, between)
+        return _burst_cpu(fn, self.blocks[name], self.block_calls[name], between)
 
 
 def _warm_up(fn: Callable[[], object], device: torch.device, warmup_calls: int, warmup_s: float,
@@ -232,16 +329,16 @@ def _burst_cuda(fn: Callable[[], object], calls: int, flush: Callable[[], None] 
 
 
 def _settled(samples: dict[str, list[float]], cycles: dict[str, list[float]], active: list[str], baseline: str | None,
-             min_samples: int, target_rel_ci: float) -> set[str]:
+             min_samples: int, target_rel_ci: float, pairs: dict[str, list[float]] | None = None) -> set[str]:
     """The active members known within the target, on the figure the user reads: with an active baseline, a member's
-    paired speed-up against it and the baseline's median (block samples, at least ``min_samples``); without one,
-    each member's median."""
+    paired speed-up against it (``pairs[name]``: its adjacent baseline bursts, else the baseline's cycles) and the
+    baseline's median (block samples, at least ``min_samples``); without one, each member's median."""
     settled = set()
     paired = baseline is not None and baseline in active
     for name in active:
         if paired and name != baseline:
             # one group: the distribution-free interval of the median log ratio, no bootstrap (cheap between cycles)
-            s, lo, hi = paired_speedup([cycles[baseline]], [cycles[name]])
+            s, lo, hi = paired_speedup([pairs[name] if pairs else cycles[baseline]], [cycles[name]])
             if not (hi - lo) / 2 / s <= target_rel_ci:  # NaN is not settled
                 continue
         elif len(samples[name]) < min_samples or not summarize(samples[name])["ci_rel"] <= target_rel_ci:

@@ -90,6 +90,12 @@ COLUMNS: dict[str, str] = {
     # consecutive groups of cycles (one per round and process), like sample_groups for samples_s
     "group_id": "string", "baseline": "string", "speedup": "float64", "speedup_ci_low": "float64",
     "speedup_ci_high": "float64", "cycle_s": "object", "cycle_groups": "object",
+    # issue 30, adjacent pairs (Settings.pairing): per cycle, the baseline's per-call time in the bursts right before
+    # and after this member's (geometric mean), aligned with cycle_s; empty on the baseline's row and with cycle pairs
+    "pair_base_s": "object",
+    # issue 30: the speed-up's between-round SD (log scale) its interval was widened with (pooled over the run's cells,
+    # moderated by this cell's own rounds: attnbench.measure.speedup_spread); NaN: not widened (one round, too few cells)
+    "speedup_spread_rel": "float64",
     # issue 28: the cell's timeout (NaN: none) and what was predicted before it ran (attnbench.runner.budget):
     # seconds, peak bytes (NaN: not calibrated, far from the memory available) and the bytes available then
     "timeout_s": "float64", "predicted_s": "float64", "predicted_peak_bytes": "float64", "available_bytes": "float64",
@@ -195,8 +201,9 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 4  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
-# generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes)
+SCHEMA_VERSION = 5  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+# generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
+# 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 

@@ -360,6 +360,7 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
     # burst cycles (interleaved groups): concatenated in the same order, one cycle group per round and process
     merged["cycle_s"] = [float(c) for r in rows for c in _as_list(r.get("cycle_s"))]
     merged["cycle_groups"] = [int(n) for r in rows for n in _cycle_groups(r)]
+    merged["pair_base_s"] = [float(c) for r in rows for c in _as_list(r.get("pair_base_s"))]
     merged["stability"] = "unstable" if modes else "stable"
     notes = [modes.text()] if modes else []
     if len(rows) > 1:
@@ -411,10 +412,10 @@ def _cycle_groups(row: dict) -> list[int]:
 def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
     """The rows of one comparison group (merged over rounds and processes, any status) with ``baseline``,
     ``speedup`` and its CI filled in against the baseline implementation (a name as in ``impl`` or as given to
-    ``--impl``): from each member's ``cycle_s`` and the baseline's, paired cycle by cycle within each cycle
-    group (:func:`attnbench.measure.stats.paired_speedup`). The baseline's own row gets 1.0. A speed-up that
-    cannot be paired is NaN and the row's notes say why; the notes of an unstable member's (or against an
-    unstable baseline's) speed-up say so."""
+    ``--impl``): from each member's ``cycle_s`` and the baseline's (its bursts next to the member's, ``pair_base_s``,
+    with adjacent pairs), paired cycle by cycle within each cycle group (:func:`attnbench.measure.stats.paired_speedup`).
+    The baseline's own row gets 1.0. A speed-up that cannot be paired is NaN and the row's notes say why; the notes of
+    an unstable member's (or against an unstable baseline's) speed-up say so."""
     name = display_name(baseline)
     base = next((r for r in rows if r.get("impl") == name or r.get("impl") == baseline), None)
     out = []
@@ -440,7 +441,7 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
                        f"({'+'.join(map(str, theirs))})")
             else:
                 seed = zlib.crc32(str(row.get("cell_id")).encode())
-                s, lo, hi = paired_speedup(split_groups(_as_list(base["cycle_s"]), mine),
+                s, lo, hi = paired_speedup(split_groups(paired_base(row, base), mine),
                                            split_groups(_as_list(row["cycle_s"]), mine), seed=seed)
                 if s == s:
                     row.update(speedup=s, speedup_ci_low=lo, speedup_ci_high=hi)
@@ -454,6 +455,13 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
         if why:
             row["notes"] = "; ".join(n for n in (row.get("notes"), why) if n)
     return out
+
+
+def paired_base(row: dict, base: dict) -> list[float]:
+    """The baseline's per-cycle times ``row``'s are paired with: its adjacent baseline bursts (``pair_base_s``, adjacent
+    pairs) when it has them for every cycle, else the baseline's own cycle times."""
+    adjacent = _as_list(row.get("pair_base_s"))
+    return adjacent if len(adjacent) == len(_as_list(row.get("cycle_s"))) and adjacent else _as_list(base["cycle_s"])
 
 
 def compiled_graphs() -> int | None:

@@ -191,7 +191,8 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
             target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
             min_cycles=MIN_CYCLES if len(fns) > 1 else 1, max_cycles=settings.max_samples,
             budget_s=settings.budget_s * len(fns), seed=_default_seed(cell, settings) if seed is None else seed,
-            l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard, between=between)
+            l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard, between=between,
+            pairing=settings.pairing)
     charge()
     share_s = (time.perf_counter() - t0) / len(fns)
     record_phases(rows, ids, timing, time.perf_counter() - t0)
@@ -216,6 +217,8 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
                            f"{timing.calls_per_burst[cid]}-call bursts"
                            + (f" ({', '.join(dropped)} dropped when it failed)" if dropped else ""))
         rows[i]["cycle_s"] = [float(c) for c in timing.cycle_s[cid]]
+        if timing.pair_base_s is not None and cid != base:  # the baseline's bursts next to this member's
+            rows[i]["pair_base_s"] = [float(c) for c in timing.pair_base_s[cid]]
         rows[i]["cycle_groups"] = [timing.cycles]
     return share_s
 

@@ -29,11 +29,11 @@ import pandas as pd
 
 from attnbench import environment
 from attnbench.devices import parse_device_type
-from attnbench.measure import contention, cpu_env, drift, machine_lock
+from attnbench.measure import contention, cpu_env, drift, machine_lock, speedup_spread
 from attnbench.results.schema import Cell
 from attnbench.results.store import RunStore, load_run, new_run_id
 from attnbench.runner import compile_cache, phases
-from attnbench.runner.cell import add_speedups, merge_rounds
+from attnbench.runner.cell import add_speedups, merge_rounds, paired_base
 from attnbench.runner.executors.base import Executor, WorkUnit
 from attnbench.runner.sweep import Settings, Sweep
 
@@ -219,6 +219,7 @@ class RunSession:
             nodes.update({n.get("ray_node_id"): n for n in env["nodes"]})
             meta["nodes"] = list(nodes.values())
         self._scale_drift()
+        self._widen_speedups()
         wall_s = time.perf_counter() - self._started
         meta["wall_s"] = meta.get("wall_s", 0.0) + wall_s
         meta["phases"] = phases.merge(meta.get("phases"), self._phases(wall_s))
@@ -280,6 +281,26 @@ class RunSession:
             stale = of_kind[(of_kind["status"] == "ok") & (of_kind["drift_rel"].fillna(0.0) != scaled.rel)]
             if len(stale):
                 self._remake(set(stale["cell_id"]), scaled.rel)
+
+    def _widen_speedups(self) -> None:
+        """Every paired speed-up's interval at least as wide as its rounds' spread says (per device type: the
+        between-round SD pooled over this session's cells, :mod:`attnbench.measure.speedup_spread`); ``meta.json``
+        (``speedup_spread``) records the pooled SD per device type. A resumed run's earlier rows keep theirs."""
+        by_kind: dict[str, list[dict]] = {}
+        for row, _ in self.stored.values():
+            by_kind.setdefault(parse_device_type(str(row.get("device"))), []).append(row)
+        self.store.meta["speedup_spread"] = {}
+        for kind, rows in by_kind.items():
+            rounds = speedup_spread.per_round(rows, paired_base)
+            sd, cells = speedup_spread.pooled(rounds.values())
+            self.store.meta["speedup_spread"][kind] = {"sd": sd, "cells": cells, "prior_df": speedup_spread.PRIOR_DF}
+            for cell_id, x in rounds.items() if sd is not None else ():
+                row, path = self.stored[cell_id]
+                own = speedup_spread.moderated_sd(x, sd)
+                lo, hi = speedup_spread.widened(row, own, len(x))
+                new_row = {**row, "speedup_ci_low": lo, "speedup_ci_high": hi, "speedup_spread_rel": own}
+                self.store.rewrite(path, new_row)
+                self.stored[cell_id] = (new_row, path)
 
     def _remake(self, stale_ids: set[str], new: float) -> None:
         def remake(row: dict) -> dict | None:

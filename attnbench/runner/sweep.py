@@ -48,6 +48,9 @@ class Settings:
     seed: int = 0
     flop_check: bool = True  # cross-check FLOPs with torch.utils.flop_counter
     baseline: str | None = None  # the implementation speed-ups are against (None: default_baseline of the sweep)
+    # how a comparison group's bursts pair with the baseline's (attnbench.measure.interleave.PAIRINGS): adjacent (a
+    # baseline burst between every two members: each ratio from bursts milliseconds apart) or cycle (one burst each)
+    pairing: str = "adjacent"
     work_pass: bool = True  # measure peak memory and count FLOPs (the first round does; later ones reuse it: for_round)
 
 
