@@ -202,3 +202,18 @@ def test_a_worker_started_ahead_is_the_one_the_run_measures_in(tmp_path, monkeyp
     assert ahead.proc.poll() is not None
     with local.prestarted(Settings(**{**FAST, "isolate": True})):
         assert local._SHARED is None  # nothing started ahead of isolated cells
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_a_compile_may_use_the_drivers_cores_and_the_binding_comes_back():
+    import torch._inductor.config as inductor_config
+
+    before, threads = os.sched_getaffinity(0), inductor_config.compile_threads
+    os.sched_setaffinity(0, {min(before)})  # bound to one core, as a measuring process is
+    try:
+        with compile_cache.all_cores() as cores:
+            assert cores == os.sched_getaffinity(0) >= {min(before)}
+            assert inductor_config.compile_threads == len(cores)
+        assert os.sched_getaffinity(0) == {min(before)} and inductor_config.compile_threads == threads
+    finally:
+        os.sched_setaffinity(0, before)

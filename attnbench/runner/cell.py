@@ -212,8 +212,9 @@ def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | No
     graphs_before = compiled_graphs() if compiled else None
     cache_before = compile_cache.counts() if compiled else None
     t0 = time.perf_counter()
-    out = workload.step()  # the first call: compiles compiled: cells, checks the output
-    synchronize(workload.device)
+    with compile_cache.all_cores() if compiled else contextlib.nullcontext():  # a compile uses the run's cores
+        out = workload.step()  # the first call: compiles compiled: cells, checks the output
+        synchronize(workload.device)
     first_call_s = time.perf_counter() - t0
     cache = compile_cache.state(cache_before, compile_cache.counts()) if compiled else ""
     problem = workload.check_output(out)

@@ -32,6 +32,7 @@ from torch.utils import benchmark
 
 from attnbench.measure import machine_lock, time_fn
 from attnbench.results.schema import Cell
+from attnbench.runner.sweep import Settings
 from attnbench.runner.workload import build_workload
 
 WORKLOADS = [
@@ -69,7 +70,8 @@ def measure_pair(base: Cell, member: Cell, budget_s: float, repeats: int) -> dic
         tub = {}
         for which in (("paired", "tub") if i % 2 == 0 else ("tub", "paired")):
             if which == "paired":
-                t = time_interleaved(steps, budget_s=2 * budget_s, target_rel_ci=0.0, baseline="base", seed=i)
+                t = time_interleaved(steps, budget_s=2 * budget_s, target_rel_ci=0.0, baseline="base", seed=i,
+                                     pairing=Settings().pairing)  # as attnbench run pairs a group's bursts
                 ours.append(t.speedup("member")[0])
                 medians = {k: t.stats(k)["median_s"] for k in steps}
             else:
@@ -118,8 +120,13 @@ def measure(cell: Cell, budget_s: float, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=1.0, help="seconds per measurement for each timer")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating rounds per workload")
+    parser.add_argument("--budget", type=float, default=0.2,
+                        help="seconds per measurement for each timer (default 0.2: blocked_autorange's min_run_time in "
+                             "the issue's reference)")
+    parser.add_argument("--repeats", type=int, default=15,
+                        help="alternating rounds per workload (default 15): the ratio of each round's two medians, "
+                             "measured moments apart, then the median over rounds; on a VM whose speed changes every "
+                             "50-500 ms, many short rounds pair the two timers more closely than a few long ones")
     parser.add_argument("--cpu-allocator", default="pinned", help="the measuring environment (as attnbench run's)")
     parser.add_argument("--no-cpu-bind", action="store_true", help="no OpenMP binding (as attnbench run's)")
     parser.add_argument("--paired", action="store_true", help="the interleaved path: paired speed-ups of comparison "
