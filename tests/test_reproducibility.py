@@ -52,6 +52,9 @@ def test_speedup_agreement_movement_coverage_and_reversals():
     assert summary["reversals"] == 1 and summary["excluding_1"] == 2 and summary["paired_cells"] == 3
     assert summary["speedup_coverage_pct"] == pytest.approx(100 * (1.0 + 0.0 + 1.0) / 3)
     assert summary["speedup_worst_max_min"] == pytest.approx(1.05 / 0.97)
+    # a's paired CI (1.15-1.25 around 1.20) against the unpaired one from the two medians' CIs
+    assert cells.loc["a", "paired_rel"] == pytest.approx(np.median([0.05 / 1.20, 0.05 / 1.22]))
+    assert summary["paired_half_width"] > 0 and np.isfinite(summary["unpaired_half_width"])
 
 
 def test_speedup_agreement_of_runs_without_paired_speedups_uses_the_medians():

@@ -134,6 +134,11 @@ def _with_speedups(df: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     medians = {(r.impl, r.group): r.median_s for r in ok.itertuples()}
     ok["sp_medians"] = [medians.get((b, g), float("nan")) / m for b, g, m in zip(ok.base, ok.group, ok.median_s,
                                                                                    strict=True)]
+    # the unpaired speed-up's 95% half-width (relative): the two medians' CIs (with the between-run term) combined
+    rel = {(r.impl, r.group): float(r.ci_rel) for r in ok.itertuples()}
+    ok["unpaired_rel"] = [float(np.hypot(rel.get((b, g), float("nan")), r)) for b, g, r in
+                          zip(ok.base, ok.group, ok.ci_rel.astype(float), strict=True)]
+    ok["paired_rel"] = (ok.speedup_ci_high - ok.speedup_ci_low) / 2 / ok.speedup
     return ok[ok.impl != ok.base]
 
 
@@ -158,7 +163,8 @@ def speedup_agreement(frames: list[pd.DataFrame], baseline: str | None = None) -
                "speedup": float(np.median(sp)) if paired else float("nan"),
                "max_min": float(sp.max() / sp.min()) if paired else float("nan"),
                "max_min_medians": float(np.nanmax(g.sp_medians) / np.nanmin(g.sp_medians)),
-               "coverage": float("nan"), "reversed": False, "excludes_1": False}
+               "coverage": float("nan"), "reversed": False, "excludes_1": False,
+               "paired_rel": float(np.median(g.paired_rel)), "unpaired_rel": float(np.median(g.unpaired_rel))}
         if paired:
             i, j = np.nonzero(~np.eye(len(g), dtype=bool))
             row["coverage"] = float(np.mean((lo[i] <= sp[j]) & (sp[j] <= hi[i])))
@@ -167,7 +173,8 @@ def speedup_agreement(frames: list[pd.DataFrame], baseline: str | None = None) -
             row["reversed"] = bool((faster.any() and (sp < 1).any()) or (slower.any() and (sp > 1).any()))
         rows.append(row)
     cells = pd.DataFrame(rows, columns=["impl", "baseline", "seq_len", "mode", "dtype", "cell_id", "runs", "speedup",
-                                        "max_min", "max_min_medians", "coverage", "reversed", "excludes_1"])
+                                        "max_min", "max_min_medians", "coverage", "reversed", "excludes_1",
+                                        "paired_rel", "unpaired_rel"])
     paired_cells = cells[np.isfinite(cells.max_min)] if len(cells) else cells
     nan = float("nan")
     summary = {"speedup_cells": len(cells), "paired_cells": len(paired_cells),
@@ -177,7 +184,9 @@ def speedup_agreement(frames: list[pd.DataFrame], baseline: str | None = None) -
                "medians_mean_max_min": float(cells.max_min_medians.mean()) if len(cells) else nan,
                "speedup_coverage_pct": 100 * float(paired_cells.coverage.mean()) if len(paired_cells) else nan,
                "excluding_1": int(paired_cells.excludes_1.sum()) if len(paired_cells) else 0,
-               "reversals": int(paired_cells.reversed.sum()) if len(paired_cells) else 0}
+               "reversals": int(paired_cells.reversed.sum()) if len(paired_cells) else 0,
+               "paired_half_width": float(paired_cells.paired_rel.median()) if len(paired_cells) else nan,
+               "unpaired_half_width": float(paired_cells.unpaired_rel.median()) if len(paired_cells) else nan}
     return cells, summary
 
 
@@ -195,7 +204,9 @@ def print_speedups(cells: pd.DataFrame, summary: dict) -> None:
           f"{summary['speedup_mean_max_min']:.3f} (ratio of medians: worst {summary['medians_worst_max_min']:.3f}, mean "
           f"{summary['medians_mean_max_min']:.3f}); a run's paired CI covered another run's speed-up in "
           f"{summary['speedup_coverage_pct']:.0f}% of pairs; {summary['reversals']} of {summary['excluding_1']} "
-          "speed-up(s) whose CI excluded 1 in some run reversed in another")
+          "speed-up(s) whose CI excluded 1 in some run reversed in another; median 95% half-width: paired "
+          f"±{100 * summary['paired_half_width']:.1f}%, unpaired (the two medians' CIs) "
+          f"±{100 * summary['unpaired_half_width']:.1f}%")
 
 
 def _split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
