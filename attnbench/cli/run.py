@@ -238,7 +238,6 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     attnbench run --impl rope_sdpa,rope_math --rope-theta 500000 --rope-scaling llama3 --qk-norm head --kv-heads 2
     attnbench run --resume results/<run-id>
     """
-    from attnbench.runner.engine import argv_for_meta, make_sweep, run
     from attnbench.runner.positional import compose
 
     quiet = quiet or as_json
@@ -267,6 +266,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not resume and executor == "local":
         ahead.enter_context(_prestarted(settings, device))
+    from attnbench.runner.engine import argv_for_meta, make_sweep, run  # after: the worker imports alongside
+
     if resume:
         if sweep_file or preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")

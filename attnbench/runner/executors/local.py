@@ -37,7 +37,6 @@ from attnbench.results.schema import Cell, failed_row, normalise_row
 from attnbench.runner import budget, compile_cache, phases
 from attnbench.runner.executors import orphans
 from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
-from attnbench.runner.group import measure_unit
 from attnbench.runner.sweep import Settings, for_round
 
 STARTUP_TIMEOUT_S = 600.0
@@ -289,6 +288,8 @@ class InProcessExecutor:
     def run_unit(self, cells: tuple[Cell, ...], settings: Settings | None = None) -> list[dict]:
         """Measure ``cells`` (one cell, or the members of a comparison group timed in alternation) here (``settings``:
         this unit's, default the executor's)."""
+        from attnbench.runner.group import measure_unit  # not at import: a command starts its worker first
+
         if self.settings.cpu_allocator == "pinned":
             cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
         rows = measure_unit(cells, settings or self.settings, self.run_id, on_plan=_announce)
