@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sys
 import time
@@ -385,9 +384,9 @@ def _startup_s(df) -> float:
     """Seconds this command spent before its run session (imports, the sweep): the process's age less the session's
     wall time; 0 when this process is not the command (a test calling the CLI in-process)."""
     from attnbench.runner import phases
+    from attnbench.runner.executors.ahead import own_command
 
-    own = sys.argv[0].endswith(("attnbench", os.path.join("attnbench", "__main__.py")))
-    age = phases.process_age_s() if own else None
+    age = phases.process_age_s() if own_command(sys.argv) else None
     session = df.attrs.get("session_wall_s")
     return max(age - session, 0.0) if age is not None and session is not None else 0.0
 

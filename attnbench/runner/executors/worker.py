@@ -34,12 +34,14 @@ def _serve(label: str, driver_pid: int | None = None) -> None:
     die_with_parent(driver_pid)  # first: nothing may outlive the driver, however it dies
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # prints of implementations go to stderr
+    # torch first: OpenMP binds this thread as it loads, so that threads other libraries start later (pyarrow's)
+    # inherit that binding rather than every core
+    import torch
+
     from attnbench.measure import cpu_env
     from attnbench.runner.executors.warmup import settle_heap, warm_cells, warm_process
 
     warm_process(int(os.environ.get("OMP_NUM_THREADS") or 0), pinned=cpu_env.requested_allocator() == "pinned")
-    import torch
-
     from attnbench import registry
     from attnbench.plugins.exits import plugin_exits
     from attnbench.results.schema import Cell
@@ -52,9 +54,9 @@ def _serve(label: str, driver_pid: int | None = None) -> None:
     def send(message: dict) -> None:
         proto.write(json.dumps(message) + "\n")
 
-    names = registry.names()
-    settle_heap()  # what the imports and the warm-up made lives as long as the process
-    send({"ready": {**described, "pid": os.getpid(), "threads": torch.get_num_threads(), "names": names}})
+    send({"ready": {**described, "pid": os.getpid(), "threads": torch.get_num_threads(), "names": registry.names()}})
+    settle_heap()  # what the imports and the warm-up made lives as long as the process (after the answer: off
+    # the driver's wait when it is not waiting yet)
     for line in sys.stdin:
         request = json.loads(line)
         if request.get("probe"):
