@@ -7,6 +7,8 @@ import subprocess
 import sys
 import weakref
 
+import pytest
+
 import attnbench.measure as measure
 from attnbench import environment
 from attnbench.runner.executors.warmup import settle_heap
@@ -100,3 +102,14 @@ def test_the_run_takes_the_worker_started_ahead_only_when_its_environment_fits(m
     early = ahead._STARTED.proc
     assert ahead.take({**ahead._STARTED.env, "OMP_NUM_THREADS": "99"}, ahead.LABEL) is None  # another environment
     assert early.poll() is not None and ahead._STARTED is None  # ended, not left running
+
+
+@pytest.mark.slow
+def test_a_worker_leaves_cleanly_at_the_end_of_its_input():
+    from attnbench.measure import cpu_env
+    from attnbench.runner.executors.local import WorkerProcess
+
+    worker = WorkerProcess(cpu_env.process_env(cpu_env.CpuEnv("pinned")), "test")
+    assert worker.probe()["cpu_allocator"] == "pinned"
+    worker.close()
+    assert worker.proc.returncode == 0  # os._exit(0) after the last answer, not a kill after close()'s wait

@@ -92,7 +92,11 @@ def _serve(label: str, driver_pid: int | None = None) -> None:
 
 def _leave() -> None:
     """End the process at once: everything was answered, and tearing down an interpreter that holds torch and
-    Inductor (freeing every module and object) would keep the driver waiting for a second or more."""
+    Inductor (freeing every module and object) would keep the driver waiting for a second or more. Of that teardown
+    only ending Inductor's compile workers matters (they would otherwise notice within a minute)."""
+    compiling = sys.modules.get("torch._inductor.async_compile")
+    if compiling is not None:
+        compiling.shutdown_compile_workers()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
