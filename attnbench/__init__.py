@@ -11,22 +11,32 @@ Python API (the CLI is a thin layer over it)::
 
 from __future__ import annotations
 
-from attnbench.errors import (  # noqa: E402
-    AttnbenchError,
-    InputShapeError,
-    InvalidSpecError,
-    PluginLoadError,
-    ResultsError,
-    SweepError,
-    UnavailableError,
-    UnknownImplementationError,
-)
-from attnbench.registry import Implementation, get, register  # noqa: E402
-from attnbench.registry import names as list_implementations
-from attnbench.spec import AttnSpec  # noqa: E402
+import importlib
 
 __version__ = "0.1.0"
-from attnbench.weights import Adapter, CanonicalWeights, export_weights, load_weights, random_weights  # noqa: E402
+
+_HOME = {
+    **dict.fromkeys(("AttnbenchError", "InputShapeError", "InvalidSpecError", "PluginLoadError", "ResultsError",
+                     "SweepError", "UnavailableError", "UnknownImplementationError"), "errors"),
+    "Implementation": "registry", "get": "registry", "register": "registry", "list_implementations": "registry",
+    "AttnSpec": "spec",
+    **dict.fromkeys(("Adapter", "CanonicalWeights", "export_weights", "load_weights", "random_weights"), "weights"),
+}
+"""The API's names -> the module that defines them, imported on first use (PEP 562): the ``attnbench`` command
+starts its measuring worker before this process imports torch (:mod:`attnbench.runner.executors.ahead`)."""
+_RENAMED = {"list_implementations": "names"}
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
 
 
 def check(impls=None, **kwargs):

@@ -49,6 +49,27 @@ def cpu_busy_fraction(window_s: float = 0.5) -> float | None:
     return round(max(1 - idle / total - own / total, 0.0), 3) if total > 0 else None
 
 
+class BusySample:
+    """:func:`cpu_busy_fraction` taken in a thread of its own, so that this process prepares its run during the
+    window instead of sleeping through it (its own work and its children's are left out of the fraction either
+    way); :meth:`result` waits for the window's end."""
+
+    def __init__(self, window_s: float = 0.5) -> None:
+        import threading
+
+        self._value: float | None = None
+        self._thread = threading.Thread(target=self._take, args=(window_s,), name="attnbench-busy-sample", daemon=True)
+        self._thread.start()
+
+    def _take(self, window_s: float) -> None:
+        self._value = cpu_busy_fraction(window_s)
+
+    def result(self) -> float | None:
+        """The fraction (None where it cannot be measured), once the window has passed."""
+        self._thread.join()
+        return self._value
+
+
 def _own_ticks() -> int:
     """CPU ticks (user + system) of this process and every live descendant (``/proc``; 0 where unreadable), so that
     :func:`cpu_busy_fraction` does not count this run's own work, e.g. a measuring worker started ahead that is
@@ -92,8 +113,10 @@ def git_commit(path: str | Path | None = None) -> str | None:
         return None
 
 
-def collect(argv: list[str] | None = None) -> dict:
-    """Run metadata: timestamp, command line, commit, versions, CPU, GPUs and driver, threads, hostname."""
+def collect(argv: list[str] | None = None, busy: BusySample | None = None) -> dict:
+    """Run metadata: timestamp, command line, commit, versions, CPU, GPUs and driver, threads, hostname, how busy the
+    CPUs were (``busy``: a sample taken alongside, whose value this waits for)."""
+    busy = busy or BusySample()  # its window passes while the rest is collected
     meta = {
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(argv if argv is not None else sys.argv),
@@ -107,7 +130,7 @@ def collect(argv: list[str] | None = None) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "load_average_1m": load_average(),
-        "cpu_busy_before_run": cpu_busy_fraction(),
+        "cpu_busy_before_run": None,  # below, in this place
         "cuda_version": torch.version.cuda,
         "gpus": [],
         "cuda_driver": None,
@@ -120,4 +143,5 @@ def collect(argv: list[str] | None = None) -> dict:
             meta["cuda_driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
         except (OSError, subprocess.SubprocessError, IndexError):
             meta["cuda_driver"] = None
+    meta["cpu_busy_before_run"] = busy.result()
     return meta

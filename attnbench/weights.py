@@ -16,6 +16,7 @@ taken with :func:`torch.func.functional_call`, whatever its layout.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 
@@ -88,6 +89,12 @@ def gain_shapes(spec: AttnSpec) -> dict[str, tuple[int]]:
     return {}
 
 
+_DRAWN: OrderedDict[tuple, CanonicalWeights] = OrderedDict()
+"""Weights drawn by this process, most recently used last (:func:`random_weights` hands out copies)."""
+DRAWN_CACHE_BYTES = 64 << 20
+"""At most this many bytes of drawn weights are kept; larger weights are drawn anew every time."""
+
+
 def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.float64,
                    scale: str = "unit") -> CanonicalWeights:
     """Canonical weights drawn from a seeded generator, independent of the global RNG.
@@ -96,7 +103,41 @@ def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.flo
     the scaled scores are O(1): softmax is then far from uniform, so a wrong scale factor, a wrong
     mask or mixed heads changes the output by O(1), not by a rounding error.
     ``scale="linear"`` mimics ``nn.Linear``'s default init (for timing, where values do not matter).
+
+    The same arguments always give the same values; each call returns tensors of its own (copies of the ones
+    this process drew for those arguments before, kept up to :data:`DRAWN_CACHE_BYTES`: every member of a
+    comparison group, in every round, is built from the same weights, and drawing them in float64 costs more
+    than copying them).
     """
+    if scale not in ("unit", "linear"):
+        raise ValueError(f"scale must be 'unit' or 'linear', got {scale!r}")
+    key = (spec, seed, dtype, scale)
+    try:
+        drawn = _DRAWN.get(key)
+    except TypeError:  # a spec that cannot be hashed: nothing to look up
+        return _draw(spec, seed, dtype, scale)
+    if drawn is None:
+        drawn = _draw(spec, seed, dtype, scale)
+        _keep(key, drawn)
+    else:
+        _DRAWN.move_to_end(key)
+    return drawn.map(torch.clone)
+
+
+def _keep(key: tuple, w: CanonicalWeights) -> None:
+    """Remember ``w`` for ``key``, forgetting the least recently used weights beyond :data:`DRAWN_CACHE_BYTES`."""
+    def size(weights: CanonicalWeights) -> int:
+        return sum(t.numel() * t.element_size() for _, t in weights.items())
+
+    if size(w) > DRAWN_CACHE_BYTES:
+        return
+    _DRAWN[key] = w
+    while sum(size(v) for v in _DRAWN.values()) > DRAWN_CACHE_BYTES:
+        _DRAWN.popitem(last=False)
+
+
+def _draw(spec: AttnSpec, seed: int, dtype: torch.dtype, scale: str) -> CanonicalWeights:
+    """:func:`random_weights` drawn anew."""
     g = torch.Generator().manual_seed(seed)
 
     def draw(*shape: int, std: float) -> torch.Tensor:
@@ -104,11 +145,10 @@ def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.flo
 
     if scale == "unit":
         s_in, s_out, s_b = 1 / math.sqrt(spec.d_in), 1 / math.sqrt(spec.d_out), 0.5
-    elif scale == "linear":
+    else:  # linear
         s_in, s_out = 1 / math.sqrt(3 * spec.d_in), 1 / math.sqrt(3 * spec.d_out)
         s_b = s_in
-    else:
-        raise ValueError(f"scale must be 'unit' or 'linear', got {scale!r}")
+
     def bias(rows: int) -> torch.Tensor | None:
         return draw(rows, std=s_b) if spec.qkv_bias else None
 

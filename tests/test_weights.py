@@ -151,6 +151,25 @@ def test_random_weights():
         random_weights(spec, scale="xavier")
 
 
+def test_random_weights_kept_per_process_are_copies_with_the_values_drawn_anew(monkeypatch):
+    import attnbench.weights as weights
+
+    spec = AttnSpec(12, 16, 8, 0.0, 4, True, qk_norm="head")
+    weights._DRAWN.clear()
+    first = random_weights(spec, seed=21, dtype=torch.float32, scale="linear")
+    first.W_q.add_(1.0)  # a caller that changes its weights in place does not change the next caller's
+    again = random_weights(spec, seed=21, dtype=torch.float32, scale="linear")
+    fresh = weights._draw(spec, 21, torch.float32, "linear")
+    assert [n for n, _ in again.items()] == [n for n, _ in fresh.items()]
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(again.items(), fresh.items(), strict=True))
+    assert again.W_q.data_ptr() != random_weights(spec, seed=21, dtype=torch.float32, scale="linear").W_q.data_ptr()
+    assert not torch.equal(random_weights(spec, seed=21, dtype=torch.float32).W_q, again.W_q)  # the scale is in the key
+    monkeypatch.setattr(weights, "DRAWN_CACHE_BYTES", 1)  # too large to keep: drawn anew, same values
+    weights._DRAWN.clear()
+    big = random_weights(spec, seed=21, dtype=torch.float32, scale="linear")
+    assert not weights._DRAWN and torch.equal(big.W_o, fresh.W_o)
+
+
 def test_canonical_weights_helpers():
     spec = SPECS["nobias_square"]
     w = random_weights(spec)

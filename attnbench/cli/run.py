@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sys
 import time
@@ -238,7 +237,6 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     attnbench run --impl rope_sdpa,rope_math --rope-theta 500000 --rope-scaling llama3 --qk-norm head --kv-heads 2
     attnbench run --resume results/<run-id>
     """
-    from attnbench.runner.engine import argv_for_meta, make_sweep, run
     from attnbench.runner.positional import compose
 
     quiet = quiet or as_json
@@ -267,6 +265,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not resume and executor == "local":
         ahead.enter_context(_prestarted(settings, device))
+    from attnbench.runner.engine import argv_for_meta, make_sweep, run  # after: the worker imports alongside
+
     if resume:
         if sweep_file or preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
@@ -384,9 +384,9 @@ def _startup_s(df) -> float:
     """Seconds this command spent before its run session (imports, the sweep): the process's age less the session's
     wall time; 0 when this process is not the command (a test calling the CLI in-process)."""
     from attnbench.runner import phases
+    from attnbench.runner.executors.ahead import own_command
 
-    own = sys.argv[0].endswith(("attnbench", os.path.join("attnbench", "__main__.py")))
-    age = phases.process_age_s() if own else None
+    age = phases.process_age_s() if own_command(sys.argv) else None
     session = df.attrs.get("session_wall_s")
     return max(age - session, 0.0) if age is not None and session is not None else 0.0
 

@@ -2,22 +2,38 @@
 
 Each function takes a zero-argument callable and a device and returns plain numbers, so a sweep,
 the asv suite, a test and a notebook all call the same primitives.
+
+The names below are imported from their modules on first use (PEP 562): importing one light module of the
+package (``attnbench.measure.cpu_env`` as a run starts its measuring worker) does not import the statistics'
+SciPy, seconds of a command's start-up.
 """
 
-from attnbench.measure.bandwidth import decode_rates, peak_gbytes_per_s
-from attnbench.measure.flops import analytic_flops, attention_pairs, counted_flops, decode_bytes, dense_flops, peak_gflops
-from attnbench.measure.interleave import InterleavedTiming, time_interleaved
-from attnbench.measure.memory import (
-    MemoryResult,
-    kv_cache_bytes_analytic,
-    peak_memory,
-    retained_bytes,
-    storage_bytes,
-)
-from attnbench.measure.stats import median_ci, paired_speedup, summarize
-from attnbench.measure.timing import Timing, time_fn
+from __future__ import annotations
 
-__all__ = ["InterleavedTiming", "MemoryResult", "Timing", "analytic_flops", "attention_pairs", "counted_flops",
-           "decode_bytes", "decode_rates", "dense_flops", "kv_cache_bytes_analytic", "median_ci", "paired_speedup",
-           "peak_gbytes_per_s", "peak_gflops", "peak_memory", "retained_bytes", "storage_bytes", "summarize", "time_fn",
-           "time_interleaved"]
+import importlib
+
+_HOME = {
+    "decode_rates": "bandwidth", "peak_gbytes_per_s": "bandwidth",
+    "analytic_flops": "flops", "attention_pairs": "flops", "counted_flops": "flops", "decode_bytes": "flops",
+    "dense_flops": "flops", "peak_gflops": "flops",
+    "InterleavedTiming": "interleave", "time_interleaved": "interleave",
+    "MemoryResult": "memory", "kv_cache_bytes_analytic": "memory", "peak_memory": "memory",
+    "retained_bytes": "memory", "storage_bytes": "memory",
+    "median_ci": "stats", "paired_speedup": "stats", "summarize": "stats",
+    "Timing": "timing", "time_fn": "timing",
+}
+"""Each public name -> the module of this package that defines it."""
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})

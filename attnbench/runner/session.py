@@ -114,8 +114,9 @@ class RunSession:
               argv: list[str] | None = None, progress: Progress | None = None) -> RunSession:
         """A new run folder under ``out`` for ``sweep``; the executor is made before the folder exists, so a setting
         that cannot work leaves nothing behind."""
+        busy = environment.BusySample()  # the CPUs' other load, sampled while this process prepares the run
         sweep = with_baseline(with_measuring_threads(sweep, executor))
-        meta = environment.collect(argv)
+        meta = environment.collect(argv, busy=busy)
         meta.update(sweep=sweep_to_dict(sweep), executor=executor, cpu_env=cpu_env_meta(sweep.settings))
         run_id = run_id or new_run_id()
         run_exec = make_executor(executor, sweep.settings, run_id)

@@ -27,17 +27,15 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure import cpu_env, machine_lock, oom
+from attnbench.measure import cpu_env, oom
 from attnbench.results.schema import Cell, failed_row, normalise_row
 from attnbench.runner import budget, compile_cache, phases
-from attnbench.runner.executors import orphans
+from attnbench.runner.executors import ahead, orphans
 from attnbench.runner.executors.base import OnRow, OnStart, WorkUnit
-from attnbench.runner.group import measure_unit
 from attnbench.runner.sweep import Settings, for_round
 
 STARTUP_TIMEOUT_S = 600.0
@@ -62,15 +60,12 @@ def _signal_text(returncode: int) -> str:
 class WorkerProcess:
     """One measuring process (``python -m attnbench.runner.executors.worker``) and its JSON-lines pipe."""
 
-    def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S, wait: bool = True):
+    def __init__(self, env: dict[str, str], label: str, startup_timeout_s: float = STARTUP_TIMEOUT_S, wait: bool = True,
+                 started: tuple[subprocess.Popen, object] | None = None):
+        """``started``: the process and stderr file of a worker already started with ``env`` and ``label``
+        (:func:`attnbench.runner.executors.ahead.take`), else one is started (:func:`~attnbench.runner.executors.ahead.spawn`)."""
         self.label = label
-        self._stderr = tempfile.TemporaryFile()
-        # A session (and process group) of its own: Ctrl-C reaches only the runner, which then ends the group. It
-        # dies with this process (orphans.die_with_parent, given our pid) and inherits the machine lock's descriptors,
-        # so even a worker that outlived us would keep other measurements away.
-        self.proc = subprocess.Popen(orphans.worker_command(label, os.getpid()),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-                                     start_new_session=True, pass_fds=machine_lock.held_fds())
+        self.proc, self._stderr = started or ahead.spawn(env, label)
         self._buf = b""
         self.stopped = False
         self.busy = False  # a request is in flight: the worker reads no input until it answers
@@ -249,7 +244,8 @@ def prestarted(settings: Settings, devices: Iterable[str] = ("cpu",)):
     threads = settings.threads or (cpu_env.measuring_threads(None, True) if settings.cpu_bind else None)
     env = cpu_env.CpuEnv(settings.cpu_allocator, settings.cpu_bind, threads)
     with shared_workers() as pool:
-        worker = WorkerProcess(compile_cache.worker_env(cpu_env.process_env(env)), "process0", wait=False)
+        env_vars = compile_cache.worker_env(cpu_env.process_env(env))
+        worker = WorkerProcess(env_vars, ahead.LABEL, wait=False, started=ahead.take(env_vars, ahead.LABEL))
         pool.idle.setdefault((env, 0, os.getcwd()), []).append(worker)
         yield
 
@@ -289,6 +285,8 @@ class InProcessExecutor:
     def run_unit(self, cells: tuple[Cell, ...], settings: Settings | None = None) -> list[dict]:
         """Measure ``cells`` (one cell, or the members of a comparison group timed in alternation) here (``settings``:
         this unit's, default the executor's)."""
+        from attnbench.runner.group import measure_unit  # not at import: a command starts its worker first
+
         if self.settings.cpu_allocator == "pinned":
             cpu_env.pin_glibc_malloc()  # mallopt still applies in this process; OpenMP binding no longer can
         rows = measure_unit(cells, settings or self.settings, self.run_id, on_plan=_announce)

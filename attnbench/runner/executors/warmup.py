@@ -9,6 +9,7 @@ counters for compiled cells and the machine's peak GFLOP/s.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Iterable
 
 from attnbench.measure import cpu_env
@@ -32,6 +33,18 @@ def warm_process(threads: int | None, pinned: bool) -> None:
     (a @ a).sum().item()  # one parallel region: the OpenMP threads exist and are placed before describe()
     # The profiler (peak memory) imports seconds of modules on first use: here, not inside the first cell's clock.
     peak_memory(lambda: a @ a, torch.device("cpu"))
+
+
+def settle_heap() -> None:
+    """Collect the garbage, then leave every object alive now out of later collections (``gc.freeze``).
+
+    A measuring process holds torch's, Inductor's and the implementations' modules: half a million objects, which
+    every full collection walks (a quarter of a second, in :func:`~attnbench.runner.cell.release` after each group
+    and whenever the collector runs on its own). Frozen, they are no longer walked; objects freed by their reference
+    count still are freed, and what a later group leaves behind is collected as before. For a process that only
+    measures (called after its warm-up and after each unit of work), never for a user's own process."""
+    gc.collect()
+    gc.freeze()
 
 
 def warm_cells(cells: Iterable[Cell], peak_known: bool = False) -> None:

@@ -17,7 +17,8 @@ each request line on stdin with one line on its protocol pipe:
 
 Its second argument is the driver's pid: the worker dies with it (:mod:`attnbench.runner.executors.orphans`).
 The protocol pipe is the original stdout; fd 1 is pointed at stderr, so whatever an implementation
-prints (from Python or C) cannot corrupt it. End of input ends the process.
+prints (from Python or C) cannot corrupt it. End of input ends the process (at once, without tearing down
+the interpreter).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ def _serve(label: str, driver_pid: int | None = None) -> None:
     die_with_parent(driver_pid)  # first: nothing may outlive the driver, however it dies
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # prints of implementations go to stderr
-    from attnbench.measure import cpu_env
-    from attnbench.runner.executors.warmup import warm_cells, warm_process
-
-    warm_process(int(os.environ.get("OMP_NUM_THREADS") or 0), pinned=cpu_env.requested_allocator() == "pinned")
+    # torch first: OpenMP binds this thread as it loads, so that threads other libraries start later (pyarrow's)
+    # inherit that binding rather than every core
     import torch
 
+    from attnbench.measure import cpu_env
+    from attnbench.runner.executors.warmup import settle_heap, warm_cells, warm_process
+
+    warm_process(int(os.environ.get("OMP_NUM_THREADS") or 0), pinned=cpu_env.requested_allocator() == "pinned")
     from attnbench import registry
     from attnbench.plugins.exits import plugin_exits
     from attnbench.results.schema import Cell
@@ -52,6 +55,8 @@ def _serve(label: str, driver_pid: int | None = None) -> None:
         proto.write(json.dumps(message) + "\n")
 
     send({"ready": {**described, "pid": os.getpid(), "threads": torch.get_num_threads(), "names": registry.names()}})
+    settle_heap()  # what the imports and the warm-up made lives as long as the process (after the answer: off
+    # the driver's wait when it is not waiting yet)
     for line in sys.stdin:
         request = json.loads(line)
         if request.get("probe"):
@@ -73,6 +78,7 @@ def _serve(label: str, driver_pid: int | None = None) -> None:
             for row in rows:
                 row.update(described, worker=worker)
             send({"rows": rows})
+            settle_heap()  # after the answer: modules a group imported (Inductor's) are not walked again
             continue
         cell = Cell(**request["cell"])
         warm_cells([cell], peak_known=peak is not None)
@@ -81,8 +87,22 @@ def _serve(label: str, driver_pid: int | None = None) -> None:
                                   on_plan=lambda plan: send({"plan": plan}))
         row.update(described, worker=worker)
         send({"row": row})
+        settle_heap()
+
+
+def _leave() -> None:
+    """End the process at once: everything was answered, and tearing down an interpreter that holds torch and
+    Inductor (freeing every module and object) would keep the driver waiting for a second or more. Of that teardown
+    only ending Inductor's compile workers matters (they would otherwise notice within a minute)."""
+    compiling = sys.modules.get("torch._inductor.async_compile")
+    if compiling is not None:
+        compiling.shutdown_compile_workers()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     _serve(sys.argv[1] if len(sys.argv) > 1 else "worker",
            int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else None)
+    _leave()
