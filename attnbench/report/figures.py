@@ -30,8 +30,12 @@ STYLE = {
     "legend.fontsize": 9, "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.8,
     "lines.markersize": 5, "axes.spines.top": False, "axes.spines.right": False, "svg.fonttype": "path",
     "figure.facecolor": "white", "axes.facecolor": "white", "savefig.facecolor": "white",
+    # a fixed title height: matplotlib otherwise measures every axis' tick labels at each draw to see whether a
+    # title must move up (it never must here: no top ticks, no offset text); a quarter of each figure's drawing
+    "axes.titley": 1.0,
 }
 PNG_DPI = 150
+PNG_COMPRESS_LEVEL = 3
 MAX_PANELS = 9
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 
@@ -124,7 +128,8 @@ def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path | None, 
     out_dir.mkdir(parents=True, exist_ok=True)
     render = current_render()
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    fig.savefig(png, dpi=render.dpi, metadata={"Software": None})
+    # zlib level 3 instead of PIL's 6: the same pixels, files ~4% larger, encoding about twice as fast
+    fig.savefig(png, dpi=render.dpi, metadata={"Software": None}, pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
     if render.svg:
         fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
         fig.savefig(svg, metadata={"Date": None})

@@ -193,6 +193,7 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     fig_dir = out / "figures"
 
     df = an.prepare(raw)
+    df.attrs = {}  # pandas deep-copies attrs into every frame derived from this one (thousands here); none is read
     ok = an.ok_rows(df)
     styles = figs.impl_styles(df["impl"].tolist())
     run_baseline = an.paired_baseline(df)
