@@ -425,7 +425,8 @@ def speedup_heatmap(df: pd.DataFrame, sp: pd.DataFrame, baseline: str, out_dir: 
             for j, col in enumerate(chunk):
                 dark = np.isfinite(logs[i, j]) and abs(logs[i, j]) > 0.6 * span
                 ax.text(j, i, grid.text.iat[i, col], ha="center", va="center", fontsize=7.5, linespacing=1.1,
-                        color="white" if dark else "black" if np.isfinite(logs[i, j]) else "#666")
+                        color="white" if dark else "black" if np.isfinite(logs[i, j]) else "#666",
+                        in_layout=False)  # inside its cell, so inside the axes: nothing for the layout to measure
         ax.set_xticks(range(len(chunk)), [grid.labels[c] for c in chunk], fontsize=8)
         ax.set_yticks(range(len(grid.speedup)), [label(i, 28) for i in grid.speedup.index])
         ax.grid(False)
