@@ -128,10 +128,14 @@ def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path | None, 
     out_dir.mkdir(parents=True, exist_ok=True)
     render = current_render()
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
+    engine = fig.get_layout_engine()
+    if engine is not None:  # lay it out once, at the PNG's resolution, as savefig would: savefig itself first draws
+        fig.dpi = render.dpi  # the whole figure without output before each save when a layout engine is set
+        engine.execute(fig)
+        fig.set_layout_engine(None)  # none at all ("none" leaves a placeholder, and savefig draws for it)
     # zlib level 3 instead of PIL's 6: the same pixels, files ~4% larger, encoding about twice as fast
     fig.savefig(png, dpi=render.dpi, metadata={"Software": None}, pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
     if render.svg:
-        fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
         fig.savefig(svg, metadata={"Date": None})
     uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
     return png, svg if render.svg else None, uri
