@@ -342,7 +342,8 @@ def _read_cells(files: list[Path]) -> tuple[list[pd.DataFrame], list[str]]:
     converted to pandas once, together: converting 72 one-row tables one by one cost most of a second."""
     tables = [_read_arrow(f) for f in files]
     names = [f.name for f, t in zip(files, tables, strict=True) for _ in range(t.num_rows)]
-    if len(tables) > 1 and all(t.schema == tables[0].schema for t in tables):
+    first = tables[0].schema if tables else None  # attnbench writes no pandas metadata (no index to rebuild per file)
+    if len(tables) > 1 and first.metadata is None and all(t.schema.equals(first, check_metadata=True) for t in tables):
         frame = _checked_frame(pa.concat_tables(tables).to_pandas(), files[0])
         if frame is not None:
             return [frame], names
