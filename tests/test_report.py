@@ -485,3 +485,20 @@ def test_report_resolution_and_formats(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_FORMATS, "pdf")
     with pytest.raises(Exception, match="formats png or png,svg"):
         build_report(run, out_dir=tmp_path / "bad")
+
+
+def test_the_report_a_run_ends_with_has_png_figures_and_names_the_command_for_svg(tmp_path, monkeypatch):
+    from attnbench.cli.run import _write_report
+
+    run = synthetic_run(tmp_path / "runs", impls=("weight_split", "sdpa"), seq_lens=(32, 64), failures=False)
+    monkeypatch.delenv(ENV_FORMATS)
+    html = _write_report(run, str(tmp_path / "end"), quiet=True)
+    figures = tmp_path / "end" / "figures"
+    assert (figures / "latency.png").is_file() and not list(figures.glob("*.svg"))
+    page = Page(html.read_text())
+    assert f"attnbench report {run}" in page.visible and "SVG copies" in page.visible
+    assert all(i["src"].startswith("data:image/png;base64,") for i in page.imgs)  # the page itself is unchanged
+
+    monkeypatch.setenv(ENV_FORMATS, "png,svg")  # asked for: SVG copies too, and no note
+    html = _write_report(run, str(tmp_path / "both"), quiet=True)
+    assert (tmp_path / "both" / "figures" / "latency.svg").is_file() and "SVG copies" not in Page(html.read_text()).visible

@@ -76,3 +76,28 @@ def test_meta_records_the_schema_version_and_old_runs_say_what_was_filled(tmp_pa
 def test_fill_added_columns_keeps_the_public_signature():
     df = pd.DataFrame({"num_heads": [4], "median_s": [1.0]})
     assert fill_added_columns(df) is df and (df.num_kv_heads == 4).all()
+
+
+def test_cells_of_one_schema_read_together_as_file_by_file_and_a_mixed_folder_still_reads(tmp_path):
+    store = RunStore(tmp_path, run_id="r")
+    for i, impl in enumerate(("sdpa", "einsum", "fused_qkv")):
+        row = empty_row(Cell(impl, "cpu", "float32", 1, 16, 2, 32, "inference"), "r")
+        row.update(status="ok", median_s=1e-3 * (i + 1), samples_s=[1e-3, 1e-3 * (i + 2)])
+        store.append(row)
+    together, _ = load_run(store.path)  # one schema: converted to pandas in one go
+    files = sorted((store.path / "cells").glob("*.parquet"))
+    one_by_one = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    assert together["cell_id"].tolist() == one_by_one["cell_id"].tolist()
+    assert together["median_s"].tolist() == [1e-3, 2e-3, 3e-3]
+    assert together["samples_s"].tolist() == [[1e-3, 2e-3], [1e-3, 3e-3], [1e-3, 4e-3]]
+    assert together.attrs["filled_columns"] == []
+
+    # a cell file of an older schema among them: read file by file, the old row filled in, no row lost
+    legacy = {k: v for k, v in together.iloc[0].to_dict().items() if k not in ("num_kv_heads", "window")}
+    legacy.update(cell_id="old|cell", group_id="old", samples_s=[5e-3])
+    pd.DataFrame([legacy]).to_parquet(store.path / "cells" / "99999-old.parquet")
+    with pytest.warns(OlderResultsWarning, match="num_kv_heads"):
+        mixed, _ = load_run(store.path)
+    assert len(mixed) == 4 and mixed["cell_id"].iloc[-1] == "old|cell"
+    assert mixed["samples_s"].iloc[-1] == [5e-3] and mixed["num_kv_heads"].iloc[-1] == mixed["num_heads"].iloc[-1]
+    store.close()

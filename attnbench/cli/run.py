@@ -498,10 +498,11 @@ def _default_report_dir(run_dir: Path, resume: str | None) -> str | None:
 def _write_report(run_dir: Path, report_dir: str | None, quiet: bool) -> Path | None:
     try:
         from attnbench.report import build_report
+        from attnbench.report.page import run_report_formats
     except ImportError:
         return None
-    try:
-        return build_report(run_dir, out_dir=report_dir)
+    try:  # PNG figures only, unless $ATTNBENCH_REPORT_FORMATS asks for SVG (`attnbench report` writes both)
+        return build_report(run_dir, out_dir=report_dir, formats=run_report_formats())
     except Exception as exc:  # the results are safe on disk; say why the report is missing
         err_console.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
                           f"run `attnbench report {run_dir}` to retry", markup=False)

@@ -30,8 +30,12 @@ STYLE = {
     "legend.fontsize": 9, "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.8,
     "lines.markersize": 5, "axes.spines.top": False, "axes.spines.right": False, "svg.fonttype": "path",
     "figure.facecolor": "white", "axes.facecolor": "white", "savefig.facecolor": "white",
+    # a fixed title height: matplotlib otherwise measures every axis' tick labels at each draw to see whether a
+    # title must move up (it never must here: no top ticks, no offset text); a quarter of each figure's drawing
+    "axes.titley": 1.0,
 }
 PNG_DPI = 150
+PNG_COMPRESS_LEVEL = 3
 MAX_PANELS = 9
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 
@@ -124,9 +128,14 @@ def _save(fig: MplFigure, out_dir: Path, name: str) -> tuple[Path, Path | None, 
     out_dir.mkdir(parents=True, exist_ok=True)
     render = current_render()
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    fig.savefig(png, dpi=render.dpi, metadata={"Software": None})
+    engine = fig.get_layout_engine()
+    if engine is not None:  # lay it out once, at the PNG's resolution, as savefig would: savefig itself first draws
+        fig.dpi = render.dpi  # the whole figure without output before each save when a layout engine is set
+        engine.execute(fig)
+        fig.set_layout_engine(None)  # none at all ("none" leaves a placeholder, and savefig draws for it)
+    # zlib level 3 instead of PIL's 6: the same pixels, files ~4% larger, encoding about twice as fast
+    fig.savefig(png, dpi=render.dpi, metadata={"Software": None}, pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
     if render.svg:
-        fig.set_layout_engine("none")  # keep the constrained layout just computed: the SVG needs no second solve
         fig.savefig(svg, metadata={"Date": None})
     uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
     return png, svg if render.svg else None, uri
@@ -420,7 +429,8 @@ def speedup_heatmap(df: pd.DataFrame, sp: pd.DataFrame, baseline: str, out_dir: 
             for j, col in enumerate(chunk):
                 dark = np.isfinite(logs[i, j]) and abs(logs[i, j]) > 0.6 * span
                 ax.text(j, i, grid.text.iat[i, col], ha="center", va="center", fontsize=7.5, linespacing=1.1,
-                        color="white" if dark else "black" if np.isfinite(logs[i, j]) else "#666")
+                        color="white" if dark else "black" if np.isfinite(logs[i, j]) else "#666",
+                        in_layout=False)  # inside its cell, so inside the axes: nothing for the layout to measure
         ax.set_xticks(range(len(chunk)), [grid.labels[c] for c in chunk], fontsize=8)
         ax.set_yticks(range(len(grid.speedup)), [label(i, 28) for i in grid.speedup.index])
         ax.grid(False)

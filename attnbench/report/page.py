@@ -151,6 +151,17 @@ ENV_DPI = "ATTNBENCH_REPORT_DPI"
 ENV_FORMATS = "ATTNBENCH_REPORT_FORMATS"
 
 
+RUN_FORMATS = "png"
+"""The figure files of the report ``attnbench run`` writes when it ends (unless ``ATTNBENCH_REPORT_FORMATS`` says
+otherwise): PNG only. The page embeds the PNGs either way; SVG copies would cost the run a fifth of its report's
+time (a second or two on 2 cores), and ``attnbench report RUN`` writes them."""
+
+
+def run_report_formats() -> str:
+    """The formats of the report at the end of ``attnbench run``: ``$ATTNBENCH_REPORT_FORMATS``, else :data:`RUN_FORMATS`."""
+    return os.environ.get(ENV_FORMATS) or RUN_FORMATS
+
+
 def render_settings(dpi: int | None = None, formats: str | tuple[str, ...] | None = None) -> figs.Render:
     """The figures' :class:`~attnbench.report.figures.Render`: the arguments, else the environment variables
     ``ATTNBENCH_REPORT_DPI`` and ``ATTNBENCH_REPORT_FORMATS`` (``png`` or ``png,svg``), else 150 dpi, PNG and SVG."""
@@ -193,6 +204,7 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     fig_dir = out / "figures"
 
     df = an.prepare(raw)
+    df.attrs = {}  # pandas deep-copies attrs into every frame derived from this one (thousands here); none is read
     ok = an.ok_rows(df)
     styles = figs.impl_styles(df["impl"].tolist())
     run_baseline = an.paired_baseline(df)
@@ -334,7 +346,8 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         speedup_note=speedup_note, speedup_method=method, variant_sentences=variants.sentences(df),
         other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
         profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
-        styles=styles, files=figure_files + tables.files, source=str(path), stop_text=phases.stop_text(ok.to_dict("records")),
+        styles=styles, files=figure_files + tables.files, source=str(path), svg=figs.current_render().svg,
+        stop_text=phases.stop_text(ok.to_dict("records")),
     )
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")

@@ -305,8 +305,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     else:
         meta = read_meta(p)
         files = sorted((p / "cells").glob("*.parquet"))
-        frames = [_read_one(f) for f in files]
-        names = [f.name for f, frame in zip(files, frames, strict=True) for _ in range(len(frame))]
+        frames, names = _read_cells(files)
         kept = _consolidated_rows(p, {c for f in frames for c in f["cell_id"]})
         if kept is not None:  # a folder kept or shared as results.parquet + meta.json (cells/ gone or partial)
             frames.append(kept)
@@ -338,15 +337,46 @@ def _consolidated_rows(folder: Path, in_cells: set) -> pd.DataFrame | None:
     return df if len(df) else None
 
 
-def _read_one(f: Path) -> pd.DataFrame:
+def _read_cells(files: list[Path]) -> tuple[list[pd.DataFrame], list[str]]:
+    """The cell files as frames, and the file each row came from. Files of one schema (a run's, always) are
+    converted to pandas once, together: converting 72 one-row tables one by one cost most of a second."""
+    tables = [_read_arrow(f) for f in files]
+    names = [f.name for f, t in zip(files, tables, strict=True) for _ in range(t.num_rows)]
+    first = tables[0].schema if tables else None  # attnbench writes no pandas metadata (no index to rebuild per file)
+    if len(tables) > 1 and first.metadata is None and all(t.schema.equals(first, check_metadata=True) for t in tables):
+        frame = _checked_frame(pa.concat_tables(tables).to_pandas(), files[0])
+        if frame is not None:
+            return [frame], names
+    return [_checked_frame(t.to_pandas(), f, strict=True) for f, t in zip(files, tables, strict=True)], names
+
+
+def _read_arrow(f: Path) -> pa.Table:
     try:
-        df = pd.read_csv(f) if f.suffix == ".csv" else pq.read_table(f).to_pandas()
+        return pq.ParquetFile(f).read(use_threads=False)  # a one-row file: threads and datasets only add overhead
     except Exception as exc:
         raise ResultsError(f"{f} is not a readable results file ({type(exc).__name__}: {exc}); "
                            "move it away or start a new run") from exc
+
+
+def _read_one(f: Path) -> pd.DataFrame:
+    if f.suffix != ".csv":
+        return _checked_frame(_read_arrow(f).to_pandas(), f, strict=True)
+    try:
+        df = pd.read_csv(f)
+    except Exception as exc:
+        raise ResultsError(f"{f} is not a readable results file ({type(exc).__name__}: {exc}); "
+                           "move it away or start a new run") from exc
+    return _checked_frame(df, f, strict=True)
+
+
+def _checked_frame(df: pd.DataFrame, f: Path, strict: bool = False) -> pd.DataFrame | None:
+    """``df`` read from ``f`` with the columns of older rows filled in and samples as lists of floats; a frame
+    lacking required columns raises naming ``f`` (``strict``) or is None (the caller reads file by file)."""
     filled = fill_added_columns(df).attrs["filled_columns"]
     df.attrs["filled_columns"] = [c for c in filled if not (c == "samples_s" and f.suffix == ".csv")]
     missing = [c for c in COLUMNS if c not in df.columns]
+    if missing and not strict:
+        return None
     if missing:
         raise ResultsError(f"{f} is not an attnbench results file: missing columns {missing[:5]}")
     if "samples_s" in df.columns:
