@@ -105,3 +105,51 @@ def test_the_between_round_term_widens_an_interval_narrower_than_the_rounds_spre
 def test_too_few_cells_give_no_pooled_term():
     assert speedup_spread.pooled([[0.0, 0.1], [0.0, 0.05]]) == (None, 2)
     assert speedup_spread.pooled([[0.0], [0.1], [0.2]]) == (None, 0)
+
+
+def test_the_garbage_collector_is_paused_while_samples_are_taken_and_restored_after():
+    import gc
+
+    from attnbench.measure.timing import time_fn
+
+    seen = []
+
+    def fn():
+        seen.append(gc.isenabled())
+
+    assert gc.isenabled()
+    time_fn(fn, warmup_calls=2, warmup_s=0.0, budget_s=0.01, min_samples=3)
+    assert seen[:2] == [True, True] and not any(seen[2:])  # warm-up as it is, samples with the collector off
+    assert gc.isenabled()
+    seen.clear()
+    time_interleaved({"a": fn, "b": fn}, warmup_calls=1, warmup_s=0.0, min_cycles=3, max_cycles=3, burst_s=1e-4,
+                     min_block_s=0.0, baseline="a", target_rel_ci=0.0, pairing="adjacent")
+    assert seen[:2] == [True, True] and seen[2:] and not any(seen[2:]) and gc.isenabled()
+
+
+def test_the_run_level_term_is_what_reruns_move_beyond_their_rounds_spread():
+    import pandas as pd
+
+    def frame(speedups, spread):
+        return pd.DataFrame([{"cell_id": f"m{i}|g", "impl": f"m{i}", "baseline": "sdpa", "status": "ok", "speedup": s,
+                              "speedup_spread_rel": spread, "cycle_groups": [10, 10]} for i, s in enumerate(speedups)])
+
+    runs = [frame([1.0, 2.0], 0.0), frame([1.02, 2.04], 0.0), frame([0.98, 1.96], 0.0)]
+    expected = np.std(np.log([1.0, 1.02, 0.98]), ddof=1)
+    assert speedup_spread.estimate_run_sd(runs) == pytest.approx(expected, rel=0.05)
+    # rounds that spread enough to explain the reruns leave no run-level term
+    assert speedup_spread.estimate_run_sd([frame([1.0, 2.0], 0.2), frame([1.02, 2.04], 0.2)]) == 0.0
+    row = {"speedup": 2.0, "speedup_ci_low": 1.99, "speedup_ci_high": 2.01}
+    lo, hi = speedup_spread.widened(row, 0.0, 2, run=0.01)
+    assert math.log(hi / 2.0) == pytest.approx(1.959963984540054 * math.sqrt(2) * 0.01)
+
+
+def test_the_run_level_term_comes_from_the_calibration_else_the_cpu_default(tmp_path, monkeypatch):
+    from attnbench.measure import drift
+
+    monkeypatch.setenv(drift.ENV_FILE, str(tmp_path / "drift.json"))
+    assert speedup_spread.run_sd("cpu", "pinned")[0] == speedup_spread.DEFAULT_CPU_RUN_SD
+    assert speedup_spread.run_sd("cuda", "pinned")[0] == 0.0
+    drift.save_calibration(drift.machine_key("cpu", "pinned"), {"rel": 0.02, speedup_spread.CALIBRATION_KEY: 0.004})
+    value, source = speedup_spread.run_sd("cpu", "pinned")
+    assert value == 0.004 and "calibrated" in source

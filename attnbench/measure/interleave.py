@@ -25,7 +25,7 @@ import torch
 
 from attnbench.devices import synchronize
 from attnbench.measure.stats import paired_speedup, summarize
-from attnbench.measure.timing import cuda_event_intervals, l2_flusher
+from attnbench.measure.timing import cuda_event_intervals, gc_paused, l2_flusher
 
 MIN_BURST_S = 0.01
 MAX_BURST_S = 0.05
@@ -144,7 +144,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     start = time.perf_counter()
     while active and len(orders) < max_cycles:
         order = _order(rng, active, baseline, pairing)
-        times = run.cycle(order, active)
+        with gc_paused():  # the collector runs between cycles, untimed (attnbench.measure.timing.gc_paused)
+            times = run.cycle(order, active)
         _record_cycle(order, times, baseline, cycles, pairs)
         orders.append(order)
         if not active:

@@ -8,9 +8,10 @@ member slows more in a slow phase than the baseline does. Every ok member of a c
 per round; their variance between rounds, pooled over the run's cells, is a stable figure where one cell's two rounds
 are not. Each cell's own variance is shrunk towards it (a moderated variance, as in limma: ``PRIOR_DF`` degrees of
 freedom for the pooled figure, ``rounds - 1`` for the cell's own), and its interval is made at least as wide as the
-prediction interval for another run's speed-up of as many rounds: ``z * s * sqrt(2 / rounds)`` on the log scale on
-each side. An interval already wider keeps its width. Runs with one round per cell have no such term (the rows say
-their interval sees one round).
+prediction interval for another run's speed-up of as many rounds: ``z * sqrt(2 * (s^2 / rounds + r^2))`` on the log
+scale on each side, where ``r`` is the run-level SD (:func:`run_sd`): what a fresh process moves a speed-up by beyond
+its rounds' spread (each run is a new process, with its own allocations and thread placement; the rounds of one run
+share them). An interval already wider keeps its width. Runs with one round per cell have no such term.
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
 from attnbench.measure.stats import group_median, split_groups, z_value
 
+DEFAULT_CPU_RUN_SD = 0.012
+"""The run-level SD of a CPU speed-up on a machine without a calibration (log scale), measured on the 2-vCPU VM on
+2026-12-02 01:36-01:40 UTC: ``python -m attnbench.tools.reproducibility --runs 4 --rounds 3 --speedups --baseline sdpa``,
+quiet and under ``--load memory``: the speed-ups moved 3.1% and 3.2% (mean max/min) across 4 runs, about 1.5% (1 SD),
+of which the rounds' spread (1.7% a round, over 3 rounds) explains 1.0%. ``--calibrate`` measures your machine's."""
+CALIBRATION_KEY = "speedup_run_sd"
+"""The key of the run-level SD in the machine's calibration entry (:mod:`attnbench.measure.drift`)."""
 PRIOR_DF = 4.0
 """Degrees of freedom given to the pooled variance when a cell's own is shrunk towards it."""
 MIN_CELLS = 3
@@ -58,10 +67,11 @@ def moderated_sd(own: Sequence[float], pooled_sd: float) -> float:
     return math.sqrt((PRIOR_DF * pooled_sd ** 2 + k * own_var) / (PRIOR_DF + k))
 
 
-def widened(row: Mapping, sd: float, rounds: int, confidence: float = 0.95) -> tuple[float, float]:
-    """``row``'s speed-up interval made at least ``z * sd * sqrt(2 / rounds)`` wide on each side (log scale)."""
+def widened(row: Mapping, sd: float, rounds: int, run: float = 0.0, confidence: float = 0.95) -> tuple[float, float]:
+    """``row``'s speed-up interval made at least ``z * sqrt(2 * (sd^2 / rounds + run^2))`` wide on each side (log
+    scale): a prediction interval for another run's speed-up."""
     s, lo, hi = float(row["speedup"]), float(row["speedup_ci_low"]), float(row["speedup_ci_high"])
-    h = z_value(confidence) * sd * math.sqrt(2.0 / rounds)
+    h = z_value(confidence) * math.sqrt(2.0 * (sd ** 2 / rounds + run ** 2))
     return min(lo, s * math.exp(-h)), max(hi, s * math.exp(h))
 
 
@@ -88,3 +98,35 @@ def per_round(rows: list[dict], paired_base) -> dict[str, list[float]]:
             if len(x) >= 2:
                 out[row["cell_id"]] = x
     return out
+
+
+def run_sd(device_type: str, allocator: str) -> tuple[float, str]:
+    """The run-level SD for speed-ups on ``device_type`` and where it came from: this machine's calibration
+    (``speedup_run_sd`` in its entry of the drift calibration file), else :data:`DEFAULT_CPU_RUN_SD` for CPU, else 0."""
+    from attnbench.measure import drift
+
+    entry = drift.load_calibrations().get(drift.machine_key(device_type, allocator)) or {}
+    value = entry.get(CALIBRATION_KEY)
+    if isinstance(value, int | float) and value >= 0:
+        return float(value), f"calibrated on this machine {entry.get('date', '?')}"
+    if device_type == "cpu":
+        return DEFAULT_CPU_RUN_SD, ("default for CPU (measured on a shared 2-vCPU VM); calibrate with `python -m "
+                                    "attnbench.tools.reproducibility --speedups --calibrate`")
+    return 0.0, f"uncalibrated on {device_type}: speed-up intervals cover the rounds' spread only"
+
+
+def estimate_run_sd(frames: list[pd.DataFrame]) -> float | None:
+    """The run-level SD from several runs of one sweep: per paired cell, the variance of its log speed-up across runs
+    less what its rounds explain (the mean of ``speedup_spread_rel^2 / rounds``), pooled over cells, at least 0;
+    None without a cell paired in two runs with a between-round term."""
+    rows = pd.concat([f.assign(_run=i) for i, f in enumerate(frames)])
+    rows = rows[(rows.status == "ok") & (rows.impl != rows.baseline)] if "baseline" in rows else rows.iloc[:0]
+    excess = []
+    for _, g in rows.groupby("cell_id", sort=False):
+        sp = pd.to_numeric(g["speedup"], errors="coerce").to_numpy(dtype=float)
+        spread = pd.to_numeric(g.get("speedup_spread_rel"), errors="coerce").to_numpy(dtype=float)
+        rounds = np.array([max(len(c or []), 1) for c in g["cycle_groups"]], dtype=float)
+        ok = np.isfinite(sp) & (sp > 0) & np.isfinite(spread)
+        if ok.sum() >= 2:
+            excess.append(float(np.var(np.log(sp[ok]), ddof=1) - np.mean(spread[ok] ** 2 / rounds[ok])))
+    return math.sqrt(max(float(np.mean(excess)), 0.0)) if excess else None

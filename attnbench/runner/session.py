@@ -285,8 +285,8 @@ class RunSession:
 
     def _widen_speedups(self) -> None:
         """Every paired speed-up's interval at least as wide as its rounds' spread says (per device type: the
-        between-round SD pooled over this session's cells, :mod:`attnbench.measure.speedup_spread`); ``meta.json``
-        (``speedup_spread``) records the pooled SD per device type. A resumed run's earlier rows keep theirs."""
+        between-round SD pooled over this session's cells, and the run-level SD, :mod:`attnbench.measure.speedup_spread`);
+        ``meta.json`` (``speedup_spread``) records both per device type. A resumed run's earlier rows keep theirs."""
         by_kind: dict[str, list[dict]] = {}
         for row, _ in self.stored.values():
             by_kind.setdefault(parse_device_type(str(row.get("device"))), []).append(row)
@@ -294,11 +294,13 @@ class RunSession:
         for kind, rows in by_kind.items():
             rounds = speedup_spread.per_round(rows, paired_base)
             sd, cells = speedup_spread.pooled(rounds.values())
-            self.store.meta["speedup_spread"][kind] = {"sd": sd, "cells": cells, "prior_df": speedup_spread.PRIOR_DF}
+            run, source = speedup_spread.run_sd(kind, self.sweep.settings.cpu_allocator)
+            self.store.meta["speedup_spread"][kind] = {"sd": sd, "cells": cells, "prior_df": speedup_spread.PRIOR_DF,
+                                                       "run_sd": run, "run_sd_source": source}
             for cell_id, x in rounds.items() if sd is not None else ():
                 row, path = self.stored[cell_id]
                 own = speedup_spread.moderated_sd(x, sd)
-                lo, hi = speedup_spread.widened(row, own, len(x))
+                lo, hi = speedup_spread.widened(row, own, len(x), run)
                 new_row = {**row, "speedup_ci_low": lo, "speedup_ci_high": hi, "speedup_spread_rel": own}
                 self.store.rewrite(path, new_row)
                 self.stored[cell_id] = (new_row, path)

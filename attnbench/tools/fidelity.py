@@ -129,13 +129,17 @@ def main(argv: list[str] | None = None) -> None:
                              "50-500 ms, many short rounds pair the two timers more closely than a few long ones")
     parser.add_argument("--cpu-allocator", default="pinned", help="the measuring environment (as attnbench run's)")
     parser.add_argument("--no-cpu-bind", action="store_true", help="no OpenMP binding (as attnbench run's)")
+    parser.add_argument("--threads", type=int, help="intra-op threads of both timers (default: attnbench run's, every "
+                                                    "usable core but one under the controlled environment)")
     parser.add_argument("--paired", action="store_true", help="the interleaved path: paired speed-ups of comparison "
                         "groups against blocked_autorange's ratio of medians")
     args = parser.parse_args(argv)
     from attnbench.measure import cpu_env
 
     if cpu_env.requested_allocator() is None:  # not yet in the measuring environment: start in it
-        env = cpu_env.process_env(cpu_env.CpuEnv(cpu_env.check_allocator(args.cpu_allocator), not args.no_cpu_bind))
+        bind = not args.no_cpu_bind
+        env = cpu_env.process_env(cpu_env.CpuEnv(cpu_env.check_allocator(args.cpu_allocator), bind,
+                                                 cpu_env.measuring_threads(args.threads, bind)))
         raise SystemExit(subprocess.run([sys.executable, "-m", "attnbench.tools.fidelity",
                                          *(argv if argv is not None else sys.argv[1:])], env=env).returncode)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, budget {args.budget}s, {args.repeats} rounds")

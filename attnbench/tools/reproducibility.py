@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.devices import parse_device_type
-from attnbench.measure import drift, machine_lock
+from attnbench.measure import drift, machine_lock, speedup_spread
 from attnbench.results.schema import AXES
 from attnbench.results.store import load_run
 from attnbench.tools import load as contention_load
@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> dict:
                 sp_cells, sp_summary = speedup_agreement(frames, args.baseline)
                 summary.update(sp_summary)
                 print_speedups(sp_cells, sp_summary)
+                summary["speedup_run_sd"] = speedup_spread.estimate_run_sd(frames)
+                if summary["speedup_run_sd"] is not None:
+                    print(f"speed-ups' run-level SD estimated from these runs (beyond their rounds' spread): "
+                          f"{100 * summary['speedup_run_sd']:.2f}%")
             if load is not None:
                 summary["load"] = load.describe()
             est = summary["drift_estimate"]
@@ -306,7 +310,10 @@ def main(argv: list[str] | None = None) -> dict:
                             "d_model": args.d_model, "mode": args.mode, "rounds": args.rounds,
                             "processes": args.processes, "threads": args.threads, "device": args.device}
                 peak = float(np.median(peaks)) if peaks else None
-                path = drift.save_calibration(key, drift.calibration_entry(est, args.runs, settings, peak))
+                entry = drift.calibration_entry(est, args.runs, settings, peak)
+                if args.speedups and summary.get("speedup_run_sd") is not None:
+                    entry[speedup_spread.CALIBRATION_KEY] = summary["speedup_run_sd"]
+                path = drift.save_calibration(key, entry)
                 print(f"calibrated: {key} -> ±{100 * est['rel']:.2f}% in {path}")
     if args.json:
         print(json.dumps(summaries))
