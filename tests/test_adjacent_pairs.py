@@ -132,9 +132,9 @@ def test_the_run_level_term_is_what_reruns_move_beyond_their_rounds_spread():
 
     def frame(speedups, spread):
         return pd.DataFrame([{"cell_id": f"m{i}|g", "impl": f"m{i}", "baseline": "sdpa", "status": "ok", "speedup": s,
-                              "speedup_spread_rel": spread, "cycle_groups": [10, 10]} for i, s in enumerate(speedups)])
+                              "speedup_spread_rel": spread, "cycle_groups": np.array([10, 10])} for i, s in enumerate(speedups)])
 
-    runs = [frame([1.0, 2.0], 0.0), frame([1.02, 2.04], 0.0), frame([0.98, 1.96], 0.0)]
+    runs = [frame([1.0, 2.0], 0.0), frame([1.02, 2.04], 0.0), frame([0.98, 1.96], 0.0)]  # lists read back as arrays
     expected = np.std(np.log([1.0, 1.02, 0.98]), ddof=1)
     assert speedup_spread.estimate_run_sd(runs) == pytest.approx(expected, rel=0.05)
     # rounds that spread enough to explain the reruns leave no run-level term

@@ -125,7 +125,7 @@ def estimate_run_sd(frames: list[pd.DataFrame]) -> float | None:
     for _, g in rows.groupby("cell_id", sort=False):
         sp = pd.to_numeric(g["speedup"], errors="coerce").to_numpy(dtype=float)
         spread = pd.to_numeric(g.get("speedup_spread_rel"), errors="coerce").to_numpy(dtype=float)
-        rounds = np.array([max(len(c or []), 1) for c in g["cycle_groups"]], dtype=float)
+        rounds = np.array([max(len(c) if c is not None else 0, 1) for c in g["cycle_groups"]], dtype=float)
         ok = np.isfinite(sp) & (sp > 0) & np.isfinite(spread)
         if ok.sum() >= 2:
             excess.append(float(np.var(np.log(sp[ok]), ddof=1) - np.mean(spread[ok] ** 2 / rounds[ok])))
