@@ -108,10 +108,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     Each member is warmed up in turn (at least ``warmup_calls`` calls and ``warmup_s`` seconds), which also
     measures its call time; the burst length is then ``burst_s`` (default: about 10 calls of the slowest
     member, within 10-50 ms; adjacent pairs: :data:`ADJACENT_BURST`) and every member's calls per burst are fixed from
-    its call time. Each cycle
-    runs every active member's burst once, in an order shuffled per cycle (``random.Random(seed)``); with
-    ``pairing="adjacent"`` and a ``baseline``, the baseline's burst also runs between every two others and at both
-    ends (:data:`PAIRINGS`). After ``min_cycles`` cycles, a member whose figure the user reads is known within
+    its call time. Each cycle runs every active member's burst once, in an order shuffled per cycle
+    (``random.Random(seed)``); with ``pairing="adjacent"`` and a ``baseline``, the baseline's burst also runs between
+    every two others and at both ends (:data:`PAIRINGS`). After ``min_cycles`` cycles, a member whose figure the user reads is known within
     ``target_rel_ci`` leaves the cycles: with a ``baseline``, a member's paired speed-up CI and the baseline's median CI
     (its block samples, at least ``min_samples`` of them); without one, each member's median CI (:func:`_settled`).
     The baseline stays while any other member is timed. Sampling stops when every member has left (``ci``), or after
