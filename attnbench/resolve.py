@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import re
 import types
 import warnings
@@ -334,6 +335,8 @@ def resolve(impl, target=None, **given) -> Ready | Skip:
     modes raise their :class:`~attnbench.errors.AttnbenchError` instead.
     """
     if isinstance(impl, str):
+        if _name_lookup is None:  # the registry installs it when imported; `import attnbench` no longer imports it
+            importlib.import_module("attnbench.registry")  # (by name: the registry imports this module, not back)
         impl = _name_lookup(impl)
     req = request_for(target, **given)
     for rule in RULES:

@@ -113,3 +113,13 @@ def test_a_worker_leaves_cleanly_at_the_end_of_its_input():
     assert worker.probe()["cpu_allocator"] == "pinned"
     worker.close()
     assert worker.proc.returncode == 0  # os._exit(0) after the last answer, not a kill after close()'s wait
+
+
+def test_a_name_resolves_in_a_process_that_never_imported_the_registry():
+    """``import attnbench`` no longer imports the registry (PEP 562): resolving a name by itself loads it."""
+    code = ("import sys\nfrom attnbench.resolve import resolve\nfrom attnbench.results.schema import Cell\n"
+            "assert 'attnbench.registry' not in sys.modules\n"
+            "print(type(resolve('sdpa', Cell('sdpa', batch=1, seq_len=8, num_heads=2, d_model=8))).__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() in ("Ready", "Skip")
