@@ -123,3 +123,27 @@ def test_a_name_resolves_in_a_process_that_never_imported_the_registry():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() in ("Ready", "Skip")
+
+
+def test_the_binomial_and_normal_quantiles_are_scipys():
+    """The median CI's rank and the z value, from the standard library (SciPy's import cost each process 1.2-1.8 s),
+    equal SciPy's own quantiles."""
+    from scipy import stats as sstats
+
+    from attnbench.measure.stats import binom_half_ppf, z_value
+
+    for q in (0.005, 0.025, 0.05, 0.25):
+        for n in [*range(1, 400), 999, 1000, 1001, 4095, 12_345, 20_000]:
+            assert binom_half_ppf(q, n) == int(sstats.binom.ppf(q, n, 0.5)), (q, n)
+    for confidence in (0.8, 0.9, 0.95, 0.99):
+        assert z_value(confidence) == pytest.approx(float(sstats.norm.ppf(0.5 + confidence / 2)), rel=1e-12)
+    with pytest.raises(ValueError, match="q must be"):
+        binom_half_ppf(0.0, 10)
+
+
+def test_the_measuring_and_summing_up_paths_do_not_import_scipy():
+    code = ("import sys; import attnbench.cli.app, attnbench.cli.run, attnbench.runner.group, "
+            "attnbench.runner.session, attnbench.measure.stats, attnbench.measure.drift, "
+            "attnbench.measure.speedup_spread; print('scipy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

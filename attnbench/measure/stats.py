@@ -3,12 +3,13 @@ samples taken in several groups (rounds, processes) a hierarchical CI and a test
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
-from scipy import stats
 
 
 def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -24,9 +25,25 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float
         return math.nan, math.nan
     if n < 6:
         return float(x[0]), float(x[-1])
-    j = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5)) - 1
+    j = binom_half_ppf((1 - confidence) / 2, n) - 1
     j = min(max(j, 0), (n - 1) // 2)
     return float(x[j]), float(x[n - 1 - j])
+
+
+@functools.lru_cache(maxsize=4096)
+def binom_half_ppf(q: float, n: int) -> int:
+    """The smallest ``k`` with ``P(X <= k) >= q`` for ``X ~ Binomial(n, 1/2)`` (``scipy.stats.binom.ppf(q, n, 0.5)``
+    for ``0 < q < 1``; the same value for every ``n`` up to 20,000 at the CI levels used here, tested). The standard
+    library's ``lgamma`` in place of SciPy, whose import cost every measuring process and the driver 1.2-1.8 s."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), not {q}")
+    log_norm = math.lgamma(n + 1) + n * math.log(0.5)
+    cdf = 0.0
+    for k in range(max(0, int(n / 2 - 10 * math.sqrt(n))), n + 1):  # the mass below is under 1e-40
+        cdf += math.exp(log_norm - math.lgamma(k + 1) - math.lgamma(n - k + 1))
+        if cdf >= q * (1.0 - 1e-12):  # SciPy's own check of the rank below carries the same rounding
+            return k
+    return n
 
 
 def summarize(samples: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
@@ -256,7 +273,7 @@ def _rel(lo: float, hi: float, median: float) -> float:
 
 
 def z_value(confidence: float = 0.95) -> float:
-    return float(stats.norm.ppf(0.5 + confidence / 2))
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 def widen(median: float, lo: float, hi: float, rel: float, confidence: float = 0.95) -> tuple[float, float]:
