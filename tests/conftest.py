@@ -60,6 +60,16 @@ def single_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def synthetic_bursts(monkeypatch):
+    """Interleaved bursts that report what each member returns (a per-call time) instead of timing it: steady,
+    drifting or noisy members exactly as a test writes them (real 1-ms bursts of a no-op can be 20x apart on a
+    loaded machine)."""
+    from attnbench.measure import interleave
+
+    monkeypatch.setattr(interleave, "_burst_cpu", lambda fn, blocks, block_calls, between=None: [fn() for _ in range(blocks)])
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     """No test leaks a changed torch thread count into the next (rows record the threads they ran with)."""

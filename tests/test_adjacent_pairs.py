@@ -7,14 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from attnbench.measure import interleave, speedup_spread
+from attnbench.measure import speedup_spread
 from attnbench.measure.interleave import time_interleaved
 from attnbench.runner.cell import add_speedups, paired_base
-
-
-def _synthetic(monkeypatch):
-    """Bursts that report what the member returns (a per-call time) instead of timing it."""
-    monkeypatch.setattr(interleave, "_burst_cpu", lambda fn, blocks, block_calls, between=None: [fn() for _ in range(blocks)])
 
 
 def _machine():
@@ -31,8 +26,7 @@ def _machine():
     return tick, member
 
 
-def test_adjacent_pairs_put_the_baseline_between_every_two_members_and_pair_each_with_its_neighbours(monkeypatch):
-    _synthetic(monkeypatch)
+def test_adjacent_pairs_put_the_baseline_between_every_two_members_and_pair_each_with_its_neighbours(synthetic_bursts):
     calls = {"base": 2e-3, "a": 1e-3, "b": 4e-3}
     t = time_interleaved({n: (lambda v=v: v) for n, v in calls.items()}, warmup_calls=1, warmup_s=0.0, min_cycles=6,
                          max_cycles=6, budget_s=60, burst_s=4e-3, min_block_s=0.0, baseline="base", target_rel_ci=0.0,
@@ -45,10 +39,9 @@ def test_adjacent_pairs_put_the_baseline_between_every_two_members_and_pair_each
     assert t.member_cycles == {"base": 6, "a": 6, "b": 6}
 
 
-def test_adjacent_pairs_cancel_a_drift_that_a_cycle_of_members_does_not(monkeypatch):
+def test_adjacent_pairs_cancel_a_drift_that_a_cycle_of_members_does_not(synthetic_bursts):
     """The machine's speed drifts from burst to burst: an adjacent pair's neighbours straddle the member's burst, so
     their geometric mean nearly cancels the drift; in a cycle of seven the baseline's burst is up to six bursts away."""
-    _synthetic(monkeypatch)
     spread = {}
     for pairing in ("cycle", "adjacent"):
         tick, member = _machine()

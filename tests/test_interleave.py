@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import math
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -109,12 +108,9 @@ def test_a_guard_that_raises_drops_that_member():
     assert np.isfinite(t.cycle_s["fast"]).all()
 
 
-def test_sampling_stops_on_the_ci_when_the_members_are_steady(monkeypatch):
-    from attnbench.measure import interleave
-
+def test_sampling_stops_on_the_ci_when_the_members_are_steady(synthetic_bursts):
     # steady members: bursts report fixed per-call times (real 1-ms bursts of a no-op can be 20x apart on a loaded
     # machine, and then even a ±1000% target is not met at 6 cycles)
-    monkeypatch.setattr(interleave, "_burst_cpu", lambda fn, blocks, block_calls, between=None: [fn() for _ in range(blocks)])
     fns = {"a": lambda: 2e-3, "b": lambda: 1e-3}
     t = time_interleaved(fns, warmup_calls=1, warmup_s=0.0, min_cycles=6, max_cycles=10_000, budget_s=30,
                          burst_s=1e-3, min_samples=1, baseline="a", target_rel_ci=10.0)
@@ -283,11 +279,12 @@ def test_group_id_is_the_cell_id_without_the_implementation_and_older_runs_get_i
     assert old.group_id[0] == a.group_id and math.isnan(old.speedup[0]) and list(old.cycle_s[0]) == []
 
 
-def test_a_member_known_well_enough_leaves_the_cycles_while_the_baseline_stays():
+def test_a_member_known_well_enough_leaves_the_cycles_while_the_baseline_stays(synthetic_bursts):
+    # bursts report the members' per-call times (real sleeps jitter by more than the target on a loaded machine)
     rng = random.Random(0)
 
     def steady():
-        time.sleep(5e-4)
+        return 5e-4
 
     burst = {"sleep": 2e-4}
 
@@ -296,7 +293,7 @@ def test_a_member_known_well_enough_leaves_the_cycles_while_the_baseline_stays()
             burst["sleep"] = rng.choice([2e-4, 4e-3])
 
     def erratic():  # two very different call times, drawn per burst: its speed-up stays unknown within 10%
-        time.sleep(burst["sleep"])
+        return burst["sleep"]
 
     t = time_interleaved({"a": steady, "b": steady, "c": erratic}, warmup_calls=1, warmup_s=0.0, min_samples=3,
                          min_cycles=6, max_cycles=40, budget_s=60, burst_s=2e-3, min_block_s=0.0, baseline="a",

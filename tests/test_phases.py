@@ -15,7 +15,6 @@ from click.testing import CliRunner
 
 import attnbench
 from attnbench.cli.app import cli
-from attnbench.measure import interleave
 from attnbench.measure.interleave import time_interleaved
 from attnbench.results.store import read_meta
 from attnbench.runner import compile_cache, phases
@@ -26,13 +25,8 @@ TINY = dict(batch=[1], seq_len=[16], num_heads=[2], d_model=[16], mode=["inferen
 
 # ---------------------------------------------------------------- stopping on the figure the user reads
 
-def _synthetic(monkeypatch):
-    """Bursts that report what the member returns (a per-call time) instead of timing it."""
-    monkeypatch.setattr(interleave, "_burst_cpu", lambda fn, blocks, block_calls, between=None: [fn() for _ in range(blocks)])
 
-
-def test_a_member_whose_speedup_is_known_leaves_while_a_noisy_one_gets_the_cycles(monkeypatch):
-    _synthetic(monkeypatch)
+def test_a_member_whose_speedup_is_known_leaves_while_a_noisy_one_gets_the_cycles(synthetic_bursts):
     rng = np.random.default_rng(3)
     levels = np.exp(rng.normal(0, 0.3, 200))  # the machine's speed, one level per cycle
     jumps = np.exp(rng.normal(0, 0.5, 200))  # the noisy member's own luck, per cycle
@@ -61,8 +55,7 @@ def test_a_member_whose_speedup_is_known_leaves_while_a_noisy_one_gets_the_cycle
     assert t.speedup("quiet")[0] == pytest.approx(2.0)
 
 
-def test_the_group_stops_when_every_figure_is_known(monkeypatch):
-    _synthetic(monkeypatch)
+def test_the_group_stops_when_every_figure_is_known(synthetic_bursts):
     t = time_interleaved({"base": lambda: 2e-3, "a": lambda: 1e-3}, warmup_calls=1, warmup_s=0.0, min_cycles=6,
                          max_cycles=1000, budget_s=60, burst_s=4e-3, min_block_s=0.0, min_samples=3, baseline="base")
     assert t.stopped_by == "ci" and t.cycles == 6
@@ -217,3 +210,43 @@ def test_a_compile_may_use_the_drivers_cores_and_the_binding_comes_back():
         assert os.sched_getaffinity(0) == {min(before)} and inductor_config.compile_threads == threads
     finally:
         os.sched_setaffinity(0, before)
+
+
+def _clocked(monkeypatch, seed: int = 5):
+    """A synthetic clock that each member's call advances by the per-call time it reports, and the members."""
+    from attnbench.measure import interleave
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(interleave, "_clock", lambda: clock["t"])
+    # the warm-up too reports the member's synthetic per-call time, so bursts are planned on the synthetic clock
+    monkeypatch.setattr(interleave, "_warm_up", lambda fn, device, calls, warmup_s, between=None: (fn(), 1))
+    rng = np.random.default_rng(seed)
+
+    def member(per_call: float, noisy: bool = False):
+        def fn() -> float:
+            t = per_call * (float(np.exp(rng.normal(0, 0.5))) if noisy else 1.0)
+            clock["t"] += t
+            return t
+
+        return fn
+
+    return clock, member
+
+
+@pytest.mark.parametrize("quiet_leaves", [True, False])
+def test_time_a_member_leaves_unspent_is_saved_not_handed_to_the_others(synthetic_bursts, monkeypatch, quiet_leaves):
+    """Each member's share of the group's budget is a ceiling: the cycles' time is split among the members in them, so
+    when a quiet member leaves known, the group ends about its share sooner; with nobody leaving it is the budget."""
+    clock, member = _clocked(monkeypatch)
+    fns = {"base": member(2e-3), "quiet": member(1e-3, noisy=not quiet_leaves), "noisy": member(1e-3, noisy=True)}
+    t = time_interleaved(fns, warmup_calls=1, warmup_s=0.0, min_cycles=6, max_cycles=100_000, budget_s=3.0,
+                         burst_s=2e-3, min_block_s=0.0, min_samples=3, baseline="base", target_rel_ci=0.02,
+                         pairing="adjacent")
+    cycles_s = clock["t"] - 4e-3  # less the warm-up calls (at most 2 + 1 + 1 ms)
+    assert t.stopped_by == "budget" and t.member_stopped_by["noisy"] == "budget"
+    if quiet_leaves:
+        assert t.member_stopped_by["quiet"] == "target" and t.member_cycles["quiet"] == 6
+        assert 1.9 < cycles_s < 2.2  # the two members left had their shares (1 s each); the quiet one's was saved
+    else:
+        assert t.member_stopped_by["quiet"] == "budget"
+        assert 2.95 < cycles_s < 3.1  # everyone's share: the whole budget

@@ -113,8 +113,11 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     every two others and at both ends (:data:`PAIRINGS`). After ``min_cycles`` cycles, a member whose figure the user reads is known within
     ``target_rel_ci`` leaves the cycles: with a ``baseline``, a member's paired speed-up CI and the baseline's median CI
     (its block samples, at least ``min_samples`` of them); without one, each member's median CI (:func:`_settled`).
-    The baseline stays while any other member is timed. Sampling stops when every member has left (``ci``), or after
-    ``budget_s`` of cycles (and at least 3; a ceiling, not a quota), or at ``max_cycles``. ``member_stopped_by`` says
+    The baseline stays while any other member is timed. Sampling stops when every member has left (``ci``), or when the
+    members still in the cycles have had their share of ``budget_s`` (and at least 3 cycles; a ceiling, not a quota):
+    each cycle's wall time is split evenly among the members that ran in it, and each member's share of the budget is
+    ``budget_s / len(fns)``. With no member leaving that is ``budget_s`` of cycles; time a member leaves unspent when
+    its figure is known is saved, not handed to the others. Or at ``max_cycles``. ``member_stopped_by`` says
     per member why it stopped (``target`` when it left known, else the group's reason) and ``member_cycles`` how many
     cycles it ran in.
 
@@ -140,8 +143,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     active = [n for n in names if n not in run.failures]
     stopped_by = "max_cycles" if active else "failed"
     known: set[str] = set()  # members that left the cycles known within the target
-    start = time.perf_counter()
+    share_s, per_member_s = 0.0, budget_s / max(len(names), 1)  # see _charge
+    last = _clock()
     while active and len(orders) < max_cycles:
+        in_cycle = len(active)
         order = _order(rng, active, baseline, pairing)
         with gc_paused():  # the collector runs between cycles, untimed (attnbench.measure.timing.gc_paused)
             times = run.cycle(order, active)
@@ -162,7 +167,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
             # so the group's time goes to the members still short of the target; the baseline stays while any
             # other member is timed, since every paired ratio needs it in the same cycle
             active[:] = [n for n in active if n not in settled or n == baseline]
-        if time.perf_counter() - start > budget_s and len(orders) >= min(3, max_cycles):
+        now = _clock()
+        share_s, last = share_s + (now - last) / in_cycle, now
+        if share_s > per_member_s and len(orders) >= min(3, max_cycles):
             stopped_by = "budget"
             break
     failures = run.failures
@@ -176,6 +183,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         member_stopped_by={n: "failed" if n in failures else "target" if n in known else stopped_by for n in names},
         member_cycles={n: sum(1 for c in cycles[n] if c == c) for n in names}, warmup_s_spent=warm_s,
         pair_base_s={n: tuple(p) for n, p in pairs.items()} if pairing == "adjacent" else None, pairing=pairing)
+
+
+_clock = time.perf_counter
+"""The clock the budget is charged by (tests replace it with a synthetic one)."""
 
 
 def _order(rng: random.Random, active: list[str], baseline: str | None, pairing: str) -> tuple[str, ...]:

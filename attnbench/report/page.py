@@ -16,6 +16,7 @@ from attnbench.models import views as model_views
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
 from attnbench.report import variants
+from attnbench.report.forked import Forked
 from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
 from attnbench.results.text import fmt_lead
@@ -222,13 +223,19 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
                            f"{run_baseline}` shows them." if run_baseline and run_baseline != chosen else
                            "this run predates paired speed-ups (implementations timed in alternation), so drift "
                            "between the implementations' timing blocks is in them."))
+    # the speed-up and memory figures are drawn in a forked process on an idle core while this one draws the rest
+    # and makes the tables (attnbench.report.forked; the same files either way)
+    child = Forked(lambda: (figs.speedup(df, sp, chosen, styles, fig_dir), figs.memory(df, styles, fig_dir)))
     bar_fig, bar_table = figs.bars(df, chosen, styles, fig_dir)
+    latency_figs = figs.latency(df, styles, fig_dir)
+    throughput_figs = figs.throughput(df, styles, fig_dir)
+    compile_figs = figs.compile_times(df, styles, fig_dir)
     figure_sections = [
-        ("latency", "Latency vs sequence length", figs.latency(df, styles, fig_dir)),
-        ("speedup", f"Speed-up relative to {chosen or 'a baseline'}", figs.speedup(df, sp, chosen, styles, fig_dir)),
-        ("memory", "Peak memory", figs.memory(df, styles, fig_dir)),
-        ("throughput", "Throughput (GFLOP/s and fraction of peak)", figs.throughput(df, styles, fig_dir)),
-        ("compile", "torch.compile: compile time vs steady state", figs.compile_times(df, styles, fig_dir)),
+        ("latency", "Latency vs sequence length", latency_figs),
+        ("speedup", f"Speed-up relative to {chosen or 'a baseline'}", None),  # the child's, below
+        ("memory", "Peak memory", None),
+        ("throughput", "Throughput (GFLOP/s and fraction of peak)", throughput_figs),
+        ("compile", "torch.compile: compile time vs steady state", compile_figs),
         ("bars", "Side by side at one configuration", [bar_fig]),
     ]
     if (ok["mode"] == "decode").any():  # attention variants and KV-cache decoding
@@ -337,6 +344,8 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
                             + (f", {fmt_lead(r.runner_up_slower_x, r.runner_up)}" if r.runner_up != "–" else "")
                             + (f" — {r.note}" if r.note else "") + ".")
 
+    drawn = dict(zip(("speedup", "memory"), child.result(), strict=True))
+    figure_sections = [(k, title, drawn[k] if fl is None else fl) for k, title, fl in figure_sections]
     figure_files = [f"figures/{f.name}.{ext}" for _, _, fl in figure_sections for f in fl if not f.skipped
                     for ext in figs.current_render().formats]
     page = jinja_env().get_template("report.html.j2").render(

@@ -219,8 +219,12 @@ class RunSession:
             nodes = {n.get("ray_node_id"): n for n in meta.get("nodes", [])}
             nodes.update({n.get("ray_node_id"): n for n in env["nodes"]})
             meta["nodes"] = list(nodes.values())
-        self._scale_drift()
-        self._widen_speedups()
+        changed: set[str] = set()
+        self._scale_drift(changed)
+        self._widen_speedups(changed)
+        for cell_id in sorted(changed):  # each remade row's cell file rewritten once, after both passes
+            row, path = self.stored[cell_id]
+            self.store.rewrite(path, row)
         wall_s = time.perf_counter() - self._started
         meta["wall_s"] = meta.get("wall_s", 0.0) + wall_s
         meta["phases"] = phases.merge(meta.get("phases"), self._phases(wall_s))
@@ -254,7 +258,7 @@ class RunSession:
         env = getattr(self.executor, "env_vars", None)
         return env.get(compile_cache.ENV_DIR) if env else None
 
-    def _scale_drift(self) -> None:
+    def _scale_drift(self, changed: set[str]) -> None:
         """A device type whose cells' round medians spread more than the calibration runs' gets its between-run term
         scaled up (:meth:`attnbench.measure.drift.Drift.for_run`), every ok row's CI remade with it, and
         ``meta.json`` says so. Reads rows this session stored from memory; a resumed run's earlier rows from the
@@ -281,12 +285,14 @@ class RunSession:
             # A resumed run's earlier rows are remade with this session's term.
             stale = of_kind[(of_kind["status"] == "ok") & (of_kind["drift_rel"].fillna(0.0) != scaled.rel)]
             if len(stale):
-                self._remake(set(stale["cell_id"]), scaled.rel)
+                changed |= self._remake(set(stale["cell_id"]), scaled.rel)
 
-    def _widen_speedups(self) -> None:
+    def _widen_speedups(self, changed: set[str]) -> None:
         """Every paired speed-up's interval at least as wide as its rounds' spread says (per device type: the
         between-round SD pooled over this session's cells, and the run-level SD, :mod:`attnbench.measure.speedup_spread`);
-        ``meta.json`` (``speedup_spread``) records both per device type. A resumed run's earlier rows keep theirs."""
+        ``meta.json`` (``speedup_spread``) records both per device type. A resumed run's earlier rows keep theirs.
+        The rows this session stored are updated in memory and their ids added to ``changed`` (their files are
+        rewritten once, by :meth:`finish`)."""
         by_kind: dict[str, list[dict]] = {}
         for row, _ in self.stored.values():
             by_kind.setdefault(parse_device_type(str(row.get("device"))), []).append(row)
@@ -301,11 +307,14 @@ class RunSession:
                 row, path = self.stored[cell_id]
                 own = speedup_spread.moderated_sd(x, sd)
                 lo, hi = speedup_spread.widened(row, own, len(x), run)
-                new_row = {**row, "speedup_ci_low": lo, "speedup_ci_high": hi, "speedup_spread_rel": own}
-                self.store.rewrite(path, new_row)
-                self.stored[cell_id] = (new_row, path)
+                self.stored[cell_id] = ({**row, "speedup_ci_low": lo, "speedup_ci_high": hi, "speedup_spread_rel": own},
+                                        path)
+                changed.add(cell_id)
 
-    def _remake(self, stale_ids: set[str], new: float) -> None:
+    def _remake(self, stale_ids: set[str], new: float) -> set[str]:
+        """The ok rows of ``stale_ids`` with their CI remade with the between-run term ``new``: this session's in memory
+        (their ids returned, for :meth:`finish` to rewrite), an earlier session's in the folder."""
+
         def remake(row: dict) -> dict | None:
             if row["status"] != "ok" or row["cell_id"] not in stale_ids:
                 return None
@@ -314,14 +323,17 @@ class RunSession:
             lo, hi = drift.rewiden(row["median_s"], row["ci_low_s"], row["ci_high_s"], old, new)
             return {**row, "ci_low_s": lo, "ci_high_s": hi, "ci_rel": (hi - lo) / 2 / row["median_s"], "drift_rel": new}
 
-        for cell_id in stale_ids & set(self.stored):
+        mine = set(self.stored)
+        changed = set()
+        for cell_id in stale_ids & mine:
             row, path = self.stored[cell_id]
             new_row = remake(row)
-            self.store.rewrite(path, new_row)
-            self.stored[cell_id] = (new_row, path)
-        if stale_ids - set(self.stored):  # rows of an earlier session of a resumed run: found in the folder
-            mine = set(self.stored)
+            if new_row is not None:
+                self.stored[cell_id] = (new_row, path)
+                changed.add(cell_id)
+        if stale_ids - mine:  # rows of an earlier session of a resumed run: found in the folder
             self.store.rewrite_cells(lambda row: None if row["cell_id"] in mine else remake(row))
+        return changed
 
 
 def _process_order(round_index: int, processes: int) -> list[int]:
