@@ -62,3 +62,14 @@ def test_switched_off_it_draws_in_this_process(monkeypatch):
     monkeypatch.setenv(forked.ENV, "0")
     job = Forked(os.getpid)
     assert job.pid is None and job.result() == os.getpid()
+
+
+def test_a_child_whose_result_is_never_asked_for_is_ended_and_reaped():
+    import gc
+
+    job = Forked(lambda: time.sleep(60))
+    pid = job.pid
+    del job
+    gc.collect()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped, not left running or as a zombie

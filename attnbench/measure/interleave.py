@@ -143,7 +143,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     active = [n for n in names if n not in run.failures]
     stopped_by = "max_cycles" if active else "failed"
     known: set[str] = set()  # members that left the cycles known within the target
-    share_s, per_member_s = 0.0, budget_s / max(len(names), 1)  # see _charge
+    # each member's share of the cycles' time so far, against its share of the budget (see the docstring)
+    share_s, per_member_s = 0.0, budget_s / max(len(names), 1)
     last = _clock()
     while active and len(orders) < max_cycles:
         in_cycle = len(active)

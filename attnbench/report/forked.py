@@ -13,12 +13,14 @@ note on stderr says what happened to the child.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -67,6 +69,8 @@ class Forked(Generic[T]):
                 os._exit(code)
         os.close(write_fd)
         self.pid, self.fd = pid, read_fd
+        # a result never asked for (the report raised first): the child is ended and reaped when this is collected
+        self._abandon = weakref.finalize(self, _end, pid, read_fd)
 
     def result(self) -> T:
         """The child's value; ``fn()`` run here when there is no child or it failed (a note says why)."""
@@ -86,13 +90,15 @@ class Forked(Generic[T]):
 
     def _collect(self) -> tuple[bytes, str | None]:
         """Everything the child wrote and, when it did not answer, why (it is killed past ``timeout_s``)."""
+        self._abandon.detach()
         chunks, deadline = [], time.monotonic() + self.timeout_s
         try:
             while True:
                 left = deadline - time.monotonic()
                 ready = select.select([self.fd], [], [], max(left, 0.0))[0] if left > 0 else []
                 if not ready:
-                    os.kill(self.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.pid, signal.SIGKILL)
                     os.waitpid(self.pid, 0)
                     return b"", f"no answer within {self.timeout_s:g} s (killed)"
                 chunk = os.read(self.fd, 1 << 20)
@@ -106,3 +112,13 @@ class Forked(Generic[T]):
         if not data:
             return data, f"it ended with wait status {status} and no answer"
         return data, None
+
+
+def _end(pid: int, fd: int) -> None:
+    """End a child whose answer nobody will read: close the pipe, kill it and reap it."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
