@@ -235,7 +235,7 @@ def test_timeouts(ray_local, plugin):
     assert rows["sdpa"]["status"] == "ok", rows["sdpa"]["error"]
     for c in cells:  # started (as the worker began it) before its row
         assert events.index(("start", c.cell_id)) < events.index(("row", c.cell_id))
-    assert wall < 50
+    assert wall < 180  # no hang: 34 s alone, 101 s in CI beside the other xdist worker's compiles (Ray's start-up)
 
 
 @pytest.mark.slow
