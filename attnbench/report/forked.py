@@ -97,16 +97,16 @@ class Forked(Generic[T]):
                 left = deadline - time.monotonic()
                 ready = select.select([self.fd], [], [], max(left, 0.0))[0] if left > 0 else []
                 if not ready:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.pid, signal.SIGKILL)
-                    os.waitpid(self.pid, 0)
+                    _end(self.pid, self.fd)
                     return b"", f"no answer within {self.timeout_s:g} s (killed)"
                 chunk = os.read(self.fd, 1 << 20)
                 if not chunk:
                     break
                 chunks.append(chunk)
-        finally:
-            os.close(self.fd)
+        except BaseException:
+            _end(self.pid, self.fd)  # interrupted while waiting: the child goes too
+            raise
+        os.close(self.fd)
         _, status = os.waitpid(self.pid, 0)
         data = b"".join(chunks)
         if not data:
