@@ -35,7 +35,7 @@ from attnbench.errors import AttnbenchError, PluginLoadError, UnknownImplementat
 from attnbench.plugins.exits import PluginExit, plugin_exits
 from attnbench.resolve import Ready, Skip, resolve, set_name_lookup, variant_skip_reason  # noqa: F401  (re-exported)
 from attnbench.spec import QK_NORMS, ROPE_STYLES, AttnSpec
-from attnbench.weights import CanonicalWeights, adapter_for, load_weights
+from attnbench.weights import CanonicalWeights, adapter_for, fit_gains, load_weights
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -90,6 +90,14 @@ class Implementation:
         """Whether attention dropout is applied in train mode on ``device``'s type."""
         return torch.device(device).type in self.dropout
 
+    def own_spec(self, spec: AttnSpec) -> AttnSpec:
+        """``spec`` as this implementation computes it: a user's class that always applies QK-norm or RoPE, or keeps
+        its own norm epsilon, gets them filled in (``PluginFactory.own_spec``); raises
+        :class:`~attnbench.errors.UnavailableError` for a spec the class cannot take (an odd head dim where it always
+        rotates). Built-ins take every spec as it is."""
+        own = getattr(self.factory, "own_spec", None)
+        return own(spec, self.qk_norm) if own is not None else spec
+
     def unavailable_reason(self, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> str | None:
         """Why this implementation cannot run on ``device``/``dtype`` here, or ``None`` when it can
         (:func:`attnbench.resolve.resolve` without sizes or mode)."""
@@ -103,9 +111,12 @@ class Implementation:
         caller that resolved already passes its ``ready`` answer, whose device and dtype are used) and
         :class:`PluginLoadError` when the constructor fails.
         """
+        spec = self.own_spec(spec)
         outcome = ready or resolve(self, spec, device=device, dtype=dtype)
         if isinstance(outcome, Skip):
             raise outcome.exception()
+        if weights is not None:
+            weights = fit_gains(weights, spec)
         try:
             with plugin_exits(f"{self.name}'s constructor"):
                 module = self.factory(spec)

@@ -95,6 +95,20 @@ DRAWN_CACHE_BYTES = 64 << 20
 """At most this many bytes of drawn weights are kept; larger weights are drawn anew every time."""
 
 
+def fit_gains(w: CanonicalWeights, spec: AttnSpec, seed: int = 0) -> CanonicalWeights:
+    """``w`` with QK-norm gains exactly when ``spec`` has QK-norm: gains of the right shape drawn from ``seed`` (in
+    ``w``'s dtype and device) when it lacks them, dropped when ``spec`` has none. A class that always applies its
+    QK-norm is built for a spec that says so (``PluginFactory.own_spec``), from weights drawn for one that did not."""
+    shapes = gain_shapes(spec)
+    if not shapes:
+        return w if w.g_q is None and w.g_k is None else replace(w, g_q=None, g_k=None)
+    if w.g_q is not None and tuple(w.g_q.shape) == shapes["g_q"] and tuple(w.g_k.shape) == shapes["g_k"]:
+        return w
+    drawn = random_weights(spec, seed=seed)
+    return replace(w, g_q=drawn.g_q.to(device=w.W_q.device, dtype=w.W_q.dtype),
+                   g_k=drawn.g_k.to(device=w.W_q.device, dtype=w.W_q.dtype))
+
+
 def random_weights(spec: AttnSpec, seed: int = 0, dtype: torch.dtype = torch.float64,
                    scale: str = "unit") -> CanonicalWeights:
     """Canonical weights drawn from a seeded generator, independent of the global RNG.

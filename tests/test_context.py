@@ -164,11 +164,13 @@ def test_planted_bugs_are_flagged_and_hide_without_the_new_cases(repo_cwd, name,
     assert verdict(name, passes_at, kind).status == "pass"
 
 
-def test_always_on_rope_and_qk_norm_skip_specs_without_them(repo_cwd):
-    assert "always applies QK-norm" in verdict("olmo3.py:Attention", ROPE).message
-    assert "always applies its own rotary embeddings" in verdict("hf_rotary.py:RotaryAttention", PLAIN).message
-    impl = registry.get(C + "hf_rotary.py:RotaryAttention")
-    assert impl.rope == ("half",) and any("rope_theta" in line for line in impl.factory.evidence)
+def test_always_on_rope_and_qk_norm_become_the_spec(repo_cwd):
+    """A class that always applies QK-norm or its own RoPE is checked with them (issue 35), never skipped."""
+    olmo, rotary = registry.get(C + "olmo3.py:Attention"), registry.get(C + "hf_rotary.py:RotaryAttention")
+    assert olmo.own_spec(ROPE).qk_norm == "full" and rotary.own_spec(PLAIN).rope_theta == 10000.0
+    assert verdict("olmo3.py:Attention", ROPE).status == "pass"
+    assert verdict("hf_rotary.py:RotaryAttention", PLAIN).status == "pass"
+    assert rotary.rope == ("half",) and any("rope_theta" in line for line in rotary.factory.evidence)
 
 
 def test_gemma_gain_is_measured_as_one_plus_scale(repo_cwd):

@@ -78,7 +78,7 @@ def test_check_several_implementations_one_summary_line_each(repo_cwd, capsys):
     code, out, _ = run_cli(["check", S + "fused.py:FusedQKV", "--impl", f"nb={S}argument_order.py:NotebookOrder",
                             "--impl", S + "einsum.py:EinsumParamsUntransposed", "--kind", "forward,backward"], capsys)
     assert code == 1
-    last = out.strip().splitlines()[-3:]
+    last = [line for line in out.strip().splitlines() if not line.startswith("  ")][-3:]  # indented: lines about each
     assert last[0].startswith(f"{S}fused.py:FusedQKV: PASS (")
     assert last[1].startswith("nb: PASS (")  # the display name, in the table and the summary
     assert last[2].startswith(f"{S}einsum.py:EinsumParamsUntransposed: FAIL (") and "forward, backward" in last[2]
@@ -86,7 +86,9 @@ def test_check_several_implementations_one_summary_line_each(repo_cwd, capsys):
 
 def test_check_exit_0_when_everything_passes(repo_cwd, capsys):
     code, out, _ = run_cli(["check", S + "per_head.py:PerHeadModuleList", "--kind", "forward"], capsys)
-    assert code == 0 and out.strip().splitlines()[-1].startswith(f"{S}per_head.py:PerHeadModuleList: PASS")
+    summary = [line for line in out.strip().splitlines() if not line.startswith("  ")]
+    assert code == 0 and summary[-1].startswith(f"{S}per_head.py:PerHeadModuleList: PASS")
+    assert out.strip().splitlines()[-1].startswith("  ran ") and "cases this class can take" in out
 
 
 @pytest.mark.parametrize("name, lines", [

@@ -66,6 +66,8 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     console.print(f"{n_pass} passed, {n_bad} failed, {int((results.status == 'skip').sum())} skipped")
     for impl_name, rows in results.groupby("impl", sort=False):
         console.print(summary_line(impl_name, rows), markup=False)
+        for line in _about(impl_name, rows, scope):
+            console.print(f"  {line}", markup=False)
     if verbose:
         _print_exercised(results)
     if n_bad:
@@ -79,6 +81,33 @@ def summary_line(impl_name: str, rows) -> str:
     if bad.empty:
         return f"{impl_name}: PASS ({counts})"
     return f"{impl_name}: FAIL ({len(bad)} failed: {', '.join(dict.fromkeys(bad.kind))}; {counts})"
+
+
+def _about(impl_name: str, rows, scope: str = "layer") -> list[str]:
+    """The lines under an implementation's summary: its working precision, its coverage, and likely causes."""
+    from attnbench.correctness.cases import working_summary
+
+    lines = [working_summary(impl_name)] if scope == "layer" else []
+    lines.append(coverage_line(rows))
+    causes = [m.split("likely cause: ", 1)[1] for m in rows.message if "likely cause: " in m]
+    lines += [f"likely cause: {c}" for c in dict.fromkeys(causes)]
+    return [line for line in lines if line]
+
+
+def coverage_line(rows) -> str:
+    """``ran 78 of the 82 cases this class can take (4 skipped: even head dim only)``: the cases a class's own
+    constraints or the machine rule out count; those needing a variant it does not have do not."""
+    from attnbench.plugins.layout import OWN_CONSTRAINT
+
+    ran = rows[rows.status != "skip"]
+    skipped = rows[rows.status == "skip"]
+    own = skipped[skipped.message.str.contains(OWN_CONSTRAINT, regex=False)]
+    why = own.message.str.contains("needs an even head dim", regex=False).map({True: "odd head dim", False: "its own constraint"})
+    counts = ", ".join(f"{n} {w}" if len(why.unique()) > 1 else w for w, n in why.value_counts().items())
+    other = len(skipped) - len(own)
+    tail = f"; {other} more are for variants, devices or dtypes it does not have" if other else ""
+    return (f"ran {len(ran)} of the {len(ran) + len(own)} cases this class can take"
+            f"{f' ({len(own)} skipped: {counts})' if len(own) else ''}{tail}")
 
 
 def matrix_table(results, device: str, scope: str = "layer") -> Table:

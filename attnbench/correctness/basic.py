@@ -16,8 +16,6 @@ from torch.func import functional_call
 
 from attnbench.correctness import golden
 from attnbench.correctness.cases import (
-    GRAD_TOLERANCE,
-    TOLERANCE,
     Built,
     Case,
     CaseResult,
@@ -27,6 +25,7 @@ from attnbench.correctness.cases import (
     rel_error,
     row,
     seed_for,
+    tolerance,
     verdict,
 )
 from attnbench.devices import DTYPES
@@ -55,7 +54,7 @@ def run_forward(impl, case: Case, device: torch.device) -> CaseResult:
     if out.shape != ref.shape:
         return row(impl, case, device, "fail", math.inf, None,
                    f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}")
-    return verdict(impl, case, device, rel_error(out, ref), TOLERANCE[case.dtype])
+    return verdict(impl, case, device, rel_error(out, ref), tolerance(case.dtype))
 
 
 def run_backward(impl, case: Case, device: torch.device) -> CaseResult:
@@ -70,7 +69,7 @@ def run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     names = ["x"] + [n for n, _ in w.items() if n not in held]
 
     x_ref, w_ref = x.clone().requires_grad_(True), w.leaves()
-    ref_out = reference(x_ref, w_ref, spec)
+    ref_out = reference(x_ref, w_ref, built.spec)  # the spec as the class computes it (own_spec)
     ref_grads = torch.autograd.grad((ref_out * g).sum(), [x_ref] + [t for n, t in w_ref.items() if n not in held])
 
     low = DTYPES[dtype]
@@ -91,7 +90,7 @@ def run_backward(impl, case: Case, device: torch.device) -> CaseResult:
         err = math.inf if got is None else rel_error(got.cpu(), want, floor)
         if err > worst or worst_name == "":
             worst, worst_name = err, name
-    result = verdict(impl, case, device, worst, GRAD_TOLERANCE[dtype], what=f"grad {worst_name}")
+    result = verdict(impl, case, device, worst, tolerance(dtype, grad=True), what=f"grad {worst_name}")
     if result.status == "pass":
         result.message = f"worst: grad {worst_name}"
     return result
@@ -110,7 +109,7 @@ def run_causality(impl, case: Case, device: torch.device) -> CaseResult:
             err = rel_error(out[:, :t], base[:, :t])
             if err > worst:
                 worst, where = err, t
-    result = verdict(impl, case, device, worst, TOLERANCE[case.dtype])
+    result = verdict(impl, case, device, worst, tolerance(case.dtype))
     if result.status == "fail":
         result.message = f"outputs before position {where} changed when later tokens changed (error {worst:.3g})"
     return result
@@ -122,7 +121,7 @@ def run_batch_independence(impl, case: Case, device: torch.device) -> CaseResult
     with torch.no_grad():
         whole = module(x.to(device)).cpu()
         alone = torch.cat([module(x[i:i + 1].to(device)).cpu() for i in range(x.shape[0])])
-    return verdict(impl, case, device, rel_error(whole, alone), TOLERANCE[case.dtype])
+    return verdict(impl, case, device, rel_error(whole, alone), tolerance(case.dtype))
 
 
 def run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResult:
@@ -131,7 +130,7 @@ def run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResult
     with torch.no_grad():
         a, b = built.module(x.to(device)).cpu(), built.module(x.to(device)).cpu()
     err = max(rel_error(a, built.reference(x)), rel_error(a, b))
-    return verdict(impl, case, device, err, TOLERANCE[case.dtype], what="eval output with dropout>0")
+    return verdict(impl, case, device, err, tolerance(case.dtype), what="eval output with dropout>0")
 
 
 def run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:

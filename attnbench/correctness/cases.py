@@ -16,21 +16,34 @@ a bias the layer does not have.
 from __future__ import annotations
 
 import contextvars
+import copy
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from attnbench.correctness import precision
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES
 from attnbench.spec import AttnSpec
-from attnbench.weights import CanonicalWeights, adapter_for, export_weights, load_weights, zero_held
+from attnbench.weights import CanonicalWeights, adapter_for, export_weights, fit_gains, load_weights, zero_held
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 5e-3, "bfloat16": 2e-2}
 """Relative max-norm error allowed per dtype (TF32 is switched off while checking on CUDA)."""
 GRAD_TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
 """Gradients are sums of many cancelling terms, so float32 gets a looser bound than the forward."""
+
+
+def tolerance(dtype: str, grad: bool = False) -> float:
+    """The tolerance of a ``dtype`` case of the module under check: :data:`TOLERANCE` (:data:`GRAD_TOLERANCE` for
+    gradients), or for a float64 case of a class that computes parts in float32 the floor derived from the
+    harness's math with the same parts in float32 (:mod:`attnbench.correctness.precision`)."""
+    base = (GRAD_TOLERANCE if grad else TOLERANCE).get(dtype, TOLERANCE.get(dtype, 0.0))
+    working = precision.WORKING.get()
+    if dtype != "float64" or working is None or not working.observed.in_float32:
+        return base
+    return max(base, working.grad_tol if grad else working.forward_tol)
 
 
 @dataclass(frozen=True)
@@ -75,7 +88,7 @@ def row(impl, case: Case, device, status: str, error: float | None, tol: float |
 def verdict(impl, case: Case, device, err: float, tol: float, what: str = "") -> CaseResult:
     """Pass when ``err <= tol``, else a failure that says ``what`` (default: the case kind) and by how much."""
     status = "pass" if err <= tol else "fail"
-    message = "" if status == "pass" else f"{what or case.kind} error {err:.3g} > tolerance {tol:.1g}"
+    message = "" if status == "pass" else f"{what or case.kind} error {err:.3g} > tolerance {tol:.2g}{precision.low_ops_note()}"
     return row(impl, case, device, status, err, tol, message)
 
 
@@ -113,11 +126,13 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 1e-12) -> flo
     return float((out64 - ref64).abs().max() / scale)
 
 
-def reference(x: torch.Tensor, w: CanonicalWeights, spec: AttnSpec, start_pos: int = 0) -> torch.Tensor:
+def reference(x: torch.Tensor, w: CanonicalWeights, spec: AttnSpec, start_pos: int = 0,
+              lowp: frozenset[str] = frozenset()) -> torch.Tensor:
     """``spec``'s variant (GQA/MQA, window, causal or not; RoPE, QK-norm, scale, cap) computed by the reference in
-    the dtype of ``x`` and ``w``, the tokens of ``x`` at absolute positions ``start_pos, start_pos + 1, ...``."""
+    the dtype of ``x`` and ``w``, the tokens of ``x`` at absolute positions ``start_pos, start_pos + 1, ...``
+    (``lowp``: parts computed in float32, :func:`~attnbench.correctness.reference.reference_forward`)."""
     return reference_forward(x, w, spec.num_heads, window=spec.window, causal=spec.causal, spec=spec,
-                             start_pos=start_pos)
+                             start_pos=start_pos, lowp=lowp)
 
 
 # --- the one way to build a module under test ------------------------------------------------------
@@ -153,16 +168,77 @@ class Built:
 def _loaded(module: nn.Module, w: CanonicalWeights, spec: AttnSpec, dtype: str) -> Built:
     w_low = w.to(device="cpu", dtype=DTYPES[dtype])  # the rounding the implementation sees
     load_weights(module, w_low, spec)
+    if composed(module):  # a latent factorisation holds what it can of w: the reference takes what it holds
+        w_low = export_weights(module, spec).to(device="cpu", dtype=DTYPES[dtype])
     return Built(module, zero_held(module, w_low), spec, dtype)
+
+
+def composed(module: nn.Module) -> bool:
+    """Whether ``module``'s canonical K/V weights are composed from low-rank factors (MLA, :mod:`attnbench.plugins.mla`):
+    loading arbitrary canonical weights into it is lossy, so its references use the weights it exports."""
+    return bool(getattr(getattr(adapter_for(module), "layout", None), "composed", False))
 
 
 def build(impl, spec: AttnSpec, device: torch.device | str, dtype: str, w: CanonicalWeights,
           train: bool = False) -> Built:
     """``impl`` built for ``spec`` on ``device`` in ``dtype`` with ``w`` loaded (in ``train`` mode or eval), and the
     weights every reference for it must use (see :class:`Built`)."""
+    own = impl.own_spec(spec) if hasattr(impl, "own_spec") else spec  # what the class always does, filled in
+    if own != spec:
+        spec, w = own, fit_gains(w, own, seed=7)
     w_low = w.to(dtype=DTYPES[dtype])
     module = impl.build(spec, device, dtype, weights=w_low).train(train)
     # a low-rank K/V path (MLA, plugins.mla): the reference takes the weights the module computes with
-    if getattr(getattr(adapter_for(module), "layout", None), "composed", False):
+    if composed(module):  # a low-rank K/V path (MLA, plugins.mla): the reference takes what the module computes with
         w_low = export_weights(module, spec).to(dtype=DTYPES[dtype], device=w_low.W_q.device)
-    return Built(module, zero_held(module, w_low), spec, dtype)
+    built = Built(module, zero_held(module, w_low), spec, dtype)
+    _observe_working(impl, built, device)
+    return built
+
+
+_WORKING_CACHE: dict = {}
+
+
+def working_summary(impl_name: str) -> str | None:
+    """``working precision: float32 in q_norm, k_norm (...)`` over the float64 and float32 builds of ``impl_name``'s
+    cases in this process, or ``None`` when every one computed in the dtype it was given."""
+    seen = [w for k, w in _WORKING_CACHE.items() if k[0] == impl_name and w.observed.parts]
+    if not seen:
+        return None
+    low = [w for w in seen if w.observed.below32]
+    if low:
+        return low[0].line()
+    merged = precision.Observed(torch.float64)
+    for w in seen:
+        if w.observed.dtype == torch.float64:
+            for part, dtypes in w.observed.parts.items():
+                for d in dtypes:
+                    merged.add(part, "", d)
+    if not merged.parts:
+        return None
+    return (f"working precision: {merged.describe()} (float64 cases judged at float32: against "
+            f"{precision.FLOOR_FACTOR:g}x the error of the harness's math with the same parts in float32)")
+
+
+def _observe_working(impl, built: Built, device) -> None:
+    """Observe what ``built``'s module computes in (once per implementation, spec, dtype and seed) and set
+    :data:`~attnbench.correctness.precision.WORKING` for the case (:mod:`attnbench.correctness.precision`)."""
+    if built.dtype not in ("float64", "float32") or getattr(impl, "origin", "plugin") == "builtin" \
+            or hasattr(built.module, "_orig_mod"):
+        return  # built-ins compute in the dtype they are given (their matrix shows it); compiled code is not traced
+    key = (getattr(impl, "name", repr(impl)), built.spec, built.dtype, str(device), SEED.get())
+    working = _WORKING_CACHE.get(key)
+    if working is None:
+        spec = built.spec
+        g = torch.Generator().manual_seed(11)
+        x = torch.randn(2, min(6, spec.context_length), spec.d_in, generator=g, dtype=torch.float64)
+        try:  # on a copy: the case must meet the module as built (a first call may set state: a cache, a fold)
+            module = copy.deepcopy(built.module).eval()
+            observed = precision.observe(module, lambda: module(x.to(device=device, dtype=DTYPES[built.dtype])),
+                                         DTYPES[built.dtype])
+        except Exception:  # the case itself shows what fails; nothing is excused without an observation
+            return
+        working = precision.working_for(observed, reference, x, built.weights, spec, TOLERANCE[built.dtype],
+                                        GRAD_TOLERANCE[built.dtype])
+        _WORKING_CACHE[key] = working
+    precision.WORKING.set(working)

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.correctness import basic, decode, positional, properties, watchdog
+from attnbench.correctness import basic, decode, positional, precision, properties, watchdog
 from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
     GRAD_TOLERANCE,
     SEED,
@@ -122,7 +122,7 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     dev = outcome.device
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    seed_token = SEED.set(seed)
+    seed_token, working_token = SEED.set(seed), precision.WORKING.set(None)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -140,6 +140,7 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         SEED.reset(seed_token)
+        precision.WORKING.reset(working_token)
 
 
 def case_line(result) -> str:

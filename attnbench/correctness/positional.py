@@ -23,7 +23,7 @@ import inspect
 import pandas as pd
 import torch
 
-from attnbench.correctness.cases import TOLERANCE, Case, CaseResult, Shape, build, inputs, rel_error, row, seed_for
+from attnbench.correctness.cases import Case, CaseResult, Shape, build, inputs, rel_error, row, seed_for, tolerance
 from attnbench.devices import DTYPES
 from attnbench.spec import AttnSpec, RopeScaling
 from attnbench.weights import random_weights
@@ -78,14 +78,14 @@ def run_start_positions(impl, case: Case, device: torch.device) -> CaseResult:
     if name is None:
         return row(impl, case, device, "skip", None, None, f"forward takes no start position ({', '.join(START_NAMES)})")
     x = inputs(case.shape).to(DTYPES[case.dtype])
-    tol, worst = TOLERANCE[case.dtype], 0.0
+    tol, worst = tolerance(case.dtype), 0.0
     for start in STARTS:
         with torch.no_grad():
             out = built.module(x.to(device), **{name: start}).cpu()
         err = rel_error(out, built.reference(x, start_pos=start))
         if err > tol:
             return row(impl, case, device, "fail", err, tol, f"rope_start: tokens at positions {start}.."
-                       f"{start + case.shape.seq_len - 1} ({name}={start}): error {err:.3g} > tolerance {tol:.0e}")
+                       f"{start + case.shape.seq_len - 1} ({name}={start}): error {err:.3g} > tolerance {tol:.2g}")
         worst = max(worst, err)
     return row(impl, case, device, "pass", worst, tol)
 

@@ -35,20 +35,25 @@ def allowed_pairs(T_q: int, T_k: int, window: int | None = None, causal: bool = 
 
 
 def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, window: int | None = None,
-                      causal: bool = True, spec: AttnSpec | None = None, start_pos: int = 0) -> torch.Tensor:
+                      causal: bool = True, spec: AttnSpec | None = None, start_pos: int = 0,
+                      lowp: frozenset[str] = frozenset()) -> torch.Tensor:
     """Multi-head attention of ``x`` ``(b, T, d_in)`` with canonical weights ``w``; returns ``(b, T, d_out)``.
 
     The number of kv heads is read from ``w.W_k``'s rows (``num_kv_heads * head_dim``). Computed in the
     dtype of its inputs (pass float64 for the reference); no dropout. With ``spec``, its positional fields
     apply in this order: QK-norm (gains ``w.g_q``, ``w.g_k``) -> RoPE at the absolute positions
     ``start_pos + i`` -> scores * ``spec.score_scale`` -> soft-capping -> mask -> softmax.
+
+    ``lowp`` names the parts computed in float32 whatever the inputs' dtype (``norm``, ``rope``, ``softmax``), as
+    many real classes do (:mod:`attnbench.correctness.precision`): the error of that math is the floor a class
+    working in float32 there is judged against.
     """
     b, T, _ = x.shape
     d_out = w.W_q.shape[0]
     hd = d_out // num_heads
     group = num_heads // (w.W_k.shape[0] // hd)  # query heads per kv head
     allowed = allowed_pairs(T, T, window, causal, device=x.device)
-    q, k = _queries_keys(x, w, hd, spec, start_pos)  # (b, T, heads, hd) each, normed and rotated
+    q, k = _queries_keys(x, w, hd, spec, start_pos, lowp)  # (b, T, heads, hd) each, normed and rotated
     v = F.linear(x, w.W_v, w.b_v).unflatten(-1, (-1, hd))
     scale = spec.score_scale if spec is not None else 1 / math.sqrt(hd)
     heads = []
@@ -58,26 +63,29 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
         if spec is not None and spec.softcap is not None:
             scores = spec.softcap * torch.tanh(scores / spec.softcap)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        heads.append(torch.softmax(scores, dim=-1) @ v[:, :, kv])  # (b, T, hd)
+        probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype) if "softmax" in lowp else torch.softmax(scores, dim=-1)
+        heads.append(probs @ v[:, :, kv])  # (b, T, hd)
     context = torch.cat(heads, dim=-1)  # (b, T, d_out), head h in columns h*hd:(h+1)*hd
     return F.linear(context, w.W_o, w.b_o)
 
 
 def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec | None,
-                  start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  start_pos: int, lowp: frozenset[str] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``(b, T, heads, hd)``: projected, QK-normed, rotated at ``start_pos + i`` as ``spec`` says."""
     q, k = F.linear(x, w.W_q, w.b_q), F.linear(x, w.W_k, w.b_k)  # (b, T, d_out), (b, T, kv_dim)
     norm = spec.qk_norm if spec is not None else None
     if norm is not None and (w.g_q is None or w.g_k is None):
         raise ValueError(f"spec.qk_norm={norm!r} needs canonical gains g_q and g_k (random_weights draws them)")
+    norm_dtype = torch.float32 if "norm" in lowp else None
     if norm == "full":
-        q, k = rms_norm(q, w.g_q, spec.norm_eps), rms_norm(k, w.g_k, spec.norm_eps)
+        q, k = rms_norm(q, w.g_q, spec.norm_eps, norm_dtype), rms_norm(k, w.g_k, spec.norm_eps, norm_dtype)
     q, k = q.unflatten(-1, (-1, hd)), k.unflatten(-1, (-1, hd))
     if norm == "head":
-        q, k = rms_norm(q, w.g_q, spec.norm_eps), rms_norm(k, w.g_k, spec.norm_eps)
+        q, k = rms_norm(q, w.g_q, spec.norm_eps, norm_dtype), rms_norm(k, w.g_k, spec.norm_eps, norm_dtype)
     if spec is not None and spec.rope_theta is not None:
         positions = range(start_pos, start_pos + x.shape[1])
-        cos, sin = rope_tables(positions, hd, spec.rope_theta, spec.rope_scaling, spec.rope_style, dtype=x.dtype)
+        cos, sin = rope_tables(positions, hd, spec.rope_theta, spec.rope_scaling, spec.rope_style, dtype=x.dtype,
+                               compute_dtype=torch.float32 if "rope" in lowp else torch.float64)
         q = apply_rope(q.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
         k = apply_rope(k.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
     return q, k

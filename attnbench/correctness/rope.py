@@ -37,11 +37,19 @@ def llama3_scaled(freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 def rope_tables(positions: Sequence[int] | torch.Tensor, head_dim: int, theta: float,
                 scaling: RopeScaling | None = None, style: str = "half",
-                dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+                dtype: torch.dtype = torch.float64,
+                compute_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``(len(positions), head_dim)``: the angle of pair ``j`` at ``positions[t]`` in the
-    columns ``style`` gives it (``half``: ``cat(a, a)``; ``interleaved``: ``repeat_interleave(a, 2)``)."""
-    pos = torch.as_tensor(positions, dtype=torch.float64).reshape(-1, 1)
-    angles = pos * inv_freq(head_dim, theta, scaling)[None, :]  # (T, head_dim // 2)
+    columns ``style`` gives it (``half``: ``cat(a, a)``; ``interleaved``: ``repeat_interleave(a, 2)``).
+
+    ``compute_dtype`` float32 computes the frequencies, angles, cos and sin in float32, as Hugging Face's, Meta's
+    and the book's table builders do (the floor a class with float32 tables is judged against)."""
+    pos = torch.as_tensor(positions, dtype=compute_dtype).reshape(-1, 1)
+    freq = inv_freq(head_dim, theta, scaling)
+    if compute_dtype != torch.float64:  # the frequencies as float32 code computes them: theta ** (-2j/d) in float32
+        freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=compute_dtype) / head_dim)
+        freq = llama3_scaled(freq, scaling) if scaling is not None else freq
+    angles = pos * freq[None, :]  # (T, head_dim // 2)
     full = torch.cat([angles, angles], dim=-1) if style == "half" else angles.repeat_interleave(2, dim=-1)
     return full.cos().to(dtype), full.sin().to(dtype)
 
@@ -60,6 +68,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
     return x * cos.to(x.dtype) + rotate(x, style) * sin.to(x.dtype)
 
 
-def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm over the last dimension: ``x / sqrt(mean(x**2) + eps) * gain``."""
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * gain.to(x.dtype)
+def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float = 1e-6,
+             compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x**2) + eps) * gain`` (the normalisation in ``compute_dtype``
+    when given, as classes that norm in float32 whatever the input do; the gain in ``x``'s dtype)."""
+    xc = x if compute_dtype is None else x.to(compute_dtype)
+    normed = (xc * torch.rsqrt(xc.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+    return normed * gain.to(x.dtype)

@@ -145,9 +145,16 @@ def infer_positional(binding: Binding, names: set[str], where: str, declared: di
         lines.append(f"qk_norm: {placement} ({f'{where} {switch[0]}; ' if switch else 'always on: '}its q/k norms "
                      f"are {'per head' if placement == 'head' else 'over the whole projection'} on a probe)")
         if not any(n in names for n in ALIASES["norm_eps"]):
-            caps["refuses"] = (*caps.get("refuses", ()), "norm_eps")
-            lines.append("norm_eps: its own (nothing the class takes sets its norms' epsilon: a spec with another "
-                         "norm_eps is skipped)")
+            eps = _measured_eps(binding, placement)
+            if eps is None:
+                caps["refuses"] = (*caps.get("refuses", ()), "norm_eps")
+                lines.append("norm_eps: its own, not measurable (nothing the class takes sets its norms' epsilon, "
+                             "and its q norm's output on constant rows fits no epsilon: a spec with another norm_eps "
+                             "is skipped)")
+            else:
+                caps["own"] = {"norm_eps": eps}
+                lines.append(f"norm_eps: its own, {eps:g} (nothing the class takes sets it; measured on constant "
+                             f"rows at unit gain): every QK-norm case is checked at {eps:g}")
     for key, field in (("score_scale", "query_pre_attn_scalar"), ("softcap", "softcap")):
         found = [n for n in ALIASES[field] if n in names]
         if found and key not in declared:
@@ -162,6 +169,44 @@ def infer_positional(binding: Binding, names: set[str], where: str, declared: di
     if requires:
         caps["requires"] = tuple(requires)
     return caps, lines
+
+
+def _measured_eps(binding: Binding, placement: str) -> float | None:
+    """The epsilon of the class's q norm, measured on a probe (:func:`~attnbench.plugins.qk_norm.measure_eps`)."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+    from attnbench.plugins.qk_norm import measure_eps
+
+    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, qk_norm=placement)
+    try:
+        return measure_eps(binding(probe), probe)
+    except Exception:  # does not build at the probe's sizes, or its norm is no RMSNorm: nothing inferred
+        return None
+
+
+ODD_PROBE = AttnSpec(d_in=6, d_out=6, context_length=6, dropout=0.0, num_heads=2)
+"""head_dim 3: what a class that always rotates q and k by pairs cannot take."""
+
+
+def even_head_dim_reason(binding: Binding, plan: ContextPlan | None, rotates: bool) -> str | None:
+    """Why a class that always applies RoPE cannot take an odd head dim (what a probe with head_dim 3 raised when
+    the same class runs at head_dim 4), or ``None``: it takes odd head dims, or it does not always rotate."""
+    from attnbench.plugins.layout import PROBE
+
+    if not rotates:
+        return None
+    outcomes = []
+    for probe in (PROBE, ODD_PROBE):  # no theta: the neutral tables attnbench supplies (an odd RoPE spec is invalid)
+        try:
+            module = binding(probe).eval()
+            if plan is not None:
+                module = bind_context(module, plan, probe)
+            with torch.no_grad():
+                module(torch.randn(1, 3, probe.d_in))
+            outcomes.append(None)
+        except Exception as exc:
+            outcomes.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160])
+    even, odd = outcomes
+    return odd if even is None and odd is not None else None
 
 
 def _low_rank(binding: Binding):
@@ -303,7 +348,14 @@ def implementation_fields(obj, source: str) -> dict:
     plan = plan_with_probe(obj, binding)
     variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
+    own = dict(caps.pop("own", {}))
+    rotates = bool(plan is not None and plan.tables)  # own tables (requires rope_theta): own_spec refuses odd head dims
+    odd = even_head_dim_reason(binding, plan, rotates)
+    if odd is not None:
+        own["even_head_dim"] = odd
+        evidence.append(f"head_dim: even only (it always rotates q and k by pairs; at head_dim 3 a probe raised {odd}): "
+                        "cases with an odd head dim are skipped")
     factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields, context=plan,
-                          requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()))
+                          requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
     factory.evidence = evidence
     return {"factory": factory, **caps, "source": caps.get("source", source)}

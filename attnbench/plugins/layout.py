@@ -446,8 +446,9 @@ class PluginFactory:
     weight layout as ``weight_adapter`` (unless they bring their own)."""
 
     def __init__(self, binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = (),
-                 refuses: tuple[str, ...] = ()) -> None:
+                 refuses: tuple[str, ...] = (), own: dict | None = None) -> None:
         self.binding = binding
+        self.own = dict(own or {})  # what the class always does, measured: norm_eps, even_head_dim (a reason)
         self.requires = requires  # spec fields the class always applies (its own RoPE, QK-norm with no switch)
         self.refuses = refuses  # spec fields it cannot apply beyond its capabilities (its own RoPE unscaled)
         self.context = context  # a plugins.context.ContextPlan: forward takes its mask, rotary tables, cache
@@ -456,7 +457,28 @@ class PluginFactory:
         self.evidence: list[str] = []  # what was inferred about the class and why (plugins.inference), for check -v
         self.__name__ = f"{getattr(binding.target, '__name__', 'plugin')}_factory"
 
+    def own_spec(self, spec: AttnSpec, qk_norm: tuple[str, ...] = ()) -> AttnSpec:
+        """``spec`` as this class computes it: what it always applies filled in (its QK-norm in its placement
+        ``qk_norm[0]``, RoPE at theta 10,000 when the spec has none) and its own measured norm epsilon; raises
+        :class:`UnavailableError` (:data:`OWN_CONSTRAINT`) for a spec it cannot take (an odd head dim)."""
+        name = getattr(self.binding.target, "__qualname__", "the class")
+        fill = {}
+        if "rope_theta" in self.requires and spec.rope_theta is None and spec.head_dim % 2:
+            raise UnavailableError(f"{name} needs an even head dim, not {spec.head_dim}: it always applies its own "
+                                   f"rotary embeddings ({OWN_CONSTRAINT})")
+        for f in self.requires:
+            if getattr(spec, f, None) is None:
+                fill[f] = 10000.0 if f == "rope_theta" else (qk_norm or ("head",))[0]
+        spec = replace(spec, **fill) if fill else spec
+        if "norm_eps" in self.own and spec.qk_norm is not None and spec.norm_eps != self.own["norm_eps"]:
+            spec = replace(spec, norm_eps=self.own["norm_eps"])
+        if "even_head_dim" in self.own and spec.head_dim % 2:
+            raise UnavailableError(f"{name} needs an even head dim, not {spec.head_dim}: it always rotates q and k by "
+                                   f"pairs ({OWN_CONSTRAINT}; a probe at head_dim 3 raised {self.own['even_head_dim']})")
+        return spec
+
     def __call__(self, spec: AttnSpec) -> nn.Module:
+        spec = self.own_spec(spec)
         lacking = [f for f in self.requires if getattr(spec, f, None) is None]
         if lacking:
             raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} always applies "
@@ -526,11 +548,15 @@ def _first_of_tuple(module: nn.Module, args, output):
 _ALWAYS = {"rope_theta": "its own rotary embeddings", "qk_norm": "QK-norm"}
 
 
+OWN_CONSTRAINT = "the class's own constraint"
+"""In the reason of a case skipped because of what the class always does (``check``'s coverage line counts them)."""
+
+
 def with_layout(binding, has_qkv_bias: bool, context=None, requires: tuple[str, ...] = (),
-                refuses: tuple[str, ...] = ()) -> PluginFactory:
+                refuses: tuple[str, ...] = (), own: dict | None = None) -> PluginFactory:
     """``binding`` as an implementation factory whose modules carry their discovered weight layout (and, with a
     :class:`~attnbench.plugins.context.ContextPlan`, get their forward's context bound)."""
-    return PluginFactory(binding, has_qkv_bias, context, requires, refuses)
+    return PluginFactory(binding, has_qkv_bias, context, requires, refuses, own)
 
 
 def _required_fields(impl, spec: AttnSpec) -> dict:

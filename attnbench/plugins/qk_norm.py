@@ -105,3 +105,39 @@ def _measure(norm: nn.Module, param: nn.Parameter, where: str) -> tuple[float, f
         raise NormError(f"{where}: its module's output does not change with it (a LayerNorm of a constant input is "
                         "its bias; attnbench maps RMSNorm q/k norms)")
     return round(float(a[0]), 4), round(float(b[0]), 4)
+
+
+EPS_LEVELS = (1e-3, 3e-3)
+"""Two constant inputs small enough that the epsilon shows: at ``c * ones`` with unit gain an RMSNorm gives
+``c / sqrt(c**2 + eps)``, so ``eps = c**2 * (1 / y**2 - 1)``; the two must agree (else it is no RMSNorm with the
+epsilon inside the square root, and nothing is inferred)."""
+
+
+def measure_eps(module: nn.Module, spec: AttnSpec) -> float | None:
+    """The epsilon of ``module``'s q norm (built for ``spec``), measured on constant inputs at unit gain, to three
+    significant digits; ``None`` when it has no q/k norm or the two levels disagree (see :data:`EPS_LEVELS`)."""
+    gains = [g for g in find_gains(module, spec) if g.canonical == "g_q"]
+    if not gains:
+        return None
+    gain = gains[0]
+    path, name = gain.param.rsplit(".", 1)
+    norm = module.get_submodule(path)
+    param = getattr(norm, name)
+    saved = param.detach().clone()
+    found = []
+    try:
+        with torch.no_grad():
+            param.fill_(float(gain.to_param(torch.tensor(1.0))))
+            for c in EPS_LEVELS:
+                y = norm(torch.full((1, param.shape[0]), c, dtype=param.dtype, device=param.device)).double().flatten()[0]
+                found.append(c * c * (1.0 / float(y) ** 2 - 1.0))
+    except Exception:  # its module does not run on a constant row: no epsilon inferred
+        return None
+    finally:
+        with torch.no_grad():
+            param.copy_(saved)
+    a, b = found
+    if not (a >= 0 and b >= 0) or abs(a - b) > 0.02 * max(a, b, 1e-12) + 1e-9:
+        return None
+    eps = (a + b) / 2
+    return 0.0 if eps < 1e-10 else float(f"{eps:.3g}")
