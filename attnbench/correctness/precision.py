@@ -58,6 +58,7 @@ class Observed:
     parts: dict[str, set] = field(default_factory=dict)
     kinds: set[str] = field(default_factory=set)
     below32: list[str] = field(default_factory=list)
+    moves: list[str] = field(default_factory=list)  # conversions and views below the case's dtype
 
     def add(self, part: str, kind: str, dtype: torch.dtype) -> None:
         self.parts.setdefault(part, set()).add(dtype)
@@ -95,7 +96,11 @@ class _Recorder(TorchDispatchMode):
         low = [d for d in dtypes if _ORDER.get(d, 3) < case]
         if low:
             worst = min(low, key=lambda d: _ORDER[d])
-            _classify(self.observed, func, self.where[-1] if self.where else "", worst)
+            where = self.where[-1] if self.where else ""
+            if any(d.is_complex for d in low):  # Meta's apply_rotary_emb: q and k rotated as complex64 products
+                self.observed.add("RoPE (q, k rotated as complex64)", "other", torch.float32)
+            else:
+                _classify(self.observed, func, where, worst)
         return out
 
 
@@ -106,6 +111,9 @@ def _classify(observed: Observed, func, where: str, dtype: torch.dtype) -> None:
         observed.below32.append(f"aten.{op} in {_name(dtype)} ({where or 'forward'})")
     from attnbench.plugins.qk_norm import role  # the q/k norm names the weight mapping already knows
 
+    if op in _MOVES:  # a conversion or a view: named by the computation it feeds (observe() names it if alone)
+        observed.moves.append(f"aten.{op}{f' in {where}' if where else ''}")
+        return
     leaf = where.rsplit(".", 1)[-1]
     if where and (role(leaf) or _NORM_MODULE.search(leaf)):
         observed.add(leaf if role(leaf) else where, "norm", _low_storage(dtype))
@@ -113,7 +121,7 @@ def _classify(observed: Observed, func, where: str, dtype: torch.dtype) -> None:
         observed.add("RoPE tables", "rope", _low_storage(dtype))
     elif op in ("_softmax", "_log_softmax", "_safe_softmax"):
         observed.add("softmax", "softmax", _low_storage(dtype))
-    elif op not in _MOVES or not observed.parts:
+    else:
         observed.add(f"aten.{op}{f' in {where}' if where else ''}", "other", _low_storage(dtype))
 
 
@@ -155,6 +163,8 @@ def observe(module: nn.Module, call, dtype: torch.dtype) -> Observed:
         for h in hooks:
             h.remove()
     _float32_buffers(module, observed)
+    if observed.moves and not observed.parts:  # values rounded through a lower dtype and back: precision lost all the same
+        observed.add(f"a round trip through a lower dtype ({observed.moves[0]})", "other", torch.float32)
     return observed
 
 

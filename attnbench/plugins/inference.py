@@ -355,7 +355,13 @@ def implementation_fields(obj, source: str) -> dict:
         own["even_head_dim"] = odd
         evidence.append(f"head_dim: even only (it always rotates q and k by pairs; at head_dim 3 a probe raised {odd}): "
                         "cases with an odd head dim are skipped")
-    factory = with_layout(binding, has_qkv_bias="qkv_bias" in binding.fields, context=plan,
+    has_bias = "qkv_bias" in binding.fields
+    if binding.style == "config":  # a config offers every field: what the class reads on a probe says what it has
+        read = config_fields_read(binding)
+        has_bias = read is None or any(n in read for n in ALIASES["qkv_bias"])
+        if read is not None and not any(n in read for n in ALIASES["dropout"]) and "dropout" not in declared:
+            caps["dropout"] = ()  # it never reads a dropout rate: it has no attention dropout
+    factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
                           requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
     factory.evidence = evidence
     return {"factory": factory, **caps, "source": caps.get("source", source)}

@@ -25,18 +25,20 @@ def llama3_inv_freq(inv_freq, scaling):
 
 
 class RotaryEmbedding(nn.Module):
+    # Hugging Face's numerics: inv_freq computed in float32 in __init__ (a buffer the module's cast turns into float64
+    # holding float32 numbers), the angles, cos and sin computed in float32 in forward, then cast to x's dtype
     def __init__(self, dim, max_position_embeddings, base=10000.0, scaling=None):
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         if scaling is not None and scaling.get("rope_type") == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, scaling)
-        t = torch.arange(max_position_embeddings, dtype=torch.float64)
-        emb = torch.cat([torch.outer(t, inv_freq)] * 2, dim=-1)
-        self.register_buffer("cos_cached", emb.cos(), persistent=False)
-        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x, seq_len):
-        return self.cos_cached[:seq_len].to(x.dtype), self.sin_cached[:seq_len].to(x.dtype)
+        positions = torch.arange(seq_len, device=x.device).float()
+        freqs = torch.outer(positions, self.inv_freq.float())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
 def rotate_half(x):

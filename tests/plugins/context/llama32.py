@@ -9,6 +9,7 @@ from torch import nn
 
 def apply_rope(x, cos, sin):
     # x: (b, heads, T, head_dim); cos, sin: (>= T, head_dim), sliced to the sequence
+    assert x.shape[-1] % 2 == 0, "Head dimension must be even"
     T, half = x.shape[2], x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rotated = torch.cat((-x2, x1), dim=-1)

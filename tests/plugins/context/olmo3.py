@@ -14,8 +14,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+    def forward(self, x):  # in float32 whatever the input, as OLMo's; the epsilon is not the attention's argument
+        in_dtype, xf = x.dtype, x.float()
+        return (self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))).to(in_dtype)
 
 
 def rotate_half(x):
@@ -39,6 +40,7 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x)).view(b, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_norm(self.k_proj(x)).view(b, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        assert self.head_dim % 2 == 0, "head dim must be even"
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, T, -1))

@@ -9,19 +9,27 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
+    # the book's numerics: normalised in float32 whatever the input (its qwen3_compatible default), the gain applied in
+    # the parameter's dtype, the result cast back to the input's dtype; the epsilon is fixed (not a constructor argument
+    # of the attention class)
+    def __init__(self, dim, eps=1e-6, qwen3_compatible=True):
         super().__init__()
-        self.eps = eps
+        self.eps, self.qwen3_compatible = eps, qwen3_compatible
         self.scale = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        in_dtype = x.dtype
+        if self.qwen3_compatible:
+            x = x.to(torch.float32)
         variance = x.pow(2).mean(dim=-1, keepdim=True)
-        return x * torch.rsqrt(variance + self.eps) * self.scale
+        return (x * torch.rsqrt(variance + self.eps) * self.scale).to(in_dtype)
 
 
 def rotate(x, cos, sin):
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    head_dim = x.shape[-1]
+    assert head_dim % 2 == 0, "head dim must be even"
+    half = head_dim // 2
+    return (x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin).to(x.dtype)
 
 
 class GroupedQueryAttention(nn.Module):
