@@ -38,7 +38,7 @@ BUGGY = [  # an untransposed-weight bug in each layout, and nn.MultiheadAttentio
     "sibling/attention_with_helper.py:SiblingImportUntransposed", "per_head.py:PerHeadModuleListUntransposed",
     "bias_free.py:BiasFreeUntransposed", "bias_free.py:BiasFreeRectUntransposed",
 ]
-PROPERTY_MESSAGE = re.compile(r"^(forward error|grad \w+ error|eval output with dropout>0 error|output shape|"
+PROPERTY_MESSAGE = re.compile(r"^(forward error|grad \w+ error|eval output error|eval mode is not deterministic|output shape|"
                               r"outputs before position|train-mode output|\w+Error: )")
 
 

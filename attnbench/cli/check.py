@@ -89,9 +89,18 @@ def _about(impl_name: str, rows, scope: str = "layer") -> list[str]:
 
     lines = [working_summary(impl_name)] if scope == "layer" else []
     lines.append(coverage_line(rows))
-    causes = [m.split("likely cause: ", 1)[1] for m in rows.message if "likely cause: " in m]
-    lines += [f"likely cause: {c}" for c in dict.fromkeys(causes)]
+    lines += likely_causes(rows)
     return [line for line in lines if line]
+
+
+def likely_causes(rows) -> list[str]:
+    """``likely cause (18 failed cases): scores scaled by 1/sqrt(d_out), expected 1/sqrt(head_dim)``: each verified
+    cause once (:mod:`attnbench.correctness.diagnose`), with how many failed cases it explains."""
+    causes = [m.split("likely cause: ", 1)[1] for m in rows.message if "likely cause: " in m]
+    keys = [c.split(" (here", 1)[0].split("; the output", 1)[0] for c in causes]
+    counts = {k: keys.count(k) for k in dict.fromkeys(keys)}
+    return [f"likely cause ({n} failed case{'s' * (n != 1)}): {k}; the output matches the reference computed that "
+            "way (attnbench checked)" for k, n in counts.items()]
 
 
 def coverage_line(rows) -> str:

@@ -28,6 +28,7 @@ from attnbench.correctness.cases import (
     tolerance,
     verdict,
 )
+from attnbench.correctness.diagnose import likely_cause
 from attnbench.devices import DTYPES
 from attnbench.spec import AttnSpec
 from attnbench.weights import adapter_for, random_weights, state_from_canonical
@@ -54,7 +55,11 @@ def run_forward(impl, case: Case, device: torch.device) -> CaseResult:
     if out.shape != ref.shape:
         return row(impl, case, device, "fail", math.inf, None,
                    f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}")
-    return verdict(impl, case, device, rel_error(out, ref), tolerance(case.dtype))
+    result = verdict(impl, case, device, rel_error(out, ref), tolerance(case.dtype))
+    if result.status == "fail":
+        cause = likely_cause(reference, built, x_low, out, tolerance(case.dtype))
+        result.message += f"; likely cause: {cause}" if cause else ""
+    return result
 
 
 def run_backward(impl, case: Case, device: torch.device) -> CaseResult:
@@ -129,8 +134,21 @@ def run_eval_deterministic(impl, case: Case, device: torch.device) -> CaseResult
     built, x = build_for(impl, case, device, dropout=DROPOUT), inputs(case.shape)
     with torch.no_grad():
         a, b = built.module(x.to(device)).cpu(), built.module(x.to(device)).cpu()
-    err = max(rel_error(a, built.reference(x)), rel_error(a, b))
-    return verdict(impl, case, device, err, tolerance(case.dtype), what="eval output with dropout>0")
+    tol, apart, wrong = tolerance(case.dtype), rel_error(a, b), rel_error(a, built.reference(x))
+    result = verdict(impl, case, device, max(apart, wrong), tol)
+    if result.status == "pass":
+        return result
+    if apart > tol:
+        result.message = (f"eval mode is not deterministic with dropout={DROPOUT}: two calls differ by {apart:.3g} "
+                          f"(> tolerance {tol:.2g}); dropout applied in eval mode?")
+        return result
+    plain = build_for(impl, case, device)  # the same weights without dropout: is dropout the cause at all?
+    with torch.no_grad():
+        without = rel_error(plain.module(x.to(device)).cpu(), plain.reference(x))
+    cause = (f"without dropout it is wrong too (error {without:.3g}): not a dropout problem" if without > tol else
+             f"without dropout it is right (error {without:.2g}): built with dropout={DROPOUT}, its eval output changes")
+    result.message = f"eval output error {wrong:.3g} > tolerance {tol:.2g}; {cause}"
+    return result
 
 
 def run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:

@@ -473,6 +473,25 @@ def _run_no_side_effects(impl, case: Case, device: torch.device) -> CaseResult:
 
 # --- repeated calls with changing shapes ----------------------------------------------------------
 
+def _blame_state(impl, case: Case, device: torch.device, spec: AttnSpec, x_dev: torch.Tensor, ref: torch.Tensor,
+                 i: int) -> str:
+    """What a failed call of the sequence says about state, verified: a freshly built module given the same input
+    passes (state kept from the earlier calls) or fails too (no earlier call is needed to show it)."""
+    if i == 0:
+        return ""
+    try:
+        fresh = _build(impl, case, device, random_weights(spec, seed=seed_for(case.shape))).module
+        with torch.no_grad():
+            alone = fresh.eval()(x_dev.clone()).cpu()
+        ok = rel_error(alone, ref) <= tolerance(case.dtype)
+    except Exception:
+        ok = False
+    if ok:
+        return "; a freshly built module computes this call right: state kept from an earlier call (a cache keyed on " \
+               "the first shape or tensor?)"
+    return "; a freshly built module fails this call too (no earlier call is needed: see the forward cases)"
+
+
 def _run_shape_sequence(impl, case: Case, device: torch.device) -> CaseResult:
     """One module, eval calls of SEQUENCE's shapes in order: each output equals the reference of its own input."""
     spec, low = case.shape.spec, DTYPES[case.dtype]
@@ -489,22 +508,22 @@ def _run_shape_sequence(impl, case: Case, device: torch.device) -> CaseResult:
             x_dev = x.to(device=device, dtype=low)
             buffer = x_dev if buffer is None else buffer
         how = "same tensor as call 1, new values" if i == 1 else f"batch {b}, T={T}"
-        before = ", ".join(f"({pb}, {pT})" for pb, pT in seen)
+        before = " after calls (batch, T) = " + ", ".join(f"({pb}, {pT})" for pb, pT in seen) if seen else ""
         ref = built.reference(x_dev)  # before the call: it may write to x
         try:
             with torch.no_grad():
                 out = module.eval()(x_dev).cpu()
         except Exception as exc:
             return _row(impl, case, device, "error", None, None,
-                        f"shape_sequence: call {i + 1} ({how}) after calls (batch, T) = {before} raised "
-                        f"{_exc_line(exc)}; state kept from an earlier call (a cache keyed on the first shape?)")
+                        f"shape_sequence: call {i + 1} ({how}){before} raised "
+                        f"{_exc_line(exc)}{_blame_state(impl, case, device, spec, x_dev, ref, i)}")
         err = rel_error(out, ref)
         worst = max(worst, err)
         if err > tolerance(case.dtype):
             return _row(impl, case, device, "fail", err, tolerance(case.dtype),
-                        f"shape_sequence: call {i + 1} ({how}) after calls (batch, T) = {before}: "
-                        f"{'non-finite or mis-shaped output' if math.isinf(err) else f'error {err:.3g}'}; "
-                        "state kept from an earlier call (a cache keyed on the first shape or tensor?)")
+                        f"shape_sequence: call {i + 1} ({how}){before}: "
+                        f"{'non-finite or mis-shaped output' if math.isinf(err) else f'error {err:.3g}'}"
+                        f"{_blame_state(impl, case, device, spec, x_dev, ref, i)}")
         seen.append((b, T))
     return _row(impl, case, device, "pass", worst, tolerance(case.dtype), f"{len(SEQUENCE)} calls")
 
