@@ -55,11 +55,29 @@ def run_forward(impl, case: Case, device: torch.device) -> CaseResult:
     if out.shape != ref.shape:
         return row(impl, case, device, "fail", math.inf, None,
                    f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}")
-    result = verdict(impl, case, device, rel_error(out, ref), tolerance(case.dtype))
+    result = verdict(impl, case, device, rel_error(out, ref), low_precision_tolerance(built, x_low, ref, case.dtype))
     if result.status == "fail":
         cause = likely_cause(reference, built, x_low, out, tolerance(case.dtype))
         result.message += f"; likely cause: {cause}" if cause else ""
     return result
+
+
+SAME_PRECISION_FACTOR, SAME_PRECISION_FLOOR = 8.0, {"float16": 5e-4, "bfloat16": 4e-3}
+"""A float16/bfloat16 forward may have at most this many times the max error of the harness's own math in the same
+dtype on the same inputs (errors under the floor, about one unit roundoff, always pass), and never more than
+:data:`~attnbench.correctness.cases.TOLERANCE`: the same-precision rule of the extreme-logit and low-precision
+properties, for every low-precision case."""
+
+
+def low_precision_tolerance(built: Built, x_low: torch.Tensor, ref: torch.Tensor, dtype: str) -> float:
+    """The case's tolerance; for float16/bfloat16 also at most :data:`SAME_PRECISION_FACTOR` times what the harness's
+    math gets in that dtype (``reference`` computed in it, on the CPU) on the same rounded inputs and weights."""
+    tol = tolerance(dtype)
+    if dtype not in SAME_PRECISION_FLOOR:
+        return tol
+    low = DTYPES[dtype]
+    baseline = reference(x_low.detach().cpu().to(low), built.weights.to(device="cpu", dtype=low), built.spec)
+    return min(tol, max(SAME_PRECISION_FACTOR * rel_error(baseline, ref), SAME_PRECISION_FLOOR[dtype]))
 
 
 def run_backward(impl, case: Case, device: torch.device) -> CaseResult:
