@@ -164,3 +164,17 @@ def test_the_check_of_a_whole_real_style_set_within_the_shape_grid(repo_cwd):
 
 def test_shape_helper_builds():
     assert Shape("x", 1, 2, AttnSpec(4, 4, 4, 0.0, 2)).spec.head_dim == 2
+
+
+def test_decode_mode_times_a_class_with_its_own_qk_norm_and_eps(repo_cwd):
+    """`attnbench run --mode decode` on an OLMo-style class (QK-norm always on, eps its own) measures it with them,
+    where it used to skip every cell ("always applies QK-norm; the spec has none")."""
+    from attnbench.results.schema import Cell
+    from attnbench.runner.workload import build_workload
+
+    impl = registry.get(B + "AlwaysNormed")
+    own = impl.own_spec(AttnSpec(32, 32, 12, 0.0, 4))
+    assert (own.qk_norm, own.norm_eps) == ("head", 5e-6)
+    work = build_workload(Cell(impl=B + "AlwaysNormed", batch=2, seq_len=12, num_heads=4, d_model=32, mode="decode"))
+    assert work.check_output(work.step()) is None
+    assert run_case(B + "AlwaysNormed", _case("decode", "decode_rope_gqa_qknorm")).status == "pass"

@@ -143,3 +143,11 @@ class CacheOneLate(Reference):
         c, s = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
         late = start_pos + 1 if cached else start_pos
         return rotate(q, c, s), rotate(k, cos[late:late + T], sin[late:late + T])
+
+
+class AlwaysNormed(Reference):
+    """Correct, OLMo 3 style: QK-norm always on with its own epsilon (5e-6, not an argument), a KV cache."""
+
+    def __init__(self, d_in, num_heads, num_kv_groups, head_dim=None, sliding_window=None):
+        super().__init__(d_in, num_heads, num_kv_groups, head_dim, qk_norm=True, norm_eps=5e-6,
+                         sliding_window=sliding_window)
