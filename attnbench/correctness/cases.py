@@ -239,7 +239,7 @@ def _observe_working(impl, built: Built, device) -> None:
                                          DTYPES[built.dtype])
         except Exception:  # the case itself shows what fails; nothing is excused without an observation
             return
-        working = precision.working_for(observed, reference, x, built.weights, spec, TOLERANCE[built.dtype],
+        working = precision.working_for(observed, reference, rel_error, x, built.weights, spec, TOLERANCE[built.dtype],
                                         GRAD_TOLERANCE[built.dtype])
         _WORKING_CACHE[key] = working
     precision.WORKING.set(working)

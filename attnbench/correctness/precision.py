@@ -199,11 +199,9 @@ def lowp_for(observed: Observed) -> frozenset[str]:
     return frozenset(observed.kinds)
 
 
-def floor_errors(reference, x: torch.Tensor, weights, spec, lowp: frozenset[str]) -> tuple[float, float]:
-    """The forward and worst-gradient relative errors of ``reference`` with ``lowp`` parts in float32 against the
-    all-float64 reference, at ``x`` with ``weights`` (``reference(x, w, spec, lowp=...)``)."""
-    from attnbench.correctness.cases import rel_error
-
+def floor_errors(reference, rel_error, x: torch.Tensor, weights, spec, lowp: frozenset[str]) -> tuple[float, float]:
+    """The forward and worst-gradient errors (``rel_error(out, ref, floor)``) of ``reference`` with ``lowp`` parts in
+    float32 against the all-float64 reference, at ``x`` with ``weights`` (``reference(x, w, spec, lowp=...)``)."""
     x64, w64 = x.detach().to(torch.float64), weights.to(dtype=torch.float64)
     if "all" in lowp:
         x_low, w_low, parts = x64.float(), w64.to(dtype=torch.float32), frozenset()
@@ -223,11 +221,13 @@ def floor_errors(reference, x: torch.Tensor, weights, spec, lowp: frozenset[str]
     return rel_error(low, ref), grad
 
 
-def working_for(observed: Observed, reference, x, weights, spec, base_tol: float, base_grad: float) -> Working:
-    """The :class:`Working` of ``observed``: relaxed float64 tolerances when it computes parts in float32."""
+def working_for(observed: Observed, reference, rel_error, x, weights, spec, base_tol: float,
+                base_grad: float) -> Working:
+    """The :class:`Working` of ``observed``: relaxed float64 tolerances when it computes parts in float32
+    (``reference`` and ``rel_error``: the matrix's, :mod:`attnbench.correctness.cases`)."""
     if not observed.in_float32:
         return Working(observed, base_tol, base_grad)
-    fwd, grad = floor_errors(reference, x, weights, spec, lowp_for(observed))
+    fwd, grad = floor_errors(reference, rel_error, x, weights, spec, lowp_for(observed))
     eps32 = float(torch.finfo(torch.float32).eps)
     fwd_tol = max(base_tol, FLOOR_FACTOR * max(fwd, eps32 / 8))
     grad_tol = max(base_grad, FLOOR_FACTOR * max(grad, eps32 / 8))
