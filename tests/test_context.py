@@ -186,7 +186,8 @@ def test_gemma_gain_is_measured_as_one_plus_scale(repo_cwd):
 
 CONTEXT_CORRECT = [C + n for n in ("llama32.py:GroupedQueryAttention", "qwen3.py:GroupedQueryAttention",
                                    "gemma3.py:GroupedQueryAttention", "olmo3.py:Attention", "hf_rotary.py:RotaryAttention",
-                                   "mla.py:MultiHeadLatentAttention", "buggy_precision.py:Reference")]
+                                   "mla.py:MultiHeadLatentAttention", "buggy_precision.py:Reference",
+                                   "buggy_precision.py:AlwaysNormed", "buggy_precision.py:WindowCountsCurrentApart")]
 """The correct classes in the chapter-5 / HF styles (the 20-seed false-alarm sweep runs them)."""
 
 

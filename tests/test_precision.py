@@ -178,3 +178,19 @@ def test_decode_mode_times_a_class_with_its_own_qk_norm_and_eps(repo_cwd):
     work = build_workload(Cell(impl=B + "AlwaysNormed", batch=2, seq_len=12, num_heads=4, d_model=32, mode="decode"))
     assert work.check_output(work.step()) is None
     assert run_case(B + "AlwaysNormed", _case("decode", "decode_rope_gqa_qknorm")).status == "pass"
+
+
+def test_a_window_that_counts_the_current_token_apart_is_inferred_and_mapped(repo_cwd):
+    """i - j <= w (HF-style "w tokens before this one") is the same family as attnbench's N keys: inferred on a probe
+    (never against the reference), named, and built with N - 1; inconsistent between prefill and decode: a failure."""
+    impl = registry.get(B + "WindowCountsCurrentApart")
+    assert impl.factory.own.get("window_offset") == 1 and any("counts the current token apart" in e
+                                                               for e in impl.factory.evidence)
+    for kind, shape in (("forward", "window"), ("forward", "gqa_window_bias"), ("decode", "decode_mqa_window")):
+        r = run_case(B + "WindowCountsCurrentApart", _case(kind, shape))
+        assert r.status == "pass", r
+    one = run_case(B + "WindowCountsCurrentApart", _case("forward", "window1"))
+    assert one.status == "skip" and "window=0 for it" in one.message
+    bad = run_case(B + "WindowApartOnlyInPrefill", _case("decode", "decode_mqa_window"))
+    assert bad.status == "fail" and "decoded token" in bad.message
+    assert "window_offset" not in registry.get(B + "Reference").factory.own

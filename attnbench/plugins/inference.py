@@ -209,6 +209,33 @@ def even_head_dim_reason(binding: Binding, plan: ContextPlan | None, rotates: bo
     return odd if even is None and odd is not None else None
 
 
+def window_offset(binding: Binding, plan: ContextPlan | None) -> int | None:
+    """How many keys the class's window ``w`` keeps per query, less ``w``, measured on a probe without any reference:
+    0 when it keeps ``w`` (the current token included, attnbench's convention), 1 when it keeps the current token and
+    ``w`` before it (``i - j <= w``); ``None`` when the probe says neither (the cases show what it does)."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, window=3)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, probe.context_length, probe.d_in, generator=g)
+    try:
+        module = binding(probe).eval()
+        module = bind_context(module, plan, probe) if plan is not None else module
+        with torch.no_grad():
+            base = module(x)
+            base = (base[0] if isinstance(base, tuple) else base)[0, -1]
+            seen = 0
+            for j in range(x.shape[1]):  # which tokens move the last output: the keys its window keeps
+                x2 = x.clone()
+                x2[0, j] += torch.randn(probe.d_in, generator=g)
+                out = module(x2)
+                out = (out[0] if isinstance(out, tuple) else out)[0, -1]
+                seen += bool((out - base).abs().max() > 1e-5 * base.abs().max().clamp_min(1e-6))
+    except Exception:  # does not build or run at the probe's sizes: nothing inferred
+        return None
+    return seen - 3 if seen in (3, 4) else None
+
+
 def _low_rank(binding: Binding):
     """The MLA down/up projections of the class built on a probe (:mod:`~attnbench.plugins.mla`), or ``None``."""
     from attnbench.plugins.layout import PROBE, SQUARE_PROBE
@@ -361,6 +388,11 @@ def implementation_fields(obj, source: str) -> dict:
         has_bias = read is None or any(n in read for n in ALIASES["qkv_bias"])
         if read is not None and not any(n in read for n in ALIASES["dropout"]) and "dropout" not in declared:
             caps["dropout"] = ()  # it never reads a dropout rate: it has no attention dropout
+    if caps.get("sliding_window") and "sliding_window" not in declared and not (plan is not None and plan.mask):
+        if window_offset(binding, plan) == 1:
+            own["window_offset"] = 1
+            evidence.append("window: counts the current token apart (built with window=3 on a probe, each query kept 4 "
+                            "keys: i - j <= window): for a spec window of N keys it is built with window N - 1")
     factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
                           requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
     factory.evidence = evidence

@@ -477,6 +477,15 @@ class PluginFactory:
                                    f"pairs ({OWN_CONSTRAINT}; a probe at head_dim 3 raised {self.own['even_head_dim']})")
         return spec
 
+    def _for_constructor(self, spec: AttnSpec) -> AttnSpec:
+        """``spec`` in the class's own conventions: a window that counts the current token apart gets ``N - 1``."""
+        if not self.own.get("window_offset") or spec.window is None:
+            return spec
+        if spec.window == 1:
+            raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')}'s window counts the "
+                                   f"current token apart: a window of one key would be window=0 for it ({OWN_CONSTRAINT})")
+        return replace(spec, window=spec.window - 1)
+
     def __call__(self, spec: AttnSpec) -> nn.Module:
         spec = self.own_spec(spec)
         lacking = [f for f in self.requires if getattr(spec, f, None) is None]
@@ -487,7 +496,7 @@ class PluginFactory:
         if refused:
             raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} takes no "
                                    + "; no ".join(f"{f} ({_REFUSED[f]})" for f in refused))
-        module = self.binding(spec)
+        module = self.binding(self._for_constructor(spec))
         if not isinstance(module, nn.Module):
             return module
         if self.context is not None:

@@ -151,3 +151,22 @@ class AlwaysNormed(Reference):
     def __init__(self, d_in, num_heads, num_kv_groups, head_dim=None, sliding_window=None):
         super().__init__(d_in, num_heads, num_kv_groups, head_dim, qk_norm=True, norm_eps=5e-6,
                          sliding_window=sliding_window)
+
+
+class WindowCountsCurrentApart(Reference):
+    """Correct, another convention: ``sliding_window=w`` keeps the current token and the w before it (i - j <= w), in
+    prefill and in decode alike; attnbench builds it with w = N - 1 for a spec window of N keys."""
+
+    def keep(self, T_new, T_total, start_pos, decoding):
+        i = torch.arange(T_new)[:, None] + start_pos
+        j = torch.arange(T_total)[None, :] + (start_pos + T_new - T_total)
+        return (j <= i) & (i - j <= self.window) if self.window is not None else j <= i
+
+
+class WindowApartOnlyInPrefill(WindowCountsCurrentApart):
+    """Bug: i - j <= w in prefill, i - j < w when decoding (a convention inconsistent inside one class)."""
+
+    def keep(self, T_new, T_total, start_pos, decoding):
+        if not decoding:
+            return super().keep(T_new, T_total, start_pos, decoding)
+        return Reference.keep(self, T_new, T_total, start_pos, decoding)
