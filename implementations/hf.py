@@ -16,7 +16,8 @@ causal, bidirectional or sliding-window mask that ``transformers.masking_utils``
 backend, and the ``position_embeddings`` of the model's own rotary class (``LlamaRotaryEmbedding``, ...) built
 from the spec's ``rope_theta`` and ``rope_scaling`` (Llama-3 scaling as ``rope_type="llama3"``) at the absolute
 positions of the call; a spec without RoPE gets a neutral embedding (cos = 1, sin = 0). The rotary classes
-compute their tables in float32 whatever the layer's dtype, so float64 RoPE cases are skipped with that reason.
+compute their tables in float32 whatever the layer's dtype, and Llama-style eager paths take their softmax in float32:
+the float64 cases run, judged at that working precision (:mod:`attnbench.correctness.precision`).
 The first element of its output is the result. What the layer supports (GQA, sliding windows, non-causal
 attention, dropout, a KV cache) is read from the config class's fields and the layer's signature.
 
@@ -38,7 +39,6 @@ listed as unavailable with that command.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -190,9 +190,6 @@ def capabilities(layer_cls: type, config_cls: type, backend: str) -> dict:
                 sliding_window="sliding_window" in fields,
                 non_causal="is_decoder" in fields,  # encoders (BERT) are causal only as decoders
                 kv_cache=cached)
-    if backend == "eager" and _softmax_in_float32(layer_cls):
-        # Llama-style eager paths take softmax(..., dtype=torch.float32): float64 inputs get float32 weights
-        caps["dtypes"] = ("float32", "float16", "bfloat16")
     if backend == "flash_attention_2":
         caps.update(devices=("cuda",), dtypes=("float16", "bfloat16"), backward=("cuda",),
                     dropout=("cuda",) if has_dropout else ())
@@ -231,16 +228,6 @@ def rope_config(fields: set[str], spec: AttnSpec) -> dict:
         return {"rope_parameters": params}
     legacy = {k: v for k, v in params.items() if k != "rope_theta"}
     return {"rope_theta": float(theta), "rope_scaling": legacy if scaling is not None else None}
-
-
-def _softmax_in_float32(layer_cls: type) -> bool:
-    """Whether the layer's module computes its eager softmax in float32 whatever the input dtype (read from its source)."""
-    fn = getattr(inspect.getmodule(layer_cls), "eager_attention_forward", None)
-    try:
-        source = inspect.getsource(fn) if fn is not None else ""
-    except (OSError, TypeError):
-        return False
-    return "softmax(" in source and "dtype=torch.float32" in source
 
 
 def _backend_reason(backend: str, device: torch.device | None) -> str | None:
@@ -308,7 +295,7 @@ class HFAttention(nn.Module):
         self.out_proj = None
         if _find(self.layer, _O) is None and _fused(self.layer) is None:  # BERT: the output dense is outside the layer
             self.out_proj = nn.Linear(spec.d_out, spec.d_out)
-        self.weight_adapter = _float32_rope(_adapter(self)) if self.rotary is not None else _adapter(self)
+        self.weight_adapter = _adapter(self)
         self.cache = None
         self.reset_cache()
 
@@ -450,18 +437,6 @@ def _fused(layer: nn.Module) -> str | None:
     from transformers.pytorch_utils import Conv1D
 
     return "c_attn" if isinstance(getattr(layer, "c_attn", None), Conv1D) else None
-
-
-def _float32_rope(adapter: Adapter) -> Adapter:
-    """``adapter`` refusing float64 weights: the model's rotary class computes its tables in float32, ~1e-7 from
-    the float64 reference (a skip, as the eager path's float32 softmax is)."""
-    def to_state(w: CanonicalWeights, s: AttnSpec) -> dict[str, torch.Tensor]:
-        if w.W_q.dtype == torch.float64:
-            raise UnavailableError("the model's rotary embedding computes cos/sin in float32 whatever the dtype, "
-                                   "so a float64 RoPE case cannot reach 1e-9; float32 and lower are checked")
-        return adapter.to_state(w, s)
-
-    return dataclasses.replace(adapter, to_state=to_state)
 
 
 def _adapter(module: HFAttention) -> Adapter:
