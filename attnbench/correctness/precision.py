@@ -38,7 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 FLOOR_FACTOR = 8.0
 """A class working in float32 somewhere passes a float64 case at ``FLOOR_FACTOR`` times the error of the
 harness's math with the same parts in float32 (its own op order, fused kernels and where it converts back differ
-from the harness's; the measured ratio for the book's classes is below 3)."""
+from the harness's; the measured ratio for the book's classes is below 3), and never below ``4 * eps(float32)``
+(4.8e-7: the floor is measured on one draw of inputs, the cases draw others; one seed of 20 went 9x above it)."""
 LOW = (torch.float16, torch.bfloat16)
 _ORDER = {torch.float64: 3, torch.complex128: 3, torch.float32: 2, torch.complex64: 2,
           torch.float16: 1, torch.bfloat16: 1}
@@ -228,9 +229,9 @@ def working_for(observed: Observed, reference, rel_error, x, weights, spec, base
     if not observed.in_float32:
         return Working(observed, base_tol, base_grad)
     fwd, grad = floor_errors(reference, rel_error, x, weights, spec, lowp_for(observed))
-    eps32 = float(torch.finfo(torch.float32).eps)
-    fwd_tol = max(base_tol, FLOOR_FACTOR * max(fwd, eps32 / 8))
-    grad_tol = max(base_grad, FLOOR_FACTOR * max(grad, eps32 / 8))
+    eps32 = float(torch.finfo(torch.float32).eps)  # at least 4 float32 roundings: the floor is one draw of inputs
+    fwd_tol = max(base_tol, FLOOR_FACTOR * max(fwd, eps32 / 2))
+    grad_tol = max(base_grad, FLOOR_FACTOR * max(grad, eps32 / 2))
     return Working(observed, fwd_tol, grad_tol if math.isfinite(grad_tol) else base_grad)
 
 
