@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from attnbench.errors import AttnbenchError
+from attnbench.locks import Holder, LockFile
 from attnbench.measure import machine_lock
-from attnbench.results.lock import RUN_LOCK_NAME, Holder, LockFile, RunLockedError, lock_run
+from attnbench.results.lock import RUN_LOCK_NAME, RunLockedError, lock_run
 from attnbench.results.schema import Cell, empty_row
 from attnbench.results.store import RunStore, load_run
 

@@ -15,7 +15,7 @@ from attnbench.errors import ResultsError
 from attnbench.models import views as model_views
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
-from attnbench.report import variants
+from attnbench.report import model_figures, variants
 from attnbench.report.forked import Forked
 from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
@@ -273,7 +273,7 @@ def _figures(df, ok, chosen, styles, fig_dir: Path) -> tuple[list, pd.DataFrame]
     if (ok["mode"] == "decode").any():  # attention variants and KV-cache decoding
         figure_sections += [("decode", "KV-cache decoding: latency vs cache length", variants.decode_latency(df, styles, fig_dir)),
                             ("kv-cache", "KV-cache bytes vs context length", variants.kv_cache_bytes(df, styles, fig_dir))]
-    model_figs = model_views.model_figures(df, styles, fig_dir)  # issue 27: block and model rows
+    model_figs = model_figures.model_figures(df, styles, fig_dir)  # issue 27: block and model rows
     if model_figs:
         figure_sections.append(("in-the-model", "In the model", model_figs))
     return figure_sections, bar_table
