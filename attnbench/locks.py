@@ -121,15 +121,19 @@ class LockFile:
         if self._fd is not None:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        except BaseException:
-            os.close(fd)
-            raise
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            except BaseException:
+                os.close(fd)
+                raise
+            if self._same_file(fd):
+                break
+            os.close(fd)  # its holder removed the file as it let go (release(remove=True)): lock the path's file anew
         self._fd = fd
         if not self.shared:
             self.previous = Holder.parse(os.pread(fd, 1 << 16, 0).decode(errors="replace"))
@@ -152,14 +156,27 @@ class LockFile:
         except OSError:
             return None
 
-    def release(self, keep_record: bool = False) -> None:
-        """Let go: the record is emptied first (a clean release), unless ``keep_record`` (not ours to clear)."""
+    def _same_file(self, fd: int) -> bool:
+        """Whether ``fd`` is still the file at :attr:`path` (not one a holder removed while this process waited)."""
+        try:
+            here, there = os.fstat(fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+    def release(self, keep_record: bool = False, remove: bool = False) -> None:
+        """Let go: the record is emptied first (a clean release), unless ``keep_record`` (not ours to clear);
+        ``remove``: the file is deleted while still held (an exclusive holder only), so that no empty lock file stays
+        behind; a process that opened it meanwhile sees it gone and locks the path's new file instead."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
             if not self.shared and not keep_record:
                 os.ftruncate(fd, 0)
+                if remove:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)

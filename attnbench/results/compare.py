@@ -38,7 +38,7 @@ import pandas as pd
 from attnbench.errors import ResultsError
 from attnbench.measure.stats import bootstrap_medians, group_median, split_groups
 from attnbench.results.schema import AXES, INT_AXES, fill_added_columns
-from attnbench.results.store import load_run
+from attnbench.results.store import load_run, the_run
 from attnbench.results.text import fmt_contention
 
 ENV_COMPARE = ("git_commit", "attnbench_version", "torch_version", "python_version", "cuda_version", "cuda_driver",
@@ -257,7 +257,7 @@ def _load(run) -> tuple[pd.DataFrame, dict, str]:
         return run.copy(), dict(run.attrs.get("meta", {})), str(run.attrs.get("run_id", "") or "")
     if isinstance(run, tuple) and len(run) == 2:
         return run[0].copy(), dict(run[1]), str(run[1].get("run_id", ""))
-    path = Path(run)
+    path = the_run(run)  # a folder holding one run (--out r1 writes r1/<run-id>/) is that run
     df, meta = load_run(path)
     label = str(meta.get("run_id") or (path.name if path.is_dir() else path.parent.name))
     return df, meta, label

@@ -39,8 +39,8 @@ class RunLock:
                 "without releasing it (killed?); cells it finished are kept, cells it was measuring are measured again")
 
     def release(self) -> None:
-        """Let go of the run folder."""
-        self.file.release()
+        """Let go of the run folder; the lock file goes too (a finished run keeps no empty ``.lock``)."""
+        self.file.release(remove=True)
 
 
 def lock_run(folder: str | Path, purpose: str = "") -> RunLock:
