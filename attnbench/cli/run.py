@@ -24,10 +24,15 @@ from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 from attnbench.runner import interrupts
 
+SHARED = {"device": "", "dtype": "", "mode": "", "b": "b=", "T": "T=", "h": "h=", "d": "d="}
+"""Columns said once in the title when every row has the same value (so that the table fits 80-100 columns)."""
+KEEP_WHOLE = ("impl", "median", "±CI")
+"""Columns never cut: a name or an interval cut to ``s…`` says nothing (the others wrap when the terminal is narrow)."""
+
 
 def summary_table(df, title: str) -> Table:
-    """Ok cells with median ± CI, memory and throughput; then one line per failed status."""
-    table = Table(title=title)
+    """Ok cells with median ± CI, memory and throughput; then one line per failed status. Columns whose value is the
+    same on every row are said once in the title, so that the table fits a terminal of 80-100 columns."""
     # kv heads, window and causality only when the run has variants; the KV cache only for decode runs
     positional = df["positional"].fillna("").astype(str) if "positional" in df else pd.Series("", index=df.index)
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)
@@ -42,22 +47,31 @@ def summary_table(df, title: str) -> Table:
     scoped, gen_cols = _model_columns(df)
     cols[4:4] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
-    for col in cols:
-        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
+    rows = []
     for r in ok.itertuples():
         half = (r.ci_high_s - r.ci_low_s) / 2
-        mem = fmt_bytes(r.peak_bytes)
         window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
         window += f" {positional[r.Index]}" if positional[r.Index] else ""  # RoPE / QK-norm / scale / softcap
         kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]
-        table.add_row(r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
-                      str(r.seq_len), str(r.num_heads),
-                      str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
-                      f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
-                      *kv, *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r))
+        values = [r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
+                  str(r.seq_len), str(r.num_heads), str(r.d_model), *([str(r.num_kv_heads), window] if variants else []),
+                  fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
+                  *([_speedup_text(r, len(bases) > 1)] if paired else []), fmt_bytes(r.peak_bytes), *kv,
+                  *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r)]
+        rows.append(dict(zip(cols, values, strict=True)))
+    shared = [c for c in SHARED if rows and len({row[c] for row in rows}) == 1]
+    if shared:
+        title += "  (" + " ".join(SHARED[c] + rows[0][c] for c in shared) + ")"
+    shown = [c for c in cols if c not in shared and not (c == "flag" and rows and not any(row["flag"] for row in rows))]
+    table = Table(title=title)
+    for col in shown:
+        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left",
+                         no_wrap=col in KEEP_WHOLE or col == sp_col)
+    for row in rows:
+        table.add_row(*(row[c] for c in shown))
     return table
 
 
@@ -271,7 +285,7 @@ def run_cmd(sweep_file, **flags) -> None:
         sweep = None
     else:
         sweep = make_sweep(preset=o.preset, file=sweep_file, settings=settings, executor=o.executor, **axes)  # checks --baseline
-    progress_bar, on_progress = _progress(o.quiet)
+    progress_bar, on_progress = _progress(o.quiet, lambda: _units_per_cell(sweep, o.resume, settings))
     try:
         df = run(sweep, out=o.out, resume=o.resume, executor=o.executor, ray_address=o.ray_address, argv=argv_for_meta(),
                  csv=o.csv, profile=o.profile, progress=on_progress, settings=settings if o.resume else None,
@@ -331,19 +345,36 @@ def _axes(o: SimpleNamespace, flags: dict) -> dict:
                 positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens)
 
 
-def _progress(quiet: bool):
-    """The progress bar (None when quiet) and the engine's ``progress(i, total, cell, row)`` callback that drives it."""
+def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:
+    """How many times each cell is measured (rounds x processes): the engine's progress counts those, the bar cells."""
+    if sweep is None:  # --resume: the recorded sweep's, with the settings given now
+        from attnbench.results.store import read_meta
+        from attnbench.runner.session import sweep_from_meta
+
+        recorded = sweep_from_meta(read_meta(resume)).settings
+        rounds, processes = settings.get("rounds", recorded.rounds), settings.get("processes", recorded.processes)
+    else:
+        rounds, processes = sweep.settings.rounds, sweep.settings.processes
+    return max(1, rounds * processes)
+
+
+def _progress(quiet: bool, units_per_cell=lambda: 1):
+    """The progress bar (None when quiet) and the engine's ``progress(i, total, cell, row)`` callback that drives it;
+    the bar counts cells (the engine counts each cell's rounds in each process: ``units_per_cell()`` of them, asked
+    once the run has started, so that a resumed run's errors come from the engine first)."""
     if quiet:
         return None, None
     progress_bar = Progress(TextColumn("[bold]cell"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
                             TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
                             console=err_console, transient=False)
     task = progress_bar.add_task("", total=None)
+    units: list[int] = []
 
     def on_progress(i, total, cell, row):
         if not progress_bar.live.is_started:  # started by the first cell: errors before it print cleanly
+            units.append(units_per_cell())
             progress_bar.start()
-        progress_bar.update(task, total=total, completed=i,
+        progress_bar.update(task, total=total // units[0], completed=i // units[0],
                             description=cell.cell_id if row is None else f"{cell.cell_id} -> {row['status']}")
 
     return progress_bar, on_progress
