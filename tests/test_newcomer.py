@@ -177,3 +177,24 @@ def test_the_progress_bar_counts_cells_not_rounds():
         assert task.total == 72 and task.completed == 25
     finally:
         bar.stop()
+
+
+# ---------------------------------------------------------------- a plug-in that fails check
+
+TINY = ["--seq", "16", "--batch", "1", "--heads", "2", "--d-model", "16", "--mode", "forward", "--budget", "0.05",
+        "--no-report"]
+
+
+def test_run_says_a_plugin_fails_the_correctness_probe_on_its_rows_and_in_the_console(tmp_path, capsys):
+    from attnbench.results.store import read_meta
+
+    buggy = f"{REPO / 'tests' / 'plugins' / 'buggy.py'}:NoScale"
+    right = f"{REPO / 'tests' / 'plugins' / 'buggy.py'}:Baseline"
+    code, out, err = _cli(["run", "--out", str(tmp_path), *TINY, "--impl", f"{right},{buggy}"], capsys)
+    assert code == 0, err
+    assert f"warning: {buggy} fails the correctness probe before timing" in " ".join(err.split())
+    rows = [line for line in out.splitlines() if "NoScale" in line or "Baseline" in line]
+    assert any("NoScale" in line and "fails check" in line for line in rows)
+    assert not any("Baseline" in line and "fails check" in line for line in rows)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert list(read_meta(run_dir)["failed_correctness_probe"]) == [buggy]

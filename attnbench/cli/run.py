@@ -30,7 +30,7 @@ KEEP_WHOLE = ("impl", "median", "±CI")
 """Columns never cut: a name or an interval cut to ``s…`` says nothing (the others wrap when the terminal is narrow)."""
 
 
-def summary_table(df, title: str) -> Table:
+def summary_table(df, title: str, failing: dict | None = None) -> Table:
     """Ok cells with median ± CI, memory and throughput; then one line per failed status. Columns whose value is the
     same on every row are said once in the title, so that the table fits a terminal of 80-100 columns."""
     # kv heads, window and causality only when the run has variants; the KV cache only for decode runs
@@ -60,7 +60,8 @@ def summary_table(df, title: str) -> Table:
                   str(r.seq_len), str(r.num_heads), str(r.d_model), *([str(r.num_kv_heads), window] if variants else []),
                   fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
                   *([_speedup_text(r, len(bases) > 1)] if paired else []), fmt_bytes(r.peak_bytes), *kv,
-                  *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r)]
+                  *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak),
+                  ", ".join(filter(None, ["fails check" if r.impl in (failing or {}) else "", _flags(r)]))]
         rows.append(dict(zip(cols, values, strict=True)))
     shared = [c for c in SHARED if rows and len({row[c] for row in rows}) == 1]
     if shared:
@@ -285,6 +286,10 @@ def run_cmd(sweep_file, **flags) -> None:
         sweep = None
     else:
         sweep = make_sweep(preset=o.preset, file=sweep_file, settings=settings, executor=o.executor, **axes)  # checks --baseline
+    failing = probe_plugins(sweep.impl) if sweep is not None else {}
+    for name, why in failing.items():
+        err_console.print(f"warning: {name} {why}; its times below are those of a wrong answer "
+                          f"(`attnbench check --impl {name}` shows every case)", markup=False)
     progress_bar, on_progress = _progress(o.quiet, lambda: _units_per_cell(sweep, o.resume, settings))
     try:
         df = run(sweep, out=o.out, resume=o.resume, executor=o.executor, ray_address=o.ray_address, argv=argv_for_meta(),
@@ -295,6 +300,10 @@ def run_cmd(sweep_file, **flags) -> None:
             progress_bar.stop()
         ahead.close()
     run_dir = Path(df.attrs["run_dir"])
+    if failing:  # said on the run too: meta.json, and the flag column of the summary table
+        from attnbench.results.store import write_meta_keys
+
+        write_meta_keys(run_dir, failed_correctness_probe=failing)
     report_path = None
     _record_phases(run_dir, df, startup_s=_startup_s(df))  # before the report, so that its table has it
     t_report = time.perf_counter()
@@ -308,7 +317,7 @@ def run_cmd(sweep_file, **flags) -> None:
                                "interrupted": df.attrs["interrupted"], "contended": _contended(df),
                                "time": time_line}))
     elif not o.quiet:
-        print_summary(df, run_dir, report_path, time_line)
+        print_summary(df, run_dir, report_path, time_line, failing)
     _exit_for(df, run_dir)
 
 
@@ -384,9 +393,11 @@ def _status_counts(df) -> dict[str, int]:
     return {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
 
 
-def print_summary(df, run_dir: Path, report_path: Path | None, time_line: str) -> None:
+def print_summary(df, run_dir: Path, report_path: Path | None, time_line: str, failing: dict | None = None) -> None:
     """The console's account of a finished run: the table, failures, where the files are, and the notes."""
-    console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
+    console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}", failing))
+    for name, why in (failing or {}).items():
+        console.print(f"warning: {name} {why}: its rows are flagged `fails check`", markup=False)
     _print_model_views(df)
     bad = df[df.status != "ok"]
     skipped = bad[bad.status == "skipped"]
@@ -430,6 +441,44 @@ def _exit_for(df, run_dir: Path) -> None:
 
 FAILED = ("error", "timeout", "oom", "invalid")
 """Statuses that fail a run (exit 1); ``skipped`` cells are combinations declared impossible here, not failures."""
+
+
+PROBE_SHAPES = 8
+"""How many of the correctness matrix's shapes the probe before timing tries (float64, forward)."""
+PROBE_TIMEOUT_S = 20.0
+
+
+def probe_plugins(names) -> dict[str, str]:
+    """A quick correctness probe before timing (issue 40): the float64 forward cases of the matrix's first
+    :data:`PROBE_SHAPES` shapes, for the sweep's plug-ins (the built-ins are checked by the project's own tests).
+    Name -> why it fails; a plug-in that errors or hangs here is left to the run, which records that on its rows."""
+    from dataclasses import replace
+
+    from attnbench import registry
+    from attnbench.correctness import watchdog
+    from attnbench.correctness.matrix import cases, run_case
+
+    plugins = [(n, registry.get(n)) for n in dict.fromkeys(names)]
+    plugins = [(n, impl) for n, impl in plugins if impl.origin != "builtin"]
+    if not plugins:
+        return {}
+    probes = [c for c in cases(["forward"]) if c.dtype == "float64"][:PROBE_SHAPES]
+    failing = {}
+    for name, impl in plugins:
+        eager = replace(impl, transform=None)  # compiled:plug.py:Class is probed uncompiled: the same math, no compile
+        for case in probes:
+            try:
+                with watchdog.case_deadline(PROBE_TIMEOUT_S, f"probe {case.shape.id}"):
+                    result = run_case(eager, case)
+            except watchdog.CaseTimeout:
+                break
+            if result.status == "error":
+                break
+            if result.status == "fail":
+                failing[name] = (f"fails the correctness probe before timing (forward, shape {case.shape.id}: "
+                                 f"{result.message or 'wrong output'})")
+                break
+    return failing
 
 
 def failure_line(df) -> str | None:
