@@ -205,7 +205,7 @@ def _from_object(name: str, obj, source: str, origin: str) -> Implementation:
         fields = plugins.implementation_fields(obj, source)
         return Implementation(name=name, description=fields.pop("description", _first_line(obj)), origin=origin, **fields)
     raise PluginLoadError(f"{source} is a {type(obj).__name__}; a plug-in must be an nn.Module subclass, a factory "
-                          "callable(spec) -> nn.Module, or an attnbench Implementation (README: Bring your own attention)")
+                          "callable(spec) -> nn.Module, or an attnbench Implementation (docs/own-attention.md)")
 
 
 def _load_file(path_text: str, attr: str, name: str) -> Implementation:

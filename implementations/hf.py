@@ -118,7 +118,7 @@ def implementation(name: str):
         name=name, factory=functools.partial(HFAttention, layer_cls=layer_cls, config_cls=config_cls, backend=backend),
         description=f"Hugging Face {cls_name} with attn_implementation={backend!r}"
                     + (" (its own rotary embedding)" if caps.get("rope") else ""),
-        source=f"{source} (transformers {transformers.__version__}); README: Hugging Face layers",
+        source=f"{source} (transformers {transformers.__version__}); docs/hugging-face.md",
         probe=functools.partial(_backend_reason, backend), origin="hf", **caps)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import attnbench
+from tests.test_imports import cycles, import_graph
 
 PACKAGE = Path(attnbench.__file__).resolve().parent
 HEAVY = ("ray", "tensorboard", "asv", "matplotlib")
@@ -33,100 +34,6 @@ def test_at_most_eleven_modules_at_the_top_and_commands_in_cli():
 ROOT = PACKAGE.parent
 
 
-def _package_modules(root: Path) -> dict[str, Path]:
-    """Module name -> file for the package and its built-ins (``implementations/`` is ``attnbench.implementations``)."""
-    mods = {}
-    trees = [(root / "attnbench", ["attnbench"])]
-    if (root / "implementations").is_dir():
-        trees.append((root / "implementations", ["attnbench", "implementations"]))
-    for base, prefix in trees:
-        for path in base.rglob("*.py"):
-            parts = prefix + list(path.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            mods[".".join(parts)] = path
-    return mods
-
-
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Every module -> the package modules it imports, counted strictly: an import anywhere (at the top, inside a
-    function, under ``if TYPE_CHECKING``), ``from pkg import name`` as ``pkg.name`` when that is a module, the
-    packages a dotted import runs on the way (``attnbench.report`` for ``attnbench.report.figures``; not the root
-    ``attnbench``, which every import runs), and name-level ties: ``importlib.import_module("attnbench.x")``."""
-    mods = _package_modules(root)
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for mod, path in mods.items():
-        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    base = ".".join(up + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
-                  and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-                targets = [node.args[0].value]
-            for target in targets:
-                while target not in mods and "." in target:
-                    target = target.rsplit(".", 1)[0]
-                if target not in mods:
-                    continue
-                parts = target.split(".")
-                for k in range(2, len(parts) + 1):  # the packages on the way, then the module itself
-                    step = ".".join(parts[:k])
-                    if step in mods and step != mod and not mod.startswith(step + "."):
-                        graph[mod].add(step)
-                if target == "attnbench" and mod != "attnbench":
-                    graph[mod].add(target)  # `from attnbench import x`: the root's own code runs for it
-    return graph
-
-
-def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    cycles.append(sorted(component))
-    return cycles
-
-
 def test_the_cycle_count_sees_imports_inside_functions_and_by_name(tmp_path):
     pkg = tmp_path / "attnbench"
     (pkg / "sub").mkdir(parents=True)
@@ -138,7 +45,7 @@ def test_the_cycle_count_sees_imports_inside_functions_and_by_name(tmp_path):
     (pkg / "c.py").write_text("def g():\n    from attnbench.sub import fig\n")  # runs sub/__init__ -> page -> c
     (pkg / "sub" / "fig.py").write_text("")
     (pkg / "d.py").write_text("from attnbench.a import f\n")  # an arrow, no cycle
-    assert sorted(import_cycles(import_graph(tmp_path))) == [
+    assert sorted(cycles(import_graph(tmp_path, strict=True))) == [
         ["attnbench.a", "attnbench.b"], ["attnbench.c", "attnbench.sub", "attnbench.sub.page"]]
 
 
@@ -152,12 +59,12 @@ KNOWN_CYCLES: dict[str, str] = {
 
 
 def test_no_import_cycle_strict():
-    cycles = import_cycles(import_graph(ROOT))
-    unexplained = [c for c in cycles if not set(c) & set(KNOWN_CYCLES)]
+    found = cycles(import_graph(strict=True))
+    unexplained = [c for c in found if not set(c) & set(KNOWN_CYCLES)]
     assert not unexplained, "import cycles (strict count; see import_graph):\n" + "\n".join(" <-> ".join(c) for c in unexplained)
-    fixed = [m for m in KNOWN_CYCLES if not any(m in c for c in cycles)]
+    fixed = [m for m in KNOWN_CYCLES if not any(m in c for c in found)]
     assert not fixed, f"no longer in a cycle (drop them from KNOWN_CYCLES): {fixed}"
-    assert len(cycles) == len(KNOWN_CYCLES), cycles
+    assert len(found) == len(KNOWN_CYCLES), found
 
 
 # ---------------------------------------------------------------- function length

@@ -286,10 +286,7 @@ def run_cmd(sweep_file, **flags) -> None:
         sweep = None
     else:
         sweep = make_sweep(preset=o.preset, file=sweep_file, settings=settings, executor=o.executor, **axes)  # checks --baseline
-    failing = probe_plugins(sweep.impl) if sweep is not None else {}
-    for name, why in failing.items():
-        err_console.print(f"warning: {name} {why}; its times below are those of a wrong answer "
-                          f"(`attnbench check --impl {name}` shows every case)", markup=False)
+    failing = _probe_and_say(sweep)
     progress_bar, on_progress = _progress(o.quiet, lambda: _units_per_cell(sweep, o.resume, settings))
     try:
         df = run(sweep, out=o.out, resume=o.resume, executor=o.executor, ray_address=o.ray_address, argv=argv_for_meta(),
@@ -301,9 +298,7 @@ def run_cmd(sweep_file, **flags) -> None:
         ahead.close()
     run_dir = Path(df.attrs["run_dir"])
     if failing:  # said on the run too: meta.json, and the flag column of the summary table
-        from attnbench.results.store import write_meta_keys
-
-        write_meta_keys(run_dir, failed_correctness_probe=failing)
+        _record_probe(run_dir, failing)
     report_path = None
     _record_phases(run_dir, df, startup_s=_startup_s(df))  # before the report, so that its table has it
     t_report = time.perf_counter()
@@ -448,6 +443,21 @@ PROBE_SHAPES = 8
 PROBE_TIMEOUT_S = 20.0
 
 
+def _record_probe(run_dir: Path, failing: dict[str, str]) -> None:
+    from attnbench.results.store import write_meta_keys
+
+    write_meta_keys(run_dir, failed_correctness_probe=failing)
+
+
+def _probe_and_say(sweep) -> dict[str, str]:
+    """:func:`probe_plugins` for the sweep's implementations (none when resuming), each failure said before timing."""
+    failing = probe_plugins(sweep.impl) if sweep is not None else {}
+    for name, why in failing.items():
+        err_console.print(f"warning: {name} {why}; its times below are those of a wrong answer "
+                          f"(`attnbench check --impl {name}` shows every case)", markup=False)
+    return failing
+
+
 def probe_plugins(names) -> dict[str, str]:
     """A quick correctness probe before timing (issue 40): the float64 forward cases of the matrix's first
     :data:`PROBE_SHAPES` shapes, for the sweep's plug-ins (the built-ins are checked by the project's own tests).
@@ -580,7 +590,7 @@ def _print_unstable(df) -> None:
         console.print(f"note: {len(unstable)} cell(s) are unstable (two modes); their medians depend on the run. "
                       "Causes: the allocator (`--cpu-allocator`) or, when many cells are and the between-run term "
                       "above was scaled up, other load on the machine. See \"How trustworthy are the numbers?\" in "
-                      "the README", markup=False)
+                      "the docs (docs/studies/trustworthiness.md)", markup=False)
 
 
 def _contended(df) -> int:

@@ -43,7 +43,7 @@ GQA_PROBE_KV_HEADS = 2
 """The probes' kv heads for a grouped-query spec: keys and values of width 12, unlike every other size."""
 DISPLAY = AttnSpec(d_in=768, d_out=768, context_length=1024, dropout=0.0, num_heads=12)
 """The sizes ``attnbench check -v`` prints the mapping for (GPT-2 small)."""
-GUIDE = "README: Bring your own attention"
+GUIDE = "docs/own-attention.md"
 
 _CORES = {
     "q": ("q", "query", "queries", "qry"), "k": ("k", "key", "keys"), "v": ("v", "value", "values", "val"),

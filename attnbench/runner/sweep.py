@@ -370,7 +370,7 @@ def load_toml(path: str | Path) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise SweepError(f"sweep file {path} is not valid TOML: {exc}") from exc
     if not data:  # not "run everything": a file that says nothing is a mistake (a wrong path, an unsaved editor)
-        raise SweepError(f"sweep file {path} is empty; give a [sweep] table (impl, seq, ...; README: Sweeps), or "
+        raise SweepError(f"sweep file {path} is empty; give a [sweep] table (impl, seq, ...; docs/sweeps.md), or "
                          "no file to run the default sweep")
     return data
 
