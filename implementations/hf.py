@@ -49,7 +49,7 @@ from torch import nn
 
 from attnbench.errors import InputShapeError, InvalidSpecError, PluginLoadError, UnavailableError, UnknownImplementationError
 from attnbench.plugins.binding import ALIASES, RESIDUAL_DROPOUT
-from attnbench.registry import Implementation, register_prefix
+from attnbench.plugins.catalog import Implementation, register_prefix
 from attnbench.spec import AttnSpec
 from attnbench.weights import Adapter, CanonicalWeights
 

@@ -49,12 +49,7 @@ def test_the_cycle_count_sees_imports_inside_functions_and_by_name(tmp_path):
         ["attnbench.a", "attnbench.b"], ["attnbench.c", "attnbench.sub", "attnbench.sub.page"]]
 
 
-KNOWN_CYCLES: dict[str, str] = {
-    "attnbench.registry": "the registry loads the built-ins by name (import_module('attnbench.implementations')), "
-                          "which import register from it; and resolve() looks names up in the registry by name. "
-                          "Not yet untangled (issue 40): a catalog module for Implementation/register, and "
-                          "registry.resolve for names, would end both",
-}
+KNOWN_CYCLES: dict[str, str] = {}
 """A module of each cycle still there -> why (empty is the goal; the test fails when this list is out of date)."""
 
 
