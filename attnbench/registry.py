@@ -22,7 +22,7 @@ import importlib
 import importlib.metadata
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,155 +30,28 @@ from packaging.version import Version
 from torch import nn
 
 from attnbench import plugins
-from attnbench.devices import DTYPES
-from attnbench.errors import AttnbenchError, PluginLoadError, UnknownImplementationError
+from attnbench import resolve as _resolve
+from attnbench.errors import PluginLoadError, UnknownImplementationError
+from attnbench.plugins import catalog
+from attnbench.plugins.catalog import (  # noqa: F401  (re-exported: the registry's public names)
+    ALL_DTYPES,
+    Implementation,
+    _first_line,
+    register,
+    register_prefix,
+    unregister,
+)
 from attnbench.plugins.exits import PluginExit, plugin_exits
-from attnbench.resolve import Ready, Skip, resolve, set_name_lookup, variant_skip_reason  # noqa: F401  (re-exported)
-from attnbench.spec import QK_NORMS, ROPE_STYLES, AttnSpec
-from attnbench.weights import CanonicalWeights, adapter_for, fit_gains, load_weights
+from attnbench.resolve import Ready, Skip, variant_skip_reason  # noqa: F401  (re-exported)
+from attnbench.spec import AttnSpec
+from attnbench.weights import adapter_for
 
 ENTRY_POINT_GROUP = "attnbench.implementations"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-ALL_DTYPES = tuple(DTYPES)
-
-
-@dataclass(frozen=True)
-class Implementation:
-    """One registered implementation: how to build it, what it is, where it runs."""
-
-    name: str
-    factory: Callable[[AttnSpec], nn.Module]
-    description: str
-    source: str
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    dtypes: tuple[str, ...] = ALL_DTYPES
-    backward: tuple[str, ...] = ("cpu", "cuda")  # device types where backward works
-    dropout: tuple[str, ...] = ("cpu", "cuda")  # device types where attention dropout is applied
-    same_width_only: bool = False
-    # Variants (see AttnSpec) the implementation computes; the book's causal MHA is always supported.
-    gqa: bool = False  # num_kv_heads < num_heads (grouped-query and multi-query attention)
-    sliding_window: bool = False  # spec.window is not None
-    non_causal: bool = False  # spec.causal is False
-    kv_cache: bool = False  # the KV-cache protocol (forward(x, use_cache=True), reset_cache, rewind_cache)
-    # Positional fields of AttnSpec it applies (issue 26); True = all of them, normalised to a tuple.
-    rope: bool | tuple[str, ...] = False  # spec.rope_theta/rope_scaling in these rope_style values
-    qk_norm: bool | tuple[str, ...] = False  # spec.qk_norm in these placements ("head", "full")
-    score_scale: bool = False  # spec.scale (a score scale other than head_dim ** -0.5)
-    softcap: bool = False  # spec.softcap (tanh soft-capping of the scores)
-    min_torch: str = "2.0"
-    sdpa_backend: str | None = None  # flash | efficient | cudnn: the SDPA backend it forces (asked of PyTorch on CUDA)
-    probe: Callable[[torch.device], str | None] | None = field(default=None, compare=False)
-    transform: Callable[[nn.Module], nn.Module] | None = field(default=None, compare=False)
-    origin: str = "builtin"
-
-    def __post_init__(self) -> None:  # accept plain booleans from plug-ins: True = everywhere it runs
-        for name in ("backward", "dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool):
-                object.__setattr__(self, name, tuple(self.devices) if value else ())
-        for name, every in (("rope", ROPE_STYLES), ("qk_norm", QK_NORMS)):
-            value = getattr(self, name)
-            if isinstance(value, bool):
-                value = tuple(every) if value else ()
-            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
-
-    def supports_backward(self, device: str | torch.device) -> bool:
-        """Whether gradients can be taken on ``device``'s type."""
-        return torch.device(device).type in self.backward
-
-    def supports_dropout(self, device: str | torch.device) -> bool:
-        """Whether attention dropout is applied in train mode on ``device``'s type."""
-        return torch.device(device).type in self.dropout
-
-    def own_spec(self, spec: AttnSpec) -> AttnSpec:
-        """``spec`` as this implementation computes it: a user's class that always applies QK-norm or RoPE, or keeps
-        its own norm epsilon, gets them filled in (``PluginFactory.own_spec``); raises
-        :class:`~attnbench.errors.UnavailableError` for a spec the class cannot take (an odd head dim where it always
-        rotates). Built-ins take every spec as it is."""
-        own = getattr(self.factory, "own_spec", None)
-        return own(spec, self.qk_norm) if own is not None else spec
-
-    def unavailable_reason(self, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> str | None:
-        """Why this implementation cannot run on ``device``/``dtype`` here, or ``None`` when it can
-        (:func:`attnbench.resolve.resolve` without sizes or mode)."""
-        return resolve(self, device=device, dtype=dtype).reason
-
-    def build(self, spec: AttnSpec, device: str | torch.device = "cpu", dtype: str | torch.dtype = torch.float32,
-              weights: CanonicalWeights | None = None, ready: Ready | None = None) -> nn.Module:
-        """Construct for ``spec`` on ``device`` in ``dtype``, load ``weights`` if given, apply the transform.
-
-        Raises :class:`UnavailableError` when it cannot run there (:func:`attnbench.resolve.resolve`; a
-        caller that resolved already passes its ``ready`` answer, whose device and dtype are used) and
-        :class:`PluginLoadError` when the constructor fails.
-        """
-        spec = self.own_spec(spec)
-        outcome = ready or resolve(self, spec, device=device, dtype=dtype)
-        if isinstance(outcome, Skip):
-            raise outcome.exception()
-        if weights is not None:
-            weights = fit_gains(weights, spec)
-        try:
-            with plugin_exits(f"{self.name}'s constructor"):
-                module = self.factory(spec)
-        except AttnbenchError:
-            raise
-        except Exception as exc:  # a plug-in's constructor: name it and say what failed
-            raise PluginLoadError(f"{self.name} failed to build for {spec}: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(module, nn.Module):
-            raise PluginLoadError(f"{self.name}'s factory returned {type(module).__name__}, not an nn.Module")
-        module = module.to(device=outcome.device, dtype=outcome.dtype)
-        if weights is not None:
-            load_weights(module, weights, spec)
-        if self.transform is not None:
-            module = self.transform(module)
-        return module
-
-
-_REGISTRY: dict[str, Implementation] = {}
-_PREFIXES: dict[str, tuple[Callable[[str], Implementation], Callable[[], list[str]]]] = {}
 _RESOLVED: dict[str, Implementation] = {}
+"""Names resolved by :func:`get` (plug-ins, compiled:, hf:), forgotten whenever the catalog changes."""
 _LOADED = {"builtins": False, "entry_points": False}
-
-
-def register(name: str, factory: Callable[[AttnSpec], nn.Module] | None = None, **info) -> Callable:
-    """Register an implementation under ``name``; usable as ``register("x", factory, ...)`` or as a class decorator.
-
-    ``info`` takes the :class:`Implementation` fields (``description``, ``source``, ``devices``, ...).
-    A class is called with the spec's keyword arguments (the book's constructor).
-    """
-
-    def add(obj):
-        fac = _class_factory(obj) if inspect.isclass(obj) else obj
-        doc = info.pop("description", None) or _first_line(obj)
-        _REGISTRY[name] = Implementation(name=name, factory=fac, description=doc,
-                                         source=info.pop("source", ""), **info)
-        _RESOLVED.clear()
-        return obj
-
-    return add(factory) if factory is not None else add
-
-
-def unregister(name: str) -> None:
-    """Remove ``name`` (for tests and plug-in reloads)."""
-    _REGISTRY.pop(name, None)
-    _RESOLVED.clear()
-
-
-def _first_line(obj) -> str:
-    doc = inspect.getdoc(obj) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else getattr(obj, "__name__", str(obj))
-
-
-def _class_factory(cls) -> Callable[[AttnSpec], nn.Module]:
-    def factory(spec: AttnSpec) -> nn.Module:
-        # The book's constructor, plus the variant and positional fields (num_kv_heads, window, causal; rope_theta,
-        # qk_norm, scale, ...) by name when they differ from the defaults: a class declares such a capability only
-        # if its constructor takes them.
-        return cls(spec.d_in, spec.d_out, spec.context_length, spec.dropout, spec.num_heads, qkv_bias=spec.qkv_bias,
-                   **spec.variant_kwargs(), **spec.positional_kwargs())
-
-    factory.__name__ = f"{cls.__name__}_factory"
-    return factory
+catalog._CHANGED.append(lambda: _RESOLVED.clear())  # the module's current dict (tests swap it)
 
 
 def _load_builtins() -> None:
@@ -192,13 +65,13 @@ def _load_entry_points() -> None:
         return
     _LOADED["entry_points"] = True
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
+        if ep.name in catalog._REGISTRY:
             continue
         try:
-            _REGISTRY[ep.name] = _from_object(ep.name, ep.load(), source=ep.value, origin="entry-point")
+            catalog._REGISTRY[ep.name] = _from_object(ep.name, ep.load(), source=ep.value, origin="entry-point")
         except Exception as exc:  # a broken plug-in must not hide the others: list it as unavailable
             reason = f"entry point {ep.value} failed to load: {type(exc).__name__}: {exc}"
-            _REGISTRY[ep.name] = Implementation(name=ep.name, factory=_raiser(reason), description=reason,
+            catalog._REGISTRY[ep.name] = Implementation(name=ep.name, factory=_raiser(reason), description=reason,
                                                 source=ep.value, probe=lambda _d, r=reason: r, origin="entry-point")
 
 
@@ -216,7 +89,7 @@ def _from_object(name: str, obj, source: str, origin: str) -> Implementation:
         fields = plugins.implementation_fields(obj, source)
         return Implementation(name=name, description=fields.pop("description", _first_line(obj)), origin=origin, **fields)
     raise PluginLoadError(f"{source} is a {type(obj).__name__}; a plug-in must be an nn.Module subclass, a factory "
-                          "callable(spec) -> nn.Module, or an attnbench Implementation (README: Bring your own attention)")
+                          "callable(spec) -> nn.Module, or an attnbench Implementation (docs/own-attention.md)")
 
 
 def _load_file(path_text: str, attr: str, name: str) -> Implementation:
@@ -279,12 +152,12 @@ def get(name: str) -> Implementation:
     if key in _RESOLVED:
         return _RESOLVED[key]
     _load_builtins()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
+    if name in catalog._REGISTRY:
+        return catalog._REGISTRY[name]
     if name.startswith("compiled:"):
         impl = _compiled(name)
-    elif name.partition(":")[0] + ":" in _PREFIXES:
-        impl = _PREFIXES[name.partition(":")[0] + ":"][0](name)
+    elif name.partition(":")[0] + ":" in catalog._PREFIXES:
+        impl = catalog._PREFIXES[name.partition(":")[0] + ":"][0](name)
     elif ":" in name:
         target, _, attr = name.rpartition(":")
         if not target or not attr:
@@ -292,9 +165,9 @@ def get(name: str) -> Implementation:
         impl = _load_file(target, attr, name) if target.endswith(".py") or "/" in target else _load_module(target, attr, name)
     else:
         _load_entry_points()
-        if name in _REGISTRY:
-            return _REGISTRY[name]
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
+        if name in catalog._REGISTRY:
+            return catalog._REGISTRY[name]
+        close = difflib.get_close_matches(name, list(catalog._REGISTRY), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownImplementationError(f"unknown implementation {name!r}{hint} (`attnbench list` shows all)")
     _RESOLVED[key] = impl
@@ -313,21 +186,13 @@ def names() -> list[str]:
     """Registered names: built-ins first (in registration order), then entry-point plug-ins."""
     _load_builtins()
     _load_entry_points()
-    return list(_REGISTRY)
-
-
-def register_prefix(prefix: str, resolve_name: Callable[[str], Implementation], shipped: Callable[[], list[str]]) -> None:
-    """Names starting with ``prefix`` (``"hf:"``) are resolved on demand by ``resolve_name(name)``; ``shipped()`` lists
-    the ones ``attnbench list`` shows. Called by the implementation module that owns the prefix when the built-ins
-    load (``implementations/hf.py``), so the registry needs no import of it."""
-    _PREFIXES[prefix] = (resolve_name, shipped)
-    _RESOLVED.clear()
+    return list(catalog._REGISTRY)
 
 
 def listed() -> list[str]:
     """What ``attnbench list`` shows: :func:`names`, then the shipped names of each prefix (``hf:``; resolved on demand)."""
     _load_builtins()
-    return names() + [n for _, shipped in _PREFIXES.values() for n in shipped()]
+    return names() + [n for _, shipped in catalog._PREFIXES.values() for n in shipped()]
 
 
 def available(device: str = "cpu", dtype: str | None = None) -> list[str]:
@@ -340,4 +205,6 @@ def check_adapter(impl: Implementation, spec: AttnSpec) -> None:
     adapter_for(impl.build(spec, "cpu", torch.float32))
 
 
-set_name_lookup(get)  # resolve() accepts names: looked up here, without resolve importing this module
+def resolve(impl, target=None, **given) -> Ready | Skip:
+    """:func:`attnbench.resolve.resolve`, with ``impl`` also a name (looked up with :func:`get`)."""
+    return _resolve.resolve(get(impl) if isinstance(impl, str) else impl, target, **given)

@@ -4,7 +4,7 @@
 (an error before anything is written), the asv suite (a skipped benchmark) and
 :meth:`attnbench.registry.Implementation.build` all ask :func:`resolve`::
 
-    outcome = resolve("sdpa_flash", cell)                     # a results Cell ...
+    outcome = resolve(registry.get("sdpa_flash"), cell)       # a results Cell (registry.resolve takes names) ...
     outcome = resolve(impl, spec, device="cuda", dtype="float32", mode="forward+backward", batch=2, seq_len=128)
     if isinstance(outcome, Skip):
         print(outcome.reason)                                 # or: raise outcome.exception()
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import re
 import types
 import warnings
@@ -270,17 +269,6 @@ _ERRORS = {sizes_rule: InvalidSpecError, kv_heads_rule: InvalidSpecError}
 
 # ---------------------------------------------------------------- resolve
 
-_name_lookup: Callable = None  # type: ignore[assignment]
-"""Name -> Implementation: :func:`attnbench.registry.get`, installed by the registry (which imports this module; this
-module never imports it back, so the import graph has no cycle)."""
-
-
-def set_name_lookup(lookup: Callable) -> None:
-    """Install the function :func:`resolve` uses to look up an implementation given by name."""
-    global _name_lookup
-    _name_lookup = lookup
-
-
 
 POSITIONAL_FIELDS = ("rope_theta", "rope_style", "qk_norm", "scale", "softcap")
 """The positional fields a :class:`Request` carries from a spec or a cell (issue 26)."""
@@ -327,17 +315,17 @@ def request_for(target=None, **given) -> Request:
 
 
 def resolve(impl, target=None, **given) -> Ready | Skip:
-    """Whether ``impl`` (an :class:`~attnbench.registry.Implementation` or a name) can run ``target`` here.
+    """Whether ``impl`` (an :class:`~attnbench.registry.Implementation`; a name: :func:`attnbench.registry.resolve`)
+    can run ``target`` here.
 
     ``target`` is a results ``Cell``, an ``AttnSpec`` (with ``device``, ``dtype``, ``mode``, ``batch``,
     ``seq_len`` as keywords) or a :class:`Request`. Returns :class:`Ready` with the parsed device and
     dtype, or :class:`Skip` with the first reason of :data:`RULES`. Unknown names, devices, dtypes and
     modes raise their :class:`~attnbench.errors.AttnbenchError` instead.
     """
-    if isinstance(impl, str):
-        if _name_lookup is None:  # the registry installs it when imported; `import attnbench` no longer imports it
-            importlib.import_module("attnbench.registry")  # (by name: the registry imports this module, not back)
-        impl = _name_lookup(impl)
+    if isinstance(impl, str):  # the registry looks names up; this module never imports it (no cycle)
+        raise TypeError(f"attnbench.resolve.resolve takes an Implementation, not the name {impl!r}; "
+                        f"use attnbench.registry.resolve({impl!r}, ...) (or attnbench.get(name))")
     req = request_for(target, **given)
     for rule in RULES:
         reason = rule(impl, req)

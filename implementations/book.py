@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from attnbench.implementations._common import AttentionModule, per_head_adapter
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 
 BOOK = "Raschka, Build a Large Language Model (From Scratch), ch. 3"
 

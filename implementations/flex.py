@@ -13,7 +13,7 @@ import warnings
 import torch
 
 from attnbench.implementations._common import AttentionModule, add_book_projections, merge_heads, split_heads
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 
 warnings.filterwarnings("ignore", message=r"flex_attention called without torch.compile")
 

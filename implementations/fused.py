@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from attnbench.implementations._common import AttentionModule, merge_heads
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 from attnbench.spec import AttnSpec
 from attnbench.weights import Adapter, CanonicalWeights
 

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from attnbench.implementations._common import AttentionModule, add_book_projections, merge_heads, split_heads, visible
 from attnbench.implementations.flex import _flex_available
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 
 warnings.filterwarnings("ignore", message=r"flex_attention called without torch.compile")
 

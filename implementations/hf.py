@@ -49,7 +49,7 @@ from torch import nn
 
 from attnbench.errors import InputShapeError, InvalidSpecError, PluginLoadError, UnavailableError, UnknownImplementationError
 from attnbench.plugins.binding import ALIASES, RESIDUAL_DROPOUT
-from attnbench.registry import Implementation, register_prefix
+from attnbench.plugins.catalog import Implementation, register_prefix
 from attnbench.spec import AttnSpec
 from attnbench.weights import Adapter, CanonicalWeights
 
@@ -118,7 +118,7 @@ def implementation(name: str):
         name=name, factory=functools.partial(HFAttention, layer_cls=layer_cls, config_cls=config_cls, backend=backend),
         description=f"Hugging Face {cls_name} with attn_implementation={backend!r}"
                     + (" (its own rotary embedding)" if caps.get("rope") else ""),
-        source=f"{source} (transformers {transformers.__version__}); README: Hugging Face layers",
+        source=f"{source} (transformers {transformers.__version__}); docs/hugging-face.md",
         probe=functools.partial(_backend_reason, backend), origin="hf", **caps)
 
 

@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from attnbench.errors import InputShapeError, InvalidSpecError
 from attnbench.implementations._common import merge_heads, visible
 from attnbench.implementations.gqa import VariantAttention, _factory
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 
 PROTOCOL = ("reset_cache", "rewind_cache", "cache_tensors")
 """Methods an implementation with ``kv_cache=True`` must have (besides ``forward(x, use_cache=...)``)."""

@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from attnbench.implementations._common import AttentionModule, per_head_adapter
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 
 
 class Head(nn.Module):

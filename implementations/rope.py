@@ -24,7 +24,7 @@ from attnbench.correctness.rope import inv_freq
 from attnbench.errors import InputShapeError, InvalidSpecError
 from attnbench.implementations._common import merge_heads, split_heads
 from attnbench.implementations.kv_cache import HOW, PreallocatedCache
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 from attnbench.spec import AttnSpec
 from attnbench.weights import BOOK_ADAPTER, Adapter, CanonicalWeights
 

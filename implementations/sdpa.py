@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.implementations._common import AttentionModule, add_book_projections, merge_heads, split_heads
-from attnbench.registry import register
+from attnbench.plugins.catalog import register
 
 API = "torch.nn.functional.scaled_dot_product_attention"
 BACKENDS = {

@@ -42,9 +42,10 @@ def plugins_on_path(monkeypatch):
 def isolated_registry(monkeypatch):
     """The registry with built-ins loaded; what the test registers or reads from entry points is forgotten after."""
     from attnbench import registry
+    from attnbench.plugins import catalog
 
     registry._load_builtins()
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(catalog, "_REGISTRY", dict(catalog._REGISTRY))
     monkeypatch.setattr(registry, "_RESOLVED", {})
     monkeypatch.setitem(registry._LOADED, "entry_points", False)
     return registry

@@ -69,13 +69,14 @@ def test_run_of_a_plugin_calling_os_exit_records_the_call_and_keeps_the_other_ro
 
 # --- exit status of run and compare -----------------------------------------------------------------
 
-def test_run_with_every_cell_impossible_exits_1_and_says_why(tmp_path, capsys):
+def test_run_of_an_impossible_shape_is_a_usage_error_before_anything_runs(tmp_path, capsys):
+    # issue 40: it was a run of one skipped cell, an empty report and exit 1
     code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--impl", "sdpa", "--d-model", "30", "--heads", "4"],
                        capsys)
-    assert code == 1
+    assert code == 2
     (line,) = error_lines(err)
-    assert "no cell was measured (1 skipped)" in line and "not divisible" in line
-    assert len(load_run(only_run(tmp_path))[0]) == 1
+    assert "--d-model 30 is not divisible by --heads 4" in line and "multiple of 4" in line
+    assert not list(tmp_path.iterdir())  # no run folder, no report
 
 
 def test_run_with_a_plugin_erroring_in_every_cell_exits_1(tmp_path, capsys):

@@ -11,20 +11,24 @@ PACKAGE = Path(attnbench.__file__).resolve().parent
 IMPLEMENTATIONS = PACKAGE.parent / "implementations"
 
 
-def _modules() -> dict[str, Path]:
+def _modules(package: Path = PACKAGE, implementations: Path = IMPLEMENTATIONS) -> dict[str, Path]:
     mods = {}
-    for root, prefix in ((PACKAGE, ("attnbench",)), (IMPLEMENTATIONS, ("attnbench", "implementations"))):
+    for root, prefix in ((package, ("attnbench",)), (implementations, ("attnbench", "implementations"))):
         for f in root.rglob("*.py"):
             parts = (*prefix, *f.relative_to(root).with_suffix("").parts)
             mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return mods
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root: Path | None = None, strict: bool = False) -> dict[str, set[str]]:
     """Module -> the attnbench modules it imports anywhere in its code (function-level imports included). A package's
     own ``__init__`` imported implicitly with a submodule is not an edge; ``from pkg import name`` is an edge to the
-    submodule ``pkg.name`` when there is one, else to ``pkg``."""
-    mods = _modules()
+    submodule ``pkg.name`` when there is one, else to ``pkg``.
+
+    ``strict`` (issue 40's count): also the packages a dotted import runs on the way (``attnbench.report`` for
+    ``attnbench.report.figures``; not the root ``attnbench``, which every import runs) and name-level ties:
+    ``importlib.import_module("attnbench.x")``. ``root``: a checkout other than this one (the tests of the count)."""
+    mods = _modules(root / "attnbench", root / "implementations") if root else _modules()
 
     def known(name: str) -> str | None:
         while name and name not in mods:
@@ -45,6 +49,15 @@ def import_graph() -> dict[str, set[str]]:
                     base = ".".join(up + ([base] if base else []))
                 if base.startswith("attnbench"):
                     deps.update(known(f"{base}.{a.name}") if f"{base}.{a.name}" in mods else known(base) for a in node.names)
+            elif (strict and isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
+                  == "import_module" and node.args and isinstance(node.args[0], ast.Constant)
+                  and str(node.args[0].value).startswith("attnbench")):
+                deps.add(known(node.args[0].value))
+        if strict:  # the packages on the way to each import run their __init__ too
+            for dep in [d for d in deps if d]:
+                parts = dep.split(".")
+                deps.update(".".join(parts[:k]) for k in range(2, len(parts)) if ".".join(parts[:k]) in mods
+                            and not name.startswith(".".join(parts[:k]) + "."))
         graph[name] = {d for d in deps if d and d != name}
     return graph
 

@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from attnbench.errors import AttnbenchError
+from attnbench.locks import Holder, LockFile
 from attnbench.measure import machine_lock
-from attnbench.results.lock import RUN_LOCK_NAME, Holder, LockFile, RunLockedError, lock_run
+from attnbench.results.lock import RUN_LOCK_NAME, RunLockedError, lock_run
 from attnbench.results.schema import Cell, empty_row
 from attnbench.results.store import RunStore, load_run
 
@@ -80,10 +81,31 @@ def test_lock_of_a_killed_process_is_taken_over_with_a_note(tmp_path):
         assert Holder.parse((tmp_path / RUN_LOCK_NAME).read_text()).pid == os.getpid()  # ours now
     finally:
         lock.release()
-    assert (tmp_path / RUN_LOCK_NAME).read_text() == ""  # a clean release empties the record
+    assert not (tmp_path / RUN_LOCK_NAME).exists()  # a clean release removes the file (issue 40: no empty .lock)
     again = lock_run(tmp_path)
     assert again.took_over is None  # ... so the next holder takes it over from nobody
     again.release()
+
+
+def test_a_lock_file_removed_by_its_holder_is_not_locked_through_a_stale_descriptor(tmp_path):
+    path = tmp_path / "x.lock"
+    first = LockFile(path)
+    assert first.try_acquire()
+    stale = os.open(path, os.O_RDWR)  # a second process opened the file before the holder let go
+    first.release(remove=True)
+    assert not path.exists()
+    assert not LockFile(path)._same_file(stale)  # so a lock on it would guard nothing: try_acquire opens anew
+    os.close(stale)
+    second = LockFile(path)
+    assert second.try_acquire() and path.exists() and second._same_file(second.fileno())
+    second.release()
+    assert path.exists() and path.read_text() == ""  # without remove=True (the machine lock's files) the file stays
+
+
+def test_a_finished_run_keeps_no_lock_file(tmp_path):
+    with RunStore(tmp_path, run_id="r") as store:
+        assert (store.path / RUN_LOCK_NAME).exists()  # held while writing
+    assert not (tmp_path / "r" / RUN_LOCK_NAME).exists()
 
 
 def test_a_lock_from_another_host_is_never_taken_over(tmp_path):

@@ -116,9 +116,15 @@ def test_a_worker_leaves_cleanly_at_the_end_of_its_input():
 
 
 def test_a_name_resolves_in_a_process_that_never_imported_the_registry():
-    """``import attnbench`` no longer imports the registry (PEP 562): resolving a name by itself loads it."""
-    code = ("import sys\nfrom attnbench.resolve import resolve\nfrom attnbench.results.schema import Cell\n"
+    """``import attnbench`` does not import the registry (PEP 562), nor does ``attnbench.resolve`` (issue 40: not even
+    by name, so no import cycle); a name is resolved through ``attnbench.registry.resolve``, which loads it."""
+    code = ("import sys\nimport attnbench\nfrom attnbench.resolve import resolve as bare\n"
+            "from attnbench.results.schema import Cell\n"
             "assert 'attnbench.registry' not in sys.modules\n"
+            "try:\n    bare('sdpa')\nexcept TypeError as exc:\n    assert 'attnbench.registry.resolve' in str(exc)\n"
+            "else:\n    raise AssertionError('a name reached attnbench.resolve')\n"
+            "assert 'attnbench.registry' not in sys.modules\n"
+            "from attnbench.registry import resolve\n"
             "print(type(resolve('sdpa', Cell('sdpa', batch=1, seq_len=8, num_heads=2, d_model=8))).__name__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

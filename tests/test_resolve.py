@@ -11,7 +11,8 @@ import torch
 from attnbench import registry
 from attnbench import resolve as rs
 from attnbench.errors import InvalidSpecError, SweepError, UnavailableError
-from attnbench.resolve import Ready, Request, Skip, resolve
+from attnbench.registry import resolve  # names looked up (attnbench.resolve.resolve takes an Implementation)
+from attnbench.resolve import Ready, Request, Skip
 from attnbench.results.schema import Cell
 from attnbench.spec import AttnSpec
 
@@ -197,3 +198,10 @@ def test_sdpa_flash_in_float32_is_a_skip_on_cuda(cuda_device):
     assert isinstance(out, Skip) and "flash" in out.reason
     hd1 = resolve("sdpa_flash", AttnSpec(3, 2, 6, 0.0, 2), device=cuda_device, dtype="float16", mode="inference")
     assert isinstance(hd1, Skip)
+
+
+def test_the_resolve_module_takes_implementations_and_says_where_names_go():
+    # issue 40: resolve never imports the registry (no import cycle, not even by name); the registry's resolve does
+    with pytest.raises(TypeError, match=r"attnbench.registry.resolve\('sdpa', ...\)"):
+        rs.resolve("sdpa", Cell("sdpa"))
+    assert rs.resolve(registry.get("sdpa"), Cell("sdpa")).reason == resolve("sdpa", Cell("sdpa")).reason

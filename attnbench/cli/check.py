@@ -8,12 +8,22 @@ import click
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console
+from attnbench.cli.grouped import grouped
+
+CHECK_SECTIONS = (
+    ("What to check", ("impls", "device", "scope", "kinds", "seed")),
+    ("Output", ("all_cases", "verbose")),
+    ("Execution", ("case_timeout",)),
+)
+"""``attnbench check --help``'s sections, common options first."""
 
 
-@cli.command("check")
+@cli.command("check", cls=grouped(CHECK_SECTIONS))
 @click.argument("impl_args", nargs=-1, metavar="[IMPL]...")
 @click.option("--impl", "impls", multiple=True,
-              help="Implementation(s) to check, comma-separated (NAME, file.py:Class, SHORT=file.py:Class); default all available.")
+              help="Implementation(s) to check, comma-separated (NAME, file.py:Class, SHORT=file.py:Class, hf:NAME). "
+                   "Default: every registered implementation available here; hf: names (Hugging Face layers, "
+                   "listed by `attnbench list`) are checked only when named.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--kind", "kinds", multiple=True, help="Only these case kinds (forward, backward, causality, ...).")
 @click.option("--all-cases", is_flag=True, help="Print every case, not just the summary and the failures.")
@@ -28,6 +38,8 @@ from attnbench.cli.app import _split, cli, console
 def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool,
               verbose: bool, seed: int, case_timeout: str | None, scope: str) -> None:
     """Run the correctness matrix on IMPL (or --impl) and print one summary line per implementation.
+
+    With no IMPL: every registered implementation available here (hf: names only when named).
 
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
     that does not import, construct or map its weights is reported once, before any case runs).

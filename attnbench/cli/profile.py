@@ -12,7 +12,8 @@ from rich.table import Table
 from attnbench.cli.app import _split, cli, console
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
-from attnbench.resolve import Skip, resolve
+from attnbench.registry import resolve
+from attnbench.resolve import Skip
 from attnbench.results.schema import MODES, Cell
 from attnbench.results.text import fmt_bytes, fmt_time
 

@@ -16,7 +16,8 @@ from attnbench.cli.app import cli, console, err_console
 @cli.command("report")
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Output folder. [default: reports/<run-id>/]")
+              help="Output folder. [default: the run's own report folder (<run folder>/report) when it has one, "
+                   "else reports/<run-id>/, where `attnbench run` put it]")
 @click.option("--baseline", default=None,
               help="Implementation the speed-ups are relative to. [default: the run's own baseline (paired speed-ups), "
                    "else weight_split; the first one present if it is missing]")
@@ -27,11 +28,20 @@ def report_cmd(results: Path, out_dir: Path | None, baseline: str | None) -> Non
     embedded, opens from disk), figures/*.png|svg and tables/*.csv|md.
     """
     from attnbench.report import build_report
+    from attnbench.results.store import the_run
 
+    results = the_run(results)  # a folder holding one run folder is that run
     with console.status("building the report ..."):
-        path = build_report(results, out_dir=out_dir, baseline=baseline)
+        path = build_report(results, out_dir=out_dir or own_report_dir(results), baseline=baseline)
     console.print(f"report: {path}", markup=False)
     console.print(f"open it with: xdg-open {path}  (or any browser; it needs no server)", markup=False)
+
+
+def own_report_dir(results: Path) -> Path | None:
+    """The report folder the run already has (``<run folder>/report``), so that a new report replaces it rather than
+    adding a second copy under ``reports/``; None: the default (``reports/<run-id>``, where `attnbench run` wrote it)."""
+    run = results if results.is_dir() else results.parent
+    return run / "report" if (run / "report").is_dir() else None
 
 
 def _default_compare_dir(label_a: str, label_b: str) -> Path:

@@ -7,7 +7,9 @@ import json
 import signal
 import sys
 import time
+from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 import numpy as np
@@ -16,15 +18,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.cli.grouped import grouped
 from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
 from attnbench.runner import interrupts
 
+SHARED = {"device": "", "dtype": "", "mode": "", "b": "b=", "T": "T=", "h": "h=", "d": "d="}
+"""Columns said once in the title when every row has the same value (so that the table fits 80-100 columns)."""
+KEEP_WHOLE = ("impl", "median", "±CI")
+"""Columns never cut: a name or an interval cut to ``s…`` says nothing (the others wrap when the terminal is narrow)."""
 
-def summary_table(df, title: str) -> Table:
-    """Ok cells with median ± CI, memory and throughput; then one line per failed status."""
-    table = Table(title=title)
+
+def summary_table(df, title: str, failing: dict | None = None) -> Table:
+    """Ok cells with median ± CI, memory and throughput; then one line per failed status. Columns whose value is the
+    same on every row are said once in the title, so that the table fits a terminal of 80-100 columns."""
     # kv heads, window and causality only when the run has variants; the KV cache only for decode runs
     positional = df["positional"].fillna("").astype(str) if "positional" in df else pd.Series("", index=df.index)
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)
@@ -39,22 +47,32 @@ def summary_table(df, title: str) -> Table:
     scoped, gen_cols = _model_columns(df)
     cols[4:4] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
-    for col in cols:
-        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
+    rows = []
     for r in ok.itertuples():
         half = (r.ci_high_s - r.ci_low_s) / 2
-        mem = fmt_bytes(r.peak_bytes)
         window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
         window += f" {positional[r.Index]}" if positional[r.Index] else ""  # RoPE / QK-norm / scale / softcap
         kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]
-        table.add_row(r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
-                      str(r.seq_len), str(r.num_heads),
-                      str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
-                      f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
-                      *kv, *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r))
+        values = [r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
+                  str(r.seq_len), str(r.num_heads), str(r.d_model), *([str(r.num_kv_heads), window] if variants else []),
+                  fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
+                  *([_speedup_text(r, len(bases) > 1)] if paired else []), fmt_bytes(r.peak_bytes), *kv,
+                  *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak),
+                  ", ".join(filter(None, ["fails check" if r.impl in (failing or {}) else "", _flags(r)]))]
+        rows.append(dict(zip(cols, values, strict=True)))
+    shared = [c for c in SHARED if rows and len({row[c] for row in rows}) == 1]
+    if shared:
+        title += "  (" + " ".join(SHARED[c] + rows[0][c] for c in shared) + ")"
+    shown = [c for c in cols if c not in shared and not (c == "flag" and rows and not any(row["flag"] for row in rows))]
+    table = Table(title=title)
+    for col in shown:
+        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left",
+                         no_wrap=col in KEEP_WHOLE or col == sp_col)
+    for row in rows:
+        table.add_row(*(row[c] for c in shown))
     return table
 
 
@@ -145,11 +163,27 @@ def _speedup_text(r, name_baseline: bool) -> str:
     return f"{text} vs {baseline}" if name_baseline and baseline else text
 
 
-@cli.command("run")
+PRESETS = tuple(sorted(p.name[:-len(".toml")] for p in resources.files("attnbench.runner.presets").iterdir()
+                       if p.name.endswith(".toml")))
+"""The sweeps shipped with attnbench (``--preset``), read from the package so that the help cannot go stale."""
+
+RUN_SECTIONS = (
+    ("What to run", ("preset", "impls", "device", "dtype", "mode")),
+    ("The grid", ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window", "causal", "scope", "layers",
+                  "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
+                  "score_scale", "softcap")),
+    ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
+                     "cpu_allocator", "no_cpu_bind", "cuda_graph", "profile")),
+    ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
+    ("Execution", ("executor", "ray_address", "isolate", "cell_timeout", "no_memory_guard", "no_wait",
+                   "allow_concurrent")),
+)
+"""``attnbench run --help``'s sections, common options first in each."""
+
+
+@cli.command("run", cls=grouped(RUN_SECTIONS))
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--preset", help="A sweep shipped with attnbench: default, smoke, gpt2-small, long-context, gqa-llama, decode, "
-              "model-small, generate-small, gpt2-124m-generate, "
-              "cpu-flash-rfc, cpu-flash-rfc-train.")
+@click.option("--preset", help=f"A sweep shipped with attnbench: {', '.join(PRESETS)}.")
 @click.option("--impl", "impls", multiple=True, help="Implementations, comma-separated (also compiled:NAME, file.py:Class).")
 @click.option("--device", help="cpu, cuda, cuda:N (comma-separated).")
 @click.option("--dtype", help="float32, bfloat16, float16, float64 (comma-separated).")
@@ -175,19 +209,22 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--softcap", type=float, help="tanh soft-capping of the scores: cap * tanh(s / cap).")
 @click.option("--cache", help="warm, cold (cold flushes the GPU L2 before each call; CUDA only).")
 @click.option("--scope", help="layer (the attention alone, default), block (inside a transformer block), model (inside "
-              "a GPT); comma-separated. README: In the model.")
+              "a GPT); comma-separated. Docs: In the model.")
 @click.option("--layers", help="Model scope: blocks of the GPT (e.g. 2 or 2,12).")
 @click.option("--vocab", help="Model scope: vocabulary size (the book's GPT-2: 50257).")
 @click.option("--new-tokens", "new_tokens", help="--mode generate: tokens generated greedily after the --seq prompt.")
 @click.option("--out", default="results", show_default=True, type=click.Path(file_okay=False), help="Results folder.")
 @click.option("--resume", type=click.Path(file_okay=False), help="Continue the run in this folder, skipping finished cells.")
-@click.option("--budget", "budget_s", type=float, help="Sampling seconds per cell (after warm-up).")
+@click.option("--budget", "budget_s", type=float,
+              help="Sampling seconds per cell (after warm-up). Default: 1 (a sweep file's or preset's value wins).")
 @click.option("--target-ci", "target_rel_ci", type=float,
               help="Stop sampling when the median's CI half-width is below this fraction (in a comparison group: a "
-              "member's paired speed-up's, the baseline's median).")
+              "member's paired speed-up's, the baseline's median). Default: 0.02 (a sweep file's or preset's value wins).")
 @click.option("--threads", type=int, help="torch.set_num_threads for CPU cells (recorded per row); default with the "
               "controlled environment: every usable core but one.")
-@click.option("--rounds", type=int, help="Measure every cell this many times, shuffled each round, pooling the samples.")
+@click.option("--rounds", type=int,
+              help="Measure every cell this many times, shuffled each round, pooling the samples. Default: 1 (a sweep "
+              "file's or preset's value wins).")
 @click.option("--processes", type=int, help="Measuring worker processes (fresh, interleaved); every cell is measured "
                                             "--rounds times in each. Default 1.")
 @click.option("--cpu-allocator", "cpu_allocator", help="Memory allocator of the measuring processes: pinned (default: "
@@ -210,7 +247,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
               "holds this machine's measurement lock.")
 @click.option("--allow-concurrent", "allow_concurrent", is_flag=True, help="Measure without the machine's measurement "
               "lock, alongside whatever else measures (both runs' timings suffer).")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where cells run: this machine, or a Ray cluster.")
 @click.option("--ray-address", help="Address of an existing Ray cluster (default: start a local one).")
 @click.option("--profile", is_flag=True, help="After timing, profile each ok cell with torch.profiler.")
 @click.option("--csv", is_flag=True, help="Also write results.csv (without raw samples).")
@@ -219,11 +257,7 @@ def _speedup_text(r, name_baseline: bool) -> str:
               "with --out, else reports/<run-id>).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
-def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
-            cache, scope, layers, vocab, new_tokens, out, resume,
-            budget_s, target_rel_ci, threads, rounds, processes, cpu_allocator, no_cpu_bind, drift, baseline,
-            cell_timeout, no_memory_guard, isolate, cuda_graph, no_wait, allow_concurrent, executor, ray_address, profile,
-            csv, no_report, report_dir, quiet, as_json, **positional_flags) -> None:
+def run_cmd(sweep_file, **flags) -> None:
     """Run a benchmark sweep. With no arguments: every available implementation on a small CPU grid.
 
     \b
@@ -237,107 +271,157 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     attnbench run --impl rope_sdpa,rope_math --rope-theta 500000 --rope-scaling llama3 --qk-norm head --kv-heads 2
     attnbench run --resume results/<run-id>
     """
-    from attnbench.runner.positional import compose
-
-    quiet = quiet or as_json
-    if no_wait and allow_concurrent:
-        raise click.UsageError("--no-wait and --allow-concurrent contradict each other; give one")
-    timeout = _timeout(cell_timeout)
-    settings = {k: v for k, v in dict(budget_s=budget_s, target_rel_ci=target_rel_ci, threads=threads, rounds=rounds,
-                                       processes=processes, cpu_allocator=cpu_allocator, drift=_drift(drift),
-                                       cpu_bind=False if no_cpu_bind else None,
-                                       cell_timeout_s=timeout, memory_guard=False if no_memory_guard else None,
-                                       isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
-                if v is not None and v is not _UNSET}
-    if timeout is None:
-        settings["cell_timeout_s"] = None  # --cell-timeout none: no timeout (None is otherwise "not given")
-    if impls and not _split(impls):
-        raise click.BadParameter("is empty; name implementations (attnbench list), or leave --impl out to run every "
-                                 "available one", param_hint="--impl")
-    if threads is not None and threads < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--threads")
-    if budget_s is not None and budget_s <= 0:
-        raise click.BadParameter("must be > 0", param_hint="--budget")
-    axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
-                num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
-                causal=None if causal is None else (causal,), positional=compose(positional_flags), scope=scope,
-                layers=layers, vocab=vocab, new_tokens=new_tokens)
+    o = SimpleNamespace(sweep_file=sweep_file, **flags)  # the flags, by their parameter names
+    o.quiet = o.quiet or o.as_json
+    settings = _settings(o)
+    axes = _axes(o, flags)
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
-    if not resume and executor == "local":
-        ahead.enter_context(_prestarted(settings, device))
+    if not o.resume and o.executor == "local":
+        ahead.enter_context(_prestarted(settings, o.device))
     from attnbench.runner.engine import argv_for_meta, make_sweep, run  # after: the worker imports alongside
 
-    if resume:
-        if sweep_file or preset or any(v is not None for v in axes.values()):
+    if o.resume:
+        if sweep_file or o.preset or any(v is not None for v in axes.values()):
             raise click.UsageError("--resume continues a run with its recorded sweep; give no other sweep options")
         sweep = None
     else:
-        sweep = make_sweep(preset=preset, file=sweep_file, settings=settings, executor=executor, **axes)  # checks --baseline
-
-    progress_bar = None
-    if not quiet:
-        progress_bar = Progress(TextColumn("[bold]cell"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                                console=err_console, transient=False)
-        task = progress_bar.add_task("", total=None)
-
-    def on_progress(i, total, cell, row):
-        if progress_bar is None:
-            return
-        if not progress_bar.live.is_started:  # started by the first cell: errors before it print cleanly
-            progress_bar.start()
-        progress_bar.update(task, total=total, completed=i,
-                            description=cell.cell_id if row is None else f"{cell.cell_id} -> {row['status']}")
-
+        sweep = make_sweep(preset=o.preset, file=sweep_file, settings=settings, executor=o.executor, **axes)  # checks --baseline
+    failing = _probe_and_say(sweep)
+    progress_bar, on_progress = _progress(o.quiet, lambda: _units_per_cell(sweep, o.resume, settings))
     try:
-        df = run(sweep, out=out, resume=resume, executor=executor, ray_address=ray_address, argv=argv_for_meta(), csv=csv,
-                 profile=profile, progress=on_progress, settings=settings if resume else None, no_wait=no_wait,
-                 allow_concurrent=allow_concurrent)
+        df = run(sweep, out=o.out, resume=o.resume, executor=o.executor, ray_address=o.ray_address, argv=argv_for_meta(),
+                 csv=o.csv, profile=o.profile, progress=on_progress, settings=settings if o.resume else None,
+                 no_wait=o.no_wait, allow_concurrent=o.allow_concurrent)
     finally:
         if progress_bar:
             progress_bar.stop()
         ahead.close()
     run_dir = Path(df.attrs["run_dir"])
-    counts = {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
+    if failing:  # said on the run too: meta.json, and the flag column of the summary table
+        _record_probe(run_dir, failing)
     report_path = None
     _record_phases(run_dir, df, startup_s=_startup_s(df))  # before the report, so that its table has it
     t_report = time.perf_counter()
-    if not no_report and len(df):
-        report_path = _write_report(run_dir, report_dir or _default_report_dir(run_dir, resume), quiet)
+    if not o.no_report and len(df):
+        report_path = _write_report(run_dir, o.report_dir or _default_report_dir(run_dir, o.resume), o.quiet)
     time_line = _record_phases(run_dir, df, report_s=time.perf_counter() - t_report)
-    if as_json:
+    if o.as_json:
         click.echo(json.dumps({"run_id": df.attrs["run_id"], "run_dir": str(run_dir), "cells": len(df),
-                               "status": counts, "results": str(run_dir / "results.parquet"),
+                               "status": _status_counts(df), "results": str(run_dir / "results.parquet"),
                                "report": str(report_path) if report_path else None,
                                "interrupted": df.attrs["interrupted"], "contended": _contended(df),
                                "time": time_line}))
-    elif not quiet:
-        console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}"))
-        _print_model_views(df)
-        bad = df[df.status != "ok"]
-        skipped = bad[bad.status == "skipped"]
-        if len(skipped) > 20:  # e.g. a variant sweep: most implementations support only some combinations
-            bad = bad[bad.status != "skipped"]
-        for r in bad.itertuples():
-            console.print(f"  {r.status:8} {r.cell_id}: {r.error}", markup=False)
-        if len(skipped) > 20:
-            console.print(f"  {len(skipped)} cells skipped (combinations not supported here); every reason is in the "
-                          "results' error column and the report", markup=False)
-        console.print(f"{len(df)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-        console.print(f"results: {run_dir / 'results.parquet'}", markup=False)
-        if report_path:
-            console.print(f"report:  {report_path}", markup=False)
-        _warn_if_busy(run_dir)
-        noisy = flag_counts(df)["noisy"]  # the report's count too (attnbench.results.quality)
-        if noisy:
-            console.print(f"note: {noisy} cell(s) are noisy: a within-run CI wider than ±{100 * NOISY_CI_REL:.0f}% of "
-                          "the median (noisy machine?)")
-        _print_over_peak(df)
-        _print_drift(run_dir)
-        _print_unstable(df)
-        _print_contention(df, run_dir)
-        if time_line:
-            console.print(time_line, markup=False)
+    elif not o.quiet:
+        print_summary(df, run_dir, report_path, time_line, failing)
+    _exit_for(df, run_dir)
+
+
+def _settings(o: SimpleNamespace) -> dict:
+    """The measurement settings the flags give (only those given), after checking the flags' values."""
+    if o.no_wait and o.allow_concurrent:
+        raise click.UsageError("--no-wait and --allow-concurrent contradict each other; give one")
+    timeout = _timeout(o.cell_timeout)
+    settings = {k: v for k, v in dict(budget_s=o.budget_s, target_rel_ci=o.target_rel_ci, threads=o.threads,
+                                       rounds=o.rounds, processes=o.processes, cpu_allocator=o.cpu_allocator,
+                                       drift=_drift(o.drift), cpu_bind=False if o.no_cpu_bind else None,
+                                       cell_timeout_s=timeout, memory_guard=False if o.no_memory_guard else None,
+                                       isolate=o.isolate, cuda_graph=o.cuda_graph, baseline=o.baseline).items()
+                if v is not None and v is not _UNSET}
+    if timeout is None:
+        settings["cell_timeout_s"] = None  # --cell-timeout none: no timeout (None is otherwise "not given")
+    if o.impls and not _split(o.impls):
+        raise click.BadParameter("is empty; name implementations (attnbench list), or leave --impl out to run every "
+                                 "available one", param_hint="--impl")
+    if o.threads is not None and o.threads < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--threads")
+    if o.budget_s is not None and o.budget_s <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--budget")
+    return settings
+
+
+def _axes(o: SimpleNamespace, flags: dict) -> dict:
+    """The sweep's axes the flags give (None: not given); the positional ones (RoPE, QK-norm, ...) as one value."""
+    from attnbench.runner.positional import compose
+
+    return dict(impl=",".join(_split(o.impls)) or None, device=o.device, dtype=o.dtype, batch=o.batch,
+                seq_len=o.seq_len, num_heads=o.num_heads, d_model=o.d_model, mode=o.mode, cache=o.cache,
+                num_kv_heads=o.num_kv_heads, window=o.window, causal=None if o.causal is None else (o.causal,),
+                positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens)
+
+
+def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:
+    """How many times each cell is measured (rounds x processes): the engine's progress counts those, the bar cells."""
+    if sweep is None:  # --resume: the recorded sweep's, with the settings given now
+        from attnbench.results.store import read_meta
+        from attnbench.runner.session import sweep_from_meta
+
+        recorded = sweep_from_meta(read_meta(resume)).settings
+        rounds, processes = settings.get("rounds", recorded.rounds), settings.get("processes", recorded.processes)
+    else:
+        rounds, processes = sweep.settings.rounds, sweep.settings.processes
+    return max(1, rounds * processes)
+
+
+def _progress(quiet: bool, units_per_cell=lambda: 1):
+    """The progress bar (None when quiet) and the engine's ``progress(i, total, cell, row)`` callback that drives it;
+    the bar counts cells (the engine counts each cell's rounds in each process: ``units_per_cell()`` of them, asked
+    once the run has started, so that a resumed run's errors come from the engine first)."""
+    if quiet:
+        return None, None
+    progress_bar = Progress(TextColumn("[bold]cell"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                            console=err_console, transient=False)
+    task = progress_bar.add_task("", total=None)
+    units: list[int] = []
+
+    def on_progress(i, total, cell, row):
+        if not progress_bar.live.is_started:  # started by the first cell: errors before it print cleanly
+            units.append(units_per_cell())
+            progress_bar.start()
+        progress_bar.update(task, total=total // units[0], completed=i // units[0],
+                            description=cell.cell_id if row is None else f"{cell.cell_id} -> {row['status']}")
+
+    return progress_bar, on_progress
+
+
+def _status_counts(df) -> dict[str, int]:
+    return {s: int((df.status == s).sum()) for s in STATUSES if (df.status == s).any()}
+
+
+def print_summary(df, run_dir: Path, report_path: Path | None, time_line: str, failing: dict | None = None) -> None:
+    """The console's account of a finished run: the table, failures, where the files are, and the notes."""
+    console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}", failing))
+    for name, why in (failing or {}).items():
+        console.print(f"warning: {name} {why}: its rows are flagged `fails check`", markup=False)
+    _print_model_views(df)
+    bad = df[df.status != "ok"]
+    skipped = bad[bad.status == "skipped"]
+    if len(skipped) > 20:  # e.g. a variant sweep: most implementations support only some combinations
+        bad = bad[bad.status != "skipped"]
+    for r in bad.itertuples():
+        console.print(f"  {r.status:8} {r.cell_id}: {r.error}", markup=False)
+    if len(skipped) > 20:
+        console.print(f"  {len(skipped)} cells skipped (combinations not supported here); every reason is in the "
+                      "results' error column and the report", markup=False)
+    console.print(f"{len(df)} cells: " + ", ".join(f"{n} {s}" for s, n in _status_counts(df).items()))
+    console.print(f"results: {run_dir / 'results.parquet'}", markup=False)
+    if report_path:
+        console.print(f"report:  {report_path}", markup=False)
+    _warn_if_busy(run_dir)
+    noisy = flag_counts(df)["noisy"]  # the report's count too (attnbench.results.quality)
+    if noisy:
+        console.print(f"note: {noisy} cell(s) are noisy: a within-run CI wider than ±{100 * NOISY_CI_REL:.0f}% of "
+                      "the median (noisy machine?)")
+    _print_over_peak(df)
+    _print_drift(run_dir)
+    _print_unstable(df)
+    _print_contention(df, run_dir)
+    if time_line:
+        console.print(time_line, markup=False)
+
+
+def _exit_for(df, run_dir: Path) -> None:
+    """Exit as the run ended: interrupted (130, 143, ...; how to resume said), some cell failed (1), else return."""
     if df.attrs["interrupted"]:
         signum = df.attrs.get("interrupted_by") or signal.SIGINT
         how = "interrupted" if signum == signal.SIGINT else f"terminated by {interrupts.name(signum)}"
@@ -352,6 +436,59 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
 
 FAILED = ("error", "timeout", "oom", "invalid")
 """Statuses that fail a run (exit 1); ``skipped`` cells are combinations declared impossible here, not failures."""
+
+
+PROBE_SHAPES = 8
+"""How many of the correctness matrix's shapes the probe before timing tries (float64, forward)."""
+PROBE_TIMEOUT_S = 20.0
+
+
+def _record_probe(run_dir: Path, failing: dict[str, str]) -> None:
+    from attnbench.results.store import write_meta_keys
+
+    write_meta_keys(run_dir, failed_correctness_probe=failing)
+
+
+def _probe_and_say(sweep) -> dict[str, str]:
+    """:func:`probe_plugins` for the sweep's implementations (none when resuming), each failure said before timing."""
+    failing = probe_plugins(sweep.impl) if sweep is not None else {}
+    for name, why in failing.items():
+        err_console.print(f"warning: {name} {why}; its times below are those of a wrong answer "
+                          f"(`attnbench check --impl {name}` shows every case)", markup=False)
+    return failing
+
+
+def probe_plugins(names) -> dict[str, str]:
+    """A quick correctness probe before timing (issue 40): the float64 forward cases of the matrix's first
+    :data:`PROBE_SHAPES` shapes, for the sweep's plug-ins (the built-ins are checked by the project's own tests).
+    Name -> why it fails; a plug-in that errors or hangs here is left to the run, which records that on its rows."""
+    from dataclasses import replace
+
+    from attnbench import registry
+    from attnbench.correctness import watchdog
+    from attnbench.correctness.matrix import cases, run_case
+
+    plugins = [(n, registry.get(n)) for n in dict.fromkeys(names)]
+    plugins = [(n, impl) for n, impl in plugins if impl.origin != "builtin"]
+    if not plugins:
+        return {}
+    probes = [c for c in cases(["forward"]) if c.dtype == "float64"][:PROBE_SHAPES]
+    failing = {}
+    for name, impl in plugins:
+        eager = replace(impl, transform=None)  # compiled:plug.py:Class is probed uncompiled: the same math, no compile
+        for case in probes:
+            try:
+                with watchdog.case_deadline(PROBE_TIMEOUT_S, f"probe {case.shape.id}"):
+                    result = run_case(eager, case)
+            except watchdog.CaseTimeout:
+                break
+            if result.status == "error":
+                break
+            if result.status == "fail":
+                failing[name] = (f"fails the correctness probe before timing (forward, shape {case.shape.id}: "
+                                 f"{result.message or 'wrong output'})")
+                break
+    return failing
 
 
 def failure_line(df) -> str | None:
@@ -453,7 +590,7 @@ def _print_unstable(df) -> None:
         console.print(f"note: {len(unstable)} cell(s) are unstable (two modes); their medians depend on the run. "
                       "Causes: the allocator (`--cpu-allocator`) or, when many cells are and the between-run term "
                       "above was scaled up, other load on the machine. See \"How trustworthy are the numbers?\" in "
-                      "the README", markup=False)
+                      "the docs (docs/studies/trustworthiness.md)", markup=False)
 
 
 def _contended(df) -> int:

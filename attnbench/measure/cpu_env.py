@@ -190,7 +190,7 @@ def default_threads() -> int:
     The spare core takes the driver, the OS and whatever else runs, so that they do not preempt one of the
     OpenMP threads in the middle of a parallel region (which stalls all of them until it runs again). On the
     2-vCPU VM this project is developed on, 2 threads drifted 1.23x worst / 1.14x mean between runs of one cell,
-    1 thread 1.08x / 1.035x (``python -m attnbench.tools.reproducibility``; README, "How trustworthy").
+    1 thread 1.08x / 1.035x (``python -m attnbench.tools.reproducibility``; docs/studies/trustworthiness.md).
     """
     try:
         n = len(os.sched_getaffinity(0))

@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -95,17 +95,45 @@ ms, the adjacent pairs see one state of the machine where a cycle of 12 members 
 about half of the cycles' time."""
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu", *,
-                     warmup_calls: int = 3, warmup_s: float = 0.05, target_rel_ci: float = 0.02, min_samples: int = 10,
-                     min_cycles: int = 6, max_cycles: int = 10_000, budget_s: float = 2.0, burst_s: float | None = None,
-                     min_block_s: float = 1e-3, seed: int = 0, l2_flush: bool = False, baseline: str | None = None,
-                     on_burst: Callable[[str], None] | None = None,
+@dataclass(frozen=True)
+class InterleaveSettings:
+    """How :func:`time_interleaved` samples a group (each knob is described in its docstring)."""
+
+    warmup_calls: int = 3
+    warmup_s: float = 0.05
+    target_rel_ci: float = 0.02
+    min_samples: int = 10
+    min_cycles: int = 6
+    max_cycles: int = 10_000
+    budget_s: float = 2.0
+    burst_s: float | None = None
+    min_block_s: float = 1e-3
+    seed: int = 0
+    l2_flush: bool = False
+    baseline: str | None = None
+    pairing: str = "cycle"
+
+
+@dataclass
+class _Cycles:
+    """What the cycles recorded so far: per-member cycle and paired-baseline times, the orders, why they stopped and
+    which members left known within the target."""
+
+    cycles: dict[str, list[float]]
+    pairs: dict[str, list[float]]
+    orders: list[tuple[str, ...]] = field(default_factory=list)
+    stopped_by: str = "max_cycles"
+    known: set[str] = field(default_factory=set)
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu",
+                     settings: InterleaveSettings | None = None, *, on_burst: Callable[[str], None] | None = None,
                      guard: Callable[[str], contextlib.AbstractContextManager] | None = None,
-                     between: dict[str, Callable[[], object]] | None = None,
-                     pairing: str = "cycle") -> InterleavedTiming:
+                     between: dict[str, Callable[[], object]] | None = None, **knobs) -> InterleavedTiming:
     """Time the members of ``fns`` (one call = one iteration of a member's workload) in alternation.
 
-    Each member is warmed up in turn (at least ``warmup_calls`` calls and ``warmup_s`` seconds), which also
+    ``settings`` (:class:`InterleaveSettings`), with any of its fields given as keywords (``knobs``) replacing its own:
+    each member is warmed up in turn (at least ``warmup_calls`` calls and ``warmup_s`` seconds), which also
     measures its call time; the burst length is then ``burst_s`` (default: about 10 calls of the slowest
     member, within 10-50 ms; adjacent pairs: :data:`ADJACENT_BURST`) and every member's calls per burst are fixed from
     its call time. Each cycle runs every active member's burst once, in an order shuffled per cycle
@@ -127,63 +155,68 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     the timed region. ``between[name]`` (a decode step's cache restore) runs after each of that member's calls,
     outside the timed region: its calls are then timed one by one.
     """
+    s = replace(settings or InterleaveSettings(), **knobs)  # an unknown knob: TypeError naming it
     device = torch.device(device)
-    if baseline is not None and baseline not in fns:
-        raise ValueError(f"baseline {baseline!r} is not one of the members {list(fns)}")
-    if pairing not in PAIRINGS:
-        raise ValueError(f"pairing {pairing!r}: use one of {', '.join(PAIRINGS)}")
+    if s.baseline is not None and s.baseline not in fns:
+        raise ValueError(f"baseline {s.baseline!r} is not one of the members {list(fns)}")
+    if s.pairing not in PAIRINGS:
+        raise ValueError(f"pairing {s.pairing!r}: use one of {', '.join(PAIRINGS)}")
     names = tuple(fns)
     run = _Bursts(fns, device, between or {}, guard or (lambda name: contextlib.nullcontext()), on_burst)
-    per_call_s, warm, warm_s = run.warm_all(warmup_calls, warmup_s)
-    run.plan(per_call_s, burst_s, min_block_s, l2_flush, pairing == "adjacent" and baseline is not None)
-    cycles: dict[str, list[float]] = {name: [] for name in names}
-    pairs: dict[str, list[float]] = {name: [] for name in names}
-    orders: list[tuple[str, ...]] = []
-    rng = random.Random(seed)
-    active = [n for n in names if n not in run.failures]
-    stopped_by = "max_cycles" if active else "failed"
-    known: set[str] = set()  # members that left the cycles known within the target
-    # each member's share of the cycles' time so far, against its share of the budget (see the docstring)
-    share_s, per_member_s = 0.0, budget_s / max(len(names), 1)
-    last = _clock()
-    while active and len(orders) < max_cycles:
-        in_cycle = len(active)
-        order = _order(rng, active, baseline, pairing)
-        with gc_paused():  # the collector runs between cycles, untimed (attnbench.measure.timing.gc_paused)
-            times = run.cycle(order, active)
-        _record_cycle(order, times, baseline, cycles, pairs)
-        orders.append(order)
-        if not active:
-            stopped_by = "failed"
-            break
-        if len(orders) >= min_cycles:
-            paired_to = pairs if pairing == "adjacent" else None
-            settled = _settled(run.samples, cycles, active, baseline, min_samples, target_rel_ci, paired_to)
-            if settled == set(active):
-                known |= settled
-                stopped_by = "ci"
-                break
-            known |= settled - {baseline}
-            # a member known well enough (its median, and its speed-up against the baseline) leaves the cycles,
-            # so the group's time goes to the members still short of the target; the baseline stays while any
-            # other member is timed, since every paired ratio needs it in the same cycle
-            active[:] = [n for n in active if n not in settled or n == baseline]
-        now = _clock()
-        share_s, last = share_s + (now - last) / in_cycle, now
-        if share_s > per_member_s and len(orders) >= min(3, max_cycles):
-            stopped_by = "budget"
-            break
+    per_call_s, warm, warm_s = run.warm_all(s.warmup_calls, s.warmup_s)
+    run.plan(per_call_s, s.burst_s, s.min_block_s, s.l2_flush, s.pairing == "adjacent" and s.baseline is not None)
+    c = _run_cycles(run, names, s)
     failures = run.failures
     return InterleavedTiming(
-        members=names, samples_s={n: tuple(s) for n, s in run.samples.items()},
-        cycle_s={n: tuple(c) for n, c in cycles.items()}, orders=tuple(orders),
+        members=names, samples_s={n: tuple(x) for n, x in run.samples.items()},
+        cycle_s={n: tuple(x) for n, x in c.cycles.items()}, orders=tuple(c.orders),
         calls_per_sample={n: run.block_calls.get(n, 0) for n in names},
         calls_per_burst={n: run.block_calls[n] * run.blocks[n] if n in run.blocks else 0 for n in names},
         warmup_calls=warm, failures=failures, timer="cuda_event" if device.type == "cuda" else "perf_counter_ns",
-        stopped_by=stopped_by, baseline=baseline,
-        member_stopped_by={n: "failed" if n in failures else "target" if n in known else stopped_by for n in names},
-        member_cycles={n: sum(1 for c in cycles[n] if c == c) for n in names}, warmup_s_spent=warm_s,
-        pair_base_s={n: tuple(p) for n, p in pairs.items()} if pairing == "adjacent" else None, pairing=pairing)
+        stopped_by=c.stopped_by, baseline=s.baseline,
+        member_stopped_by={n: "failed" if n in failures else "target" if n in c.known else c.stopped_by for n in names},
+        member_cycles={n: sum(1 for x in c.cycles[n] if x == x) for n in names}, warmup_s_spent=warm_s,
+        pair_base_s={n: tuple(p) for n, p in c.pairs.items()} if s.pairing == "adjacent" else None, pairing=s.pairing)
+
+
+def _run_cycles(run: _Bursts, names: tuple[str, ...], s: InterleaveSettings) -> _Cycles:
+    """Run cycles until every member is known within the target, the budget is spent, every member failed, or
+    ``max_cycles`` (see :func:`time_interleaved`)."""
+    c = _Cycles(cycles={name: [] for name in names}, pairs={name: [] for name in names})
+    rng = random.Random(s.seed)
+    active = [n for n in names if n not in run.failures]
+    c.stopped_by = "max_cycles" if active else "failed"
+    # each member's share of the cycles' time so far, against its share of the budget (see the docstring)
+    share_s, per_member_s = 0.0, s.budget_s / max(len(names), 1)
+    last = _clock()
+    while active and len(c.orders) < s.max_cycles:
+        in_cycle = len(active)
+        order = _order(rng, active, s.baseline, s.pairing)
+        with gc_paused():  # the collector runs between cycles, untimed (attnbench.measure.timing.gc_paused)
+            times = run.cycle(order, active)
+        _record_cycle(order, times, s.baseline, c.cycles, c.pairs)
+        c.orders.append(order)
+        if not active:
+            c.stopped_by = "failed"
+            break
+        if len(c.orders) >= s.min_cycles:
+            paired_to = c.pairs if s.pairing == "adjacent" else None
+            settled = _settled(run.samples, c.cycles, active, s.baseline, s.min_samples, s.target_rel_ci, paired_to)
+            if settled == set(active):
+                c.known |= settled
+                c.stopped_by = "ci"
+                break
+            c.known |= settled - {s.baseline}
+            # a member known well enough (its median, and its speed-up against the baseline) leaves the cycles,
+            # so the group's time goes to the members still short of the target; the baseline stays while any
+            # other member is timed, since every paired ratio needs it in the same cycle
+            active[:] = [n for n in active if n not in settled or n == s.baseline]
+        now = _clock()
+        share_s, last = share_s + (now - last) / in_cycle, now
+        if share_s > per_member_s and len(c.orders) >= min(3, s.max_cycles):
+            c.stopped_by = "budget"
+            break
+    return c
 
 
 _clock = time.perf_counter

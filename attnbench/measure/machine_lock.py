@@ -19,7 +19,7 @@ this lock while they time, and only then: reports, checks and builds never take 
   reproducibility tool's runs, the asv gate's benchmarks) finds the lock held by that pid and measures
   under it instead of waiting for its own parent; the holding process itself may ask again, too.
 
-The lock is ``flock`` on a file recording its holder (:mod:`attnbench.results.lock`), so a holder that dies
+The lock is ``flock`` on a file recording its holder (:mod:`attnbench.locks`), so a holder that dies
 releases it: nothing is ever stuck behind a killed measurement.
 """
 
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from attnbench.errors import AttnbenchError
-from attnbench.results.lock import Holder, LockFile
+from attnbench.locks import Holder, LockFile
 
 ENV_DIR = "ATTNBENCH_LOCK_DIR"
 """Environment variable naming the folder of the lock files (default ``~/.cache/attnbench/locks``)."""

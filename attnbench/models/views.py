@@ -1,9 +1,7 @@
-"""Views of block and model rows (issue 27): the layer-vs-block-vs-model speed-ups (the Amdahl view), the report's
-"In the model" figures (tokens/s bars, attention's share against T) and the cache-on/cache-off factor."""
+"""Views of block and model rows (issue 27): the layer-vs-block-vs-model speed-ups (the Amdahl view) and the
+cache-on/cache-off factor (the report's "In the model" figures: :mod:`attnbench.report.model_figures`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,7 +9,8 @@ import pandas as pd
 KEY = ["impl", "baseline", "device", "dtype", "mode", "batch", "seq_len", "num_heads", "d_model", "num_kv_heads"]
 
 
-def _ok(df: pd.DataFrame) -> pd.DataFrame:
+def ok_scoped(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok rows, with scope filled (layer where a row has none)."""
     ok = df[df["status"] == "ok"].copy()
     ok["scope"] = ok["scope"].fillna("layer") if "scope" in ok else "layer"
     return ok
@@ -20,7 +19,7 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 def scope_speedups(df: pd.DataFrame) -> pd.DataFrame:
     """One row per implementation and shape measured at more than one scope: its paired speed-up as a layer, in the
     block and in the model (NaN where that scope was not measured), against the same baseline and mode."""
-    ok = _ok(df)
+    ok = ok_scoped(df)
     ok = ok[np.isfinite(pd.to_numeric(ok["speedup"], errors="coerce")) & (ok["impl"] != ok["baseline"])]
     if ok.empty or ok["scope"].nunique() < 2:
         return pd.DataFrame()
@@ -44,7 +43,7 @@ def scope_sentences(df: pd.DataFrame) -> list[str]:
 
 def cache_factors(df: pd.DataFrame) -> pd.DataFrame:
     """End-to-end tokens/s with the KV cache over without it, per implementation and model shape."""
-    ok = _ok(df)
+    ok = ok_scoped(df)
     gen = ok[ok["mode"].isin(["generate-cache", "generate-nocache"])]
     if gen.empty:
         return pd.DataFrame()
@@ -54,46 +53,3 @@ def cache_factors(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t["factor"] = t["generate-cache"] / t["generate-nocache"]
     return t.dropna(subset=["factor"])
-
-
-def model_figures(df: pd.DataFrame, styles: dict, out_dir: Path) -> list:
-    """The report's "In the model" figures: end-to-end tokens/s per implementation (cache on and off) and
-    attention's share of the step against T, per scope and mode (empty when the run has no block or model rows)."""
-    from matplotlib.figure import Figure as MplFigure
-
-    from attnbench.report import figures as figs
-
-    ok = _ok(df)
-    ok = ok[ok["scope"] != "layer"]
-    out = []
-    gen = ok[ok["mode"].astype(str).str.startswith("generate")]
-    if not gen.empty:
-        fig = MplFigure(figsize=(7, 0.45 * len(gen) + 1.2), layout="constrained")
-        ax = fig.add_subplot()
-        gen = gen.sort_values("end_to_end_tokens_per_s")
-        labels = [f"{r.impl} ({'cache' if r.mode == 'generate-cache' else 'no cache'}, T={r.seq_len}+{r.new_tokens})"
-                  for r in gen.itertuples()]
-        ax.barh(labels, gen["end_to_end_tokens_per_s"], color=[styles.get(i, {}).get("color", "C0") for i in gen["impl"]])
-        ax.set_xlabel("end-to-end tokens/s (new tokens / generation seconds)")
-        png, svg, uri = figs._save(fig, out_dir, "model-tokens-per-s")
-        out.append(figs.Figure("model-tokens-per-s", "Generation tokens/s", "Greedy generation, KV cache on and off.",
-                               png, svg, uri))
-    share = ok[np.isfinite(pd.to_numeric(ok.get("attn_share"), errors="coerce"))]
-    if not share.empty:
-        fig = MplFigure(figsize=(7, 4), layout="constrained")
-        ax = fig.add_subplot()
-        for (impl, scope, mode), g in share.groupby(["impl", "scope", "mode"]):
-            g = g.sort_values("seq_len")
-            ax.errorbar(g["seq_len"], 100 * g["attn_share"],
-                        yerr=[100 * (g["attn_share"] - g["attn_share_low"]), 100 * (g["attn_share_high"] - g["attn_share"])],
-                        marker=styles.get(impl, {}).get("marker", "o"), color=styles.get(impl, {}).get("color"),
-                        capsize=3, label=f"{impl} {scope} {mode}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("T (tokens; the prompt for generation)")
-        ax.set_ylabel("attention's share of the step (%)")
-        ax.legend(fontsize=7)
-        png, svg, uri = figs._save(fig, out_dir, "model-attention-share")
-        out.append(figs.Figure("model-attention-share", "Attention's share of the step",
-                               "Median over steps, bars 10th..90th percentile (forward hooks around the attention "
-                               "modules; backward hooks for training steps).", png, svg, uri))
-    return out

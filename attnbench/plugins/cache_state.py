@@ -271,7 +271,7 @@ def step_restorer(module: nn.Module, step: Callable[[], torch.Tensor], what: str
         raise CacheRestoreError(
             f"{name}'s decode step changes state attnbench cannot restore: after putting back what it can see (the step "
             f"{plan.describe()}), decoding the same token again gives another output; keep the cache in tensor "
-            "attributes or buffers, or give the class rewind_cache(n) (README: Decoding with a KV cache)")
+            "attributes or buffers, or give the class rewind_cache(n) (docs/variants.md: Decoding with a KV cache)")
     return plan
 
 

@@ -40,7 +40,7 @@ MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
 TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "freqs_cis": "complex"}
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
-GUIDE = "README: Forwards that take their context"
+GUIDE = "docs/own-attention.md: Forwards that take their context"
 SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin) or freqs_cis; "
             "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache")
 

@@ -43,7 +43,7 @@ GQA_PROBE_KV_HEADS = 2
 """The probes' kv heads for a grouped-query spec: keys and values of width 12, unlike every other size."""
 DISPLAY = AttnSpec(d_in=768, d_out=768, context_length=1024, dropout=0.0, num_heads=12)
 """The sizes ``attnbench check -v`` prints the mapping for (GPT-2 small)."""
-GUIDE = "README: Bring your own attention"
+GUIDE = "docs/own-attention.md"
 
 _CORES = {
     "q": ("q", "query", "queries", "qry"), "k": ("k", "key", "keys"), "v": ("v", "value", "values", "val"),
@@ -281,56 +281,80 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
     groups = _groups({n: p for n, p in params.items() if n not in sources and n not in gain_params}, modules)
     orient: dict[str, bool | None] = {}
     for g in groups:
-        canonical = _CANONICAL[g.role] if g.kind == "weight" else tuple("b" + n[1:] for n in _CANONICAL[g.role])
-        rows = sum(shapes[n][0] for n in canonical)
-        n = len(g.names)
-        if n > 1 and (len(canonical) > 1 or n != heads_of(canonical[0], spec)):
-            problems.append(f"{_template(g)} is a list of {n}, not one {'+'.join(canonical)} per head ({spec.num_heads} heads)")
-            continue
-        if g.kind == "bias":
-            if all(s == (rows // n,) for s in g.shapes):
-                claim(Source(_template(g), canonical, per_head=n > 1), _template(g))
-            else:
-                problems.append(f"{_template(g)} has shape {g.shapes[0]}, expected ({rows // n},) for {'+'.join(canonical)}")
-            continue
-        cols = shapes[canonical[0]][1]
-        out_in, in_out = (rows // n, cols), (cols, rows // n)
-        if not all(s in (out_in, in_out) for s in g.shapes) or len(set(g.shapes)) > 1:
-            problems.append(f"{_template(g)} has shape {g.shapes[0]}, expected {out_in} or {in_out} for {'+'.join(canonical)}")
-            continue
-        if out_in != in_out:
-            transposed = g.shapes[0] == in_out
-        else:
-            transposed = {"linear": False, "conv1d": True}.get(g.owner)  # None: decided below
-        orient[_template(g)] = transposed
-        claim(Source(_template(g), canonical, per_head=n > 1, transposed=bool(transposed)), _template(g))
-    # An nn.MultiheadAttention followed by its own output projection: its out_proj is held at the identity.
-    if mha_outs and len(claims["W_o"]) > 1:
-        outer = [p for p in claims["W_o"] if p not in mha_outs]
-        if len(outer) == 1:
-            for p in mha_outs:
-                kind = "eye" if p.endswith("weight") else "zero"
-                sources[p] = Source(p, constant=kind, shape=("d_out",) if kind == "zero" else ("d_out", "d_out"),
-                                    note=f"{outer[0]} is the output projection")
-                for key in ("W_o", "b_o"):
-                    if p in claims[key]:
-                        claims[key].remove(p)
+        _claim_group(g, spec, shapes, claim, orient, problems)
+    _hold_inner_out_proj(mha_outs, claims, sources)
     _settle_square(sources, orient, problems)
-    for name, holders in claims.items():
-        if len(holders) > 1:
-            problems.append(f"two candidate layouts for {name}: {' and '.join(holders)}")
+    problems += _claim_problems(claims, sources, params, gain_params, spec, bool(problems))
+    if problems:
+        raise MappingError(_mapping_error(module, params, spec, problems), problems)
+    held, missing = _held_and_missing(claims, spec, has_qkv_bias)
+    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank)
+
+
+def _claim_group(g, spec: AttnSpec, shapes: dict, claim, orient: dict[str, bool | None], problems: list[str]) -> None:
+    """Claim the canonical tensors one group of parameters (a weight or a bias, one or one per head) stands for, or
+    add the problem that stops it."""
+    canonical = _CANONICAL[g.role] if g.kind == "weight" else tuple("b" + n[1:] for n in _CANONICAL[g.role])
+    rows = sum(shapes[n][0] for n in canonical)
+    n = len(g.names)
+    if n > 1 and (len(canonical) > 1 or n != heads_of(canonical[0], spec)):
+        problems.append(f"{_template(g)} is a list of {n}, not one {'+'.join(canonical)} per head ({spec.num_heads} heads)")
+        return
+    if g.kind == "bias":
+        if all(s == (rows // n,) for s in g.shapes):
+            claim(Source(_template(g), canonical, per_head=n > 1), _template(g))
+        else:
+            problems.append(f"{_template(g)} has shape {g.shapes[0]}, expected ({rows // n},) for {'+'.join(canonical)}")
+        return
+    cols = shapes[canonical[0]][1]
+    out_in, in_out = (rows // n, cols), (cols, rows // n)
+    if not all(s in (out_in, in_out) for s in g.shapes) or len(set(g.shapes)) > 1:
+        problems.append(f"{_template(g)} has shape {g.shapes[0]}, expected {out_in} or {in_out} for {'+'.join(canonical)}")
+        return
+    if out_in != in_out:
+        transposed = g.shapes[0] == in_out
+    else:
+        transposed = {"linear": False, "conv1d": True}.get(g.owner)  # None: decided below
+    orient[_template(g)] = transposed
+    claim(Source(_template(g), canonical, per_head=n > 1, transposed=bool(transposed)), _template(g))
+
+
+def _hold_inner_out_proj(mha_outs: list[str], claims: dict[str, list[str]], sources: dict[str, Source]) -> None:
+    """An nn.MultiheadAttention followed by its own output projection: its out_proj is held at the identity."""
+    if not mha_outs or len(claims["W_o"]) <= 1:
+        return
+    outer = [p for p in claims["W_o"] if p not in mha_outs]
+    if len(outer) != 1:
+        return
+    for p in mha_outs:
+        kind = "eye" if p.endswith("weight") else "zero"
+        sources[p] = Source(p, constant=kind, shape=("d_out",) if kind == "zero" else ("d_out", "d_out"),
+                            note=f"{outer[0]} is the output projection")
+        for key in ("W_o", "b_o"):
+            if p in claims[key]:
+                claims[key].remove(p)
+
+
+def _claim_problems(claims: dict[str, list[str]], sources: dict[str, Source], params: dict, gain_params: set[str],
+                    spec: AttnSpec, had_problems: bool) -> list[str]:
+    """What stops the claims from being a layout: a tensor claimed twice, a projection not found, a parameter with
+    no canonical counterpart (the last two only when nothing else was wrong: they would follow from it)."""
+    problems = [f"two candidate layouts for {name}: {' and '.join(holders)}"
+                for name, holders in claims.items() if len(holders) > 1]
     for name in ("W_q", "W_k", "W_v", "W_o"):
-        if not claims.get(name) and not problems:
+        if not claims.get(name) and not (had_problems or problems):
             problems.append("no recognisable projections" if not claims else f"no parameter found for {name}")
     covered = {src.param.format(i=i) if src.per_head else src.param
                for src in sources.values() for i in range(heads_of(src.canonical[0], spec) if src.per_head else 1)}
     unclaimed = [n for n in params if n not in covered and n not in gain_params]
-    if unclaimed and not problems:
+    if unclaimed and not (had_problems or problems):
         problems.append(f"no canonical counterpart for {', '.join(unclaimed)}")
-    if problems:
-        raise MappingError(_mapping_error(module, params, spec, problems), problems)
-    biases = ("b_q", "b_k", "b_v")
-    absent = [b for b in biases if not claims.get(b)]
+    return problems
+
+
+def _held_and_missing(claims: dict[str, list[str]], spec: AttnSpec, has_qkv_bias: bool) -> tuple[set[str], tuple[str, ...]]:
+    """The canonical biases held at zero (the module has none) and those missing although the spec asks for them."""
+    absent = [b for b in ("b_q", "b_k", "b_v") if not claims.get(b)]
     held = {"b_o"} if not claims.get("b_o") else set()
     missing: tuple[str, ...] = ()
     if spec.qkv_bias and absent:
@@ -338,7 +362,7 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
             missing = tuple(absent)
         else:
             held |= set(absent)  # bias-free by design: the constructor cannot be asked for biases
-    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank)
+    return held, missing
 
 
 def _claim_multihead(modules, params, spec, shapes, claim) -> list[str]:

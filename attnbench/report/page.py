@@ -15,7 +15,7 @@ from attnbench.errors import ResultsError
 from attnbench.models import views as model_views
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
-from attnbench.report import variants
+from attnbench.report import model_figures, variants
 from attnbench.report.forked import Forked
 from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
@@ -198,34 +198,66 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     path = Path(results_path)
     raw, meta = load_run(path)
     run_id = str(meta.get("run_id") or (path.name if path.is_dir() else path.parent.name) or "run")
-    out = Path(out_dir) if out_dir is not None else Path("reports") / _slug(run_id)
-    if out.exists() and not out.is_dir():
-        raise ResultsError(f"report output {out} exists and is not a folder; pass another -o")
-    out.mkdir(parents=True, exist_ok=True)
+    out = _report_folder(out_dir, run_id)
     fig_dir = out / "figures"
-
     df = an.prepare(raw)
     df.attrs = {}  # pandas deep-copies attrs into every frame derived from this one (thousands here); none is read
     ok = an.ok_rows(df)
     styles = figs.impl_styles(df["impl"].tolist())
     run_baseline = an.paired_baseline(df)
-    requested = baseline or run_baseline or DEFAULT_BASELINE
-    chosen, baseline_note = an.choose_baseline(df, requested)
+    chosen, baseline_note = an.choose_baseline(df, baseline or run_baseline or DEFAULT_BASELINE)
     tables = Tables(out)
-
-    # figures
     sp = an.speedups(df, chosen)
     method = an.speedup_method(sp[sp["impl"] != chosen]) if len(sp) else "medians"
-    speedup_note = None
-    if chosen is not None and method != "paired":
-        speedup_note = (f"The speed-ups against {chosen} are ratios of medians (no CI): "
-                        + (f"this run's paired speed-ups are against {run_baseline}; `attnbench report --baseline "
-                           f"{run_baseline}` shows them." if run_baseline and run_baseline != chosen else
-                           "this run predates paired speed-ups (implementations timed in alternation), so drift "
-                           "between the implementations' timing blocks is in them."))
     # the speed-up and memory figures are drawn in a forked process on an idle core while this one draws the rest
     # and makes the tables (attnbench.report.forked; the same files either way)
     child = Forked(lambda: (figs.speedup(df, sp, chosen, styles, fig_dir), figs.memory(df, styles, fig_dir)))
+    figure_sections, bar_table = _figures(df, ok, chosen, styles, fig_dir)
+    t: dict = {}
+    fastest = _overview_tables(df, tables, t)
+    speedup_text = _speedup_tables(df, sp, chosen, _speedup_note(chosen, run_baseline, method), tables, t)
+    noisy = _detail_tables(df, meta, bar_table, tables, t)
+    profile, profile_note = _profile_tables(path, top_ops, tables)
+    drawn = dict(zip(("speedup", "memory"), child.result(), strict=True))
+    figure_sections = [(k, title, drawn[k] if fl is None else fl) for k, title, fl in figure_sections]
+    figure_files = [f"figures/{f.name}.{ext}" for _, _, fl in figure_sections for f in fl if not f.skipped
+                    for ext in figs.current_render().formats]
+    page = jinja_env().get_template("report.html.j2").render(
+        run_id=run_id, meta=meta, summary=_summary(df, ok, len(noisy)), baseline=chosen, requested_baseline=baseline,
+        baseline_note=baseline_note, headline=_headline(fastest), figure_sections=figure_sections, tables=t,
+        **speedup_text, speedup_method=method, variant_sentences=variants.sentences(df), noisy_limit=an.NOISY_CI_REL,
+        profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
+        styles=styles, files=figure_files + tables.files, source=str(path), svg=figs.current_render().svg,
+        stop_text=phases.stop_text(ok.to_dict("records")),
+    )
+    html_path = out / "report.html"
+    html_path.write_text(page, encoding="utf-8")
+    return html_path
+
+
+def _report_folder(out_dir: str | Path | None, run_id: str) -> Path:
+    """The report's folder (``reports/<run-id>`` by default), made."""
+    out = Path(out_dir) if out_dir is not None else Path("reports") / _slug(run_id)
+    if out.exists() and not out.is_dir():
+        raise ResultsError(f"report output {out} exists and is not a folder; pass another -o")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _speedup_note(chosen: str | None, run_baseline: str | None, method: str) -> str | None:
+    """Why the speed-ups are ratios of medians, when they are not this run's paired ones."""
+    if chosen is None or method == "paired":
+        return None
+    return (f"The speed-ups against {chosen} are ratios of medians (no CI): "
+            + (f"this run's paired speed-ups are against {run_baseline}; `attnbench report --baseline "
+               f"{run_baseline}` shows them." if run_baseline and run_baseline != chosen else
+               "this run predates paired speed-ups (implementations timed in alternation), so drift "
+               "between the implementations' timing blocks is in them."))
+
+
+def _figures(df, ok, chosen, styles, fig_dir: Path) -> tuple[list, pd.DataFrame]:
+    """The figure sections drawn in this process (the speed-up and memory ones: None, the forked child's) and the
+    side-by-side bars' table."""
     bar_fig, bar_table = figs.bars(df, chosen, styles, fig_dir)
     latency_figs = figs.latency(df, styles, fig_dir)
     throughput_figs = figs.throughput(df, styles, fig_dir)
@@ -241,20 +273,25 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     if (ok["mode"] == "decode").any():  # attention variants and KV-cache decoding
         figure_sections += [("decode", "KV-cache decoding: latency vs cache length", variants.decode_latency(df, styles, fig_dir)),
                             ("kv-cache", "KV-cache bytes vs context length", variants.kv_cache_bytes(df, styles, fig_dir))]
-
-    model_figs = model_views.model_figures(df, styles, fig_dir)  # issue 27: block and model rows
+    model_figs = model_figures.model_figures(df, styles, fig_dir)  # issue 27: block and model rows
     if model_figs:
         figure_sections.append(("in-the-model", "In the model", model_figs))
+    return figure_sections, bar_table
 
-    # tables
-    t = {}
+
+def _overview_tables(df, tables: Tables, t: dict) -> pd.DataFrame:
+    """The scope speed-ups, the status counts and the fastest implementations (returned: the headline's source)."""
     amdahl = model_views.scope_speedups(df)
     if len(amdahl):
         t["scopes"] = tables.add("scope_speedups", amdahl)
-    counts = an.status_counts(df)
-    t["status"] = tables.add("status_counts", counts)
+    t["status"] = tables.add("status_counts", an.status_counts(df))
     fastest = an.fastest(df)
     t["fastest"] = tables.add("fastest", fastest, classes=["noisy" if "noisy" in n else "" for n in fastest["note"]])
+    return fastest
+
+
+def _speedup_tables(df, sp, chosen, speedup_note: str | None, tables: Tables, t: dict) -> dict:
+    """The speed-up and crossover tables; the template's speed-up and crossover sentences and notes."""
     if len(sp):
         sp_raw = sp[sp["impl"] != chosen].drop(columns=["group"])
         sp_disp = pd.DataFrame({
@@ -280,10 +317,15 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     for r in cross[cross["vs_baseline"]].itertuples():
         sentences.setdefault(r.configuration, []).append(r.short)
     other_cross = cross[~cross["vs_baseline"] & cross["kind"].isin(["crossover", "mixed"])]["sentence"].tolist()
-    lat_scaling = an.scaling(df, "median_s")
-    mem_scaling = an.scaling(df, "peak_bytes")
+    return dict(sentences=sentences, cross_notes=cross_notes, speedup_sentences=speedup_sentences,
+                speedup_note=speedup_note, other_cross=other_cross)
+
+
+def _detail_tables(df, meta: dict, bar_table: pd.DataFrame, tables: Tables, t: dict) -> pd.DataFrame:
+    """Scaling, noisy cells, failures, compile, bars, KV cache per token and where the time went (returned: the
+    noisy cells)."""
     fmt_k = dict.fromkeys(("k_all", "r2", "k_tail"), an.fmt_num)
-    for name, table in (("scaling_latency", lat_scaling), ("scaling_memory", mem_scaling)):
+    for name, table in (("scaling_latency", an.scaling(df, "median_s")), ("scaling_memory", an.scaling(df, "peak_bytes"))):
         t[name] = tables.add(name, _fmt_df(table, fmt_k), table, long_columns=("note",))
     noisy = an.noisy(df)
     t["noisy"] = tables.add("noisy", noisy)
@@ -304,38 +346,48 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     time_df, sampling_df = phases.report_frames(meta, df)  # issue 30: where the run's time went
     t["phases"] = tables.add("phases", time_df)
     t["sampling"] = tables.add("sampling", sampling_df)
+    return noisy
 
-    # profiler op tables
+
+def _profile_tables(path: Path, top_ops: int, tables: Tables) -> tuple[list, str | None]:
+    """The profiler's operator tables shown (the largest T of each configuration) and a note on what is missing."""
     ops_file = _run_folder(path) / "profile" / "ops.parquet"
+    if not ops_file.is_file():
+        return [], ("No operator profile in this run folder, so there is no per-operator breakdown: "
+                    "`attnbench run --profile` adds profile/ops.parquet (`attnbench profile` writes "
+                    "TensorBoard traces only).")
     profile, profile_note = [], None
-    if ops_file.is_file():
-        try:
-            ops = pd.read_parquet(ops_file)
-            every = an.profile_tables(ops, top=top_ops)
-            for i, p in enumerate(every):
-                p["table"] = tables.add(f"profile_ops_{i + 1}", p["table"])
-            profile = _pick_profiles(every)
-            if not every:
-                profile_note = f"{ops_file} has no operator rows."
-            elif len(profile) < len(every):
-                profile_note = (f"Shown: {len(profile)} of {len(every)} profiled configurations (the largest T of "
-                                "each); every table is in tables/profile_ops_*.csv.")
-        except Exception as exc:  # a broken side file must not sink the whole report
-            profile_note = f"{ops_file} could not be read ({type(exc).__name__}: {exc}); operator tables omitted."
-    else:
-        profile_note = ("No operator profile in this run folder, so there is no per-operator breakdown: "
-                        "`attnbench run --profile` adds profile/ops.parquet (`attnbench profile` writes "
-                        "TensorBoard traces only).")
+    try:
+        ops = pd.read_parquet(ops_file)
+        every = an.profile_tables(ops, top=top_ops)
+        for i, p in enumerate(every):
+            p["table"] = tables.add(f"profile_ops_{i + 1}", p["table"])
+        profile = _pick_profiles(every)
+        if not every:
+            profile_note = f"{ops_file} has no operator rows."
+        elif len(profile) < len(every):
+            profile_note = (f"Shown: {len(profile)} of {len(every)} profiled configurations (the largest T of "
+                            "each); every table is in tables/profile_ops_*.csv.")
+    except Exception as exc:  # a broken side file must not sink the whole report
+        profile_note = f"{ops_file} could not be read ({type(exc).__name__}: {exc}); operator tables omitted."
+    return profile, profile_note
 
+
+def _summary(df, ok, n_noisy: int) -> dict:
+    """The page's summary counts (cells, statuses, flags, implementations, the T range)."""
     distinct_t = sorted(ok["seq_len"].unique().tolist())
-    summary = {
+    return {
         "cells": len(df), "ok": len(ok), "skipped": int((df["status"] == "skipped").sum()),
         "failed": int((~df["status"].isin(["ok", "skipped"])).sum()), **{f"n_{k}": v for k, v in flag_counts(df).items()},
         "over_peak": int((pd.to_numeric(ok["frac_peak"], errors="coerce") > 1).sum()) if "frac_peak" in ok else 0,
         "impls": an.impl_order(df), "ok_impls": an.impl_order(ok), "configurations": len(an.groups(df)),
         "t_range": an.t_range(distinct_t) if distinct_t else "no successful T", "n_t": len(distinct_t),
-        "noisy": len(noisy), "statuses": df["status"].value_counts().to_dict(),
+        "noisy": n_noisy, "statuses": df["status"].value_counts().to_dict(),
     }
+
+
+def _headline(fastest: pd.DataFrame) -> list[str]:
+    """One sentence per configuration: the fastest implementation at its largest T, and by how much."""
     headline = []
     if len(fastest):
         last = fastest.sort_values("seq_len").groupby("configuration", sort=False).tail(1)
@@ -343,21 +395,4 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
             headline.append(f"At T={r.seq_len} on {r.configuration}, {r.fastest} is fastest ({r.median})"
                             + (f", {fmt_lead(r.runner_up_slower_x, r.runner_up)}" if r.runner_up != "–" else "")
                             + (f" — {r.note}" if r.note else "") + ".")
-
-    drawn = dict(zip(("speedup", "memory"), child.result(), strict=True))
-    figure_sections = [(k, title, drawn[k] if fl is None else fl) for k, title, fl in figure_sections]
-    figure_files = [f"figures/{f.name}.{ext}" for _, _, fl in figure_sections for f in fl if not f.skipped
-                    for ext in figs.current_render().formats]
-    page = jinja_env().get_template("report.html.j2").render(
-        run_id=run_id, meta=meta, summary=summary, baseline=chosen, requested_baseline=baseline,
-        baseline_note=baseline_note, headline=headline, figure_sections=figure_sections, tables=t,
-        sentences=sentences, cross_notes=cross_notes, speedup_sentences=speedup_sentences,
-        speedup_note=speedup_note, speedup_method=method, variant_sentences=variants.sentences(df),
-        other_cross=other_cross, noisy_limit=an.NOISY_CI_REL,
-        profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
-        styles=styles, files=figure_files + tables.files, source=str(path), svg=figs.current_render().svg,
-        stop_text=phases.stop_text(ok.to_dict("records")),
-    )
-    html_path = out / "report.html"
-    html_path.write_text(page, encoding="utf-8")
-    return html_path
+    return headline

@@ -38,7 +38,7 @@ import pandas as pd
 from attnbench.errors import ResultsError
 from attnbench.measure.stats import bootstrap_medians, group_median, split_groups
 from attnbench.results.schema import AXES, INT_AXES, fill_added_columns
-from attnbench.results.store import load_run
+from attnbench.results.store import load_run, the_run
 from attnbench.results.text import fmt_contention
 
 ENV_COMPARE = ("git_commit", "attnbench_version", "torch_version", "python_version", "cuda_version", "cuda_driver",
@@ -257,7 +257,7 @@ def _load(run) -> tuple[pd.DataFrame, dict, str]:
         return run.copy(), dict(run.attrs.get("meta", {})), str(run.attrs.get("run_id", "") or "")
     if isinstance(run, tuple) and len(run) == 2:
         return run[0].copy(), dict(run[1]), str(run[1].get("run_id", ""))
-    path = Path(run)
+    path = the_run(run)  # a folder holding one run (--out r1 writes r1/<run-id>/) is that run
     df, meta = load_run(path)
     label = str(meta.get("run_id") or (path.name if path.is_dir() else path.parent.name))
     return df, meta, label
@@ -292,6 +292,22 @@ def _env(value) -> str:
     return ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
+@dataclass(frozen=True)
+class _Rule:
+    """The decision rule's knobs, as :func:`compare_runs` was given them."""
+
+    threshold: float
+    alpha: float
+    resamples: int
+    seed: int
+    speedups: bool
+
+
+CELL_COLUMNS = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
+                "regression", "improvement", "unstable", "contended", "note"]
+"""The columns of :attr:`CompareResult.cells` (plus :data:`SPEEDUP_COLUMNS` with ``speedups=True``)."""
+
+
 def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: int = 2000,
                  seed: int = 0, speedups: bool = False) -> CompareResult:
     """Compare run ``b`` against run ``a`` (each a run folder, a ``results.parquet``, or a DataFrame).
@@ -304,113 +320,134 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
         raise ResultsError(f"--threshold must be >= 0 (a fraction: 0.10 means 10%), got {threshold}")
     if not 0 < alpha < 1:
         raise ResultsError(f"--alpha must be between 0 and 1, got {alpha}")
+    rule = _Rule(threshold, alpha, resamples, seed, speedups)
+    (dfa, meta_a, label_a), (dfb, meta_b, label_b) = _load_pair(a, b)
+    notes = [f"run {name} has {dup} duplicated cell(s); the last row of each is used."
+             for name, df in (("A", dfa), ("B", dfb)) if (dup := int(df["_key"].duplicated().sum()))]
+    ia = {r["_key"]: r for r in dfa.to_dict("records")}  # the last row of a duplicated cell wins
+    ib = {r["_key"]: r for r in dfb.to_dict("records")}
+    common = [k for k in ia if k in ib]
+    rows, changed = [], []
+    for key in common:
+        ra, rb = ia[key], ib[key]
+        if ra["status"] != "ok" or rb["status"] != "ok":
+            changed.append({**_axes_dict(key), "status_a": ra["status"], "status_b": rb["status"],
+                            "error_a": str(ra.get("error") or ""), "error_b": str(rb.get("error") or "")})
+            continue
+        row = _compare_cell(key, ra, rb, rule)
+        if row is not None:
+            rows.append(row)
+    cells = _cells_frame(rows, rule, bool(common), notes)
+    if not len(dfa) or not len(dfb):
+        notes.append(f"run {'A' if not len(dfa) else 'B'} has no cells at all.")
+    return CompareResult(
+        cells=cells,
+        only_in_a=[_axes_dict(k) for k in ia if k not in ib],
+        only_in_b=[_axes_dict(k) for k in ib if k not in ia],
+        status_changed=pd.DataFrame(changed, columns=[*AXES, "status_a", "status_b", "error_a", "error_b"]),
+        axis_mismatch=_axis_mismatch(dfa, dfb), label_a=label_a, label_b=label_b, threshold=threshold, alpha=alpha,
+        resamples=resamples, meta_a=meta_a, meta_b=meta_b,
+        env_diff=[(k, _env(meta_a.get(k)), _env(meta_b.get(k))) for k in ENV_COMPARE
+                  if _env(meta_a.get(k)) != _env(meta_b.get(k))], notes=notes,
+        frames=(dfa.drop(columns="_key"), dfb.drop(columns="_key")), kind="speedups" if speedups else "times",
+    )
+
+
+def _load_pair(a, b) -> tuple[tuple[pd.DataFrame, dict, str], tuple[pd.DataFrame, dict, str]]:
+    """Both runs loaded and normalised (a ``_key`` column), with labels that tell them apart."""
     dfa, meta_a, label_a = _load(a)
     dfb, meta_b, label_b = _load(b)
     label_a, label_b = label_a or "A", label_b or "B"
     if label_a == label_b:
         label_a, label_b = f"{label_a} (A)", f"{label_b} (B)"
-    dfa, dfb = _normalise(dfa), _normalise(dfb)
-    notes = []
-    for name, df in (("A", dfa), ("B", dfb)):
-        dup = int(df["_key"].duplicated().sum())
-        if dup:
-            notes.append(f"run {name} has {dup} duplicated cell(s); the last row of each is used.")
-    ia = {r["_key"]: r for r in dfa.to_dict("records")}  # the last row of a duplicated cell wins
-    ib = {r["_key"]: r for r in dfb.to_dict("records")}
-    keys_a, keys_b = list(ia), list(ib)
-    common = [k for k in keys_a if k in ib]
+    return (_normalise(dfa), meta_a, label_a), (_normalise(dfb), meta_b, label_b)
 
-    rows, changed = [], []
-    for key in common:
-        ra, rb = ia[key], ib[key]
-        axes = _axes_dict(key)
-        if ra["status"] != "ok" or rb["status"] != "ok":
-            changed.append({**axes, "status_a": ra["status"], "status_b": rb["status"],
-                            "error_a": str(ra.get("error") or ""), "error_b": str(rb.get("error") or "")})
-            continue
-        sa, sb = np.asarray(ra["samples_s"], dtype=float), np.asarray(rb["samples_s"], dtype=float)
-        ga, gb = split_groups(sa, ra.get("sample_groups")), split_groups(sb, rb.get("sample_groups"))
-        ga, gb = [g[np.isfinite(g)] for g in ga], [g[np.isfinite(g)] for g in gb]
-        sa, sb = sa[np.isfinite(sa)], sb[np.isfinite(sb)]
-        unstable = "; ".join(f"{side}: {n}" for side, n in (("A", _unstable_note(ra)), ("B", _unstable_note(rb))) if n)
-        contended = "; ".join(f"{side}: {fmt_contention(r)}" for side, r in (("A", ra), ("B", rb)) if fmt_contention(r))
-        row = {**axes, "median_a": float(ra["median_s"]), "median_b": float(rb["median_s"]), "n_a": len(sa),
-               "n_b": len(sb), "ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
-               "p_value": float("nan"), "regression": False, "improvement": False, "change": "",
-               "unstable": bool(unstable), "contended": contended, "note": ""}
-        if speedups:
-            done = _speedup_cell(ra, rb, row, threshold, alpha)
-            if done is not None:
-                if unstable:
-                    done["note"] = "; ".join(n for n in (done["note"], unstable) if n)
-                rows.append(done)
-            continue
-        if len(sa) >= 2 and len(sb) >= 2 and np.median(sa) > 0:
-            row["median_a"], row["median_b"] = group_median(ga), group_median(gb)  # as `attnbench run` reports them
+
+def _compare_cell(key: tuple, ra: dict, rb: dict, rule: _Rule) -> dict | None:
+    """One cell timed ok in both runs: its row of :attr:`CompareResult.cells` (None: a baseline row with
+    ``speedups``, not compared)."""
+    sa, sb = np.asarray(ra["samples_s"], dtype=float), np.asarray(rb["samples_s"], dtype=float)
+    unstable = "; ".join(f"{side}: {n}" for side, n in (("A", _unstable_note(ra)), ("B", _unstable_note(rb))) if n)
+    contended = "; ".join(f"{side}: {fmt_contention(r)}" for side, r in (("A", ra), ("B", rb)) if fmt_contention(r))
+    row = {**_axes_dict(key), "median_a": float(ra["median_s"]), "median_b": float(rb["median_s"]),
+           "n_a": int(np.isfinite(sa).sum()), "n_b": int(np.isfinite(sb).sum()), "ratio": float("nan"),
+           "ci_low": float("nan"), "ci_high": float("nan"), "p_value": float("nan"), "regression": False,
+           "improvement": False, "change": "", "unstable": bool(unstable), "contended": contended, "note": ""}
+    if rule.speedups:
+        done = _speedup_cell(ra, rb, row, rule.threshold, rule.alpha)
+        if done is not None and unstable:
+            done["note"] = "; ".join(n for n in (done["note"], unstable) if n)
+        return done
+    if row["n_a"] >= 2 and row["n_b"] >= 2 and np.median(sa[np.isfinite(sa)]) > 0:
+        _time_ratio(key, ra, rb, row, rule)
+        significant = row["p_value"] < rule.alpha
+        if unstable and significant:  # said, never silently: its median depends on which mode a run caught
+            row["change"] += " (unstable cell: the difference may be a change of mode)"
+        if contended and significant:  # other load while one run timed it inflates that run's median
+            row["change"] += " (contended: other load during timing may explain it)"
+    else:
+        if row["median_a"] > 0:
             row["ratio"] = row["median_b"] / row["median_a"]
-            cell_seed = seed ^ zlib.crc32("|".join(map(str, key)).encode())
-            draws = _ratio_draws(ga, gb, resamples, cell_seed, _row_drift(ra, rb))
-            lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
-            row["ci_low"], row["ci_high"] = float(lo), float(hi)
-            row["p_value"] = ratio_p_value(draws)
-            significant = row["p_value"] < alpha
-            row["regression"] = bool(significant and row["ratio"] > 1 + threshold and row["ci_low"] > 1)
-            row["improvement"] = bool(significant and row["ratio"] < 1 / (1 + threshold) and row["ci_high"] < 1)
-            if row["regression"]:
-                row["change"] = "slower"
-            elif row["improvement"]:
-                row["change"] = "faster"
-            elif significant and row["ci_low"] > 1:
-                row["change"] = "slower, within threshold"
-            elif significant and row["ci_high"] < 1:
-                row["change"] = "faster, within threshold"
-            else:
-                row["change"] = "no significant change"
-            if unstable and significant:  # said, never silently: its median depends on which mode a run caught
-                row["change"] += " (unstable cell: the difference may be a change of mode)"
-            if contended and significant:  # other load while one run timed it inflates that run's median
-                row["change"] += " (contended: other load during timing may explain it)"
-        else:
-            if row["median_a"] > 0:
-                row["ratio"] = row["median_b"] / row["median_a"]
-            row["change"] = "untested"
-            row["note"] = "fewer than 2 raw samples in a run (e.g. a CSV without samples_s); only the medians compared"
-        if unstable or contended:
-            row["note"] = "; ".join(n for n in (row["note"], unstable, contended) if n)
-        rows.append(row)
+        row["change"] = "untested"
+        row["note"] = "fewer than 2 raw samples in a run (e.g. a CSV without samples_s); only the medians compared"
+    if unstable or contended:
+        row["note"] = "; ".join(n for n in (row["note"], unstable, contended) if n)
+    return row
 
-    cols = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
-            "regression", "improvement", "unstable", "contended", "note"] + (list(SPEEDUP_COLUMNS) if speedups else [])
-    cells = pd.DataFrame(rows, columns=cols)
-    if speedups and not len(cells) and common:
+
+def _time_ratio(key: tuple, ra: dict, rb: dict, row: dict, rule: _Rule) -> None:
+    """Fill ``row`` with the ratio of the group medians, its bootstrap CI and p-value, and the verdict."""
+    groups = []
+    for r in (ra, rb):
+        s = np.asarray(r["samples_s"], dtype=float)
+        groups.append([g[np.isfinite(g)] for g in split_groups(s, r.get("sample_groups"))])
+    ga, gb = groups
+    row["median_a"], row["median_b"] = group_median(ga), group_median(gb)  # as `attnbench run` reports them
+    row["ratio"] = row["median_b"] / row["median_a"]
+    cell_seed = rule.seed ^ zlib.crc32("|".join(map(str, key)).encode())
+    draws = _ratio_draws(ga, gb, rule.resamples, cell_seed, _row_drift(ra, rb))
+    lo, hi = np.quantile(draws, [rule.alpha / 2, 1 - rule.alpha / 2])
+    row["ci_low"], row["ci_high"] = float(lo), float(hi)
+    row["p_value"] = ratio_p_value(draws)
+    significant = row["p_value"] < rule.alpha
+    row["regression"] = bool(significant and row["ratio"] > 1 + rule.threshold and row["ci_low"] > 1)
+    row["improvement"] = bool(significant and row["ratio"] < 1 / (1 + rule.threshold) and row["ci_high"] < 1)
+    if row["regression"]:
+        row["change"] = "slower"
+    elif row["improvement"]:
+        row["change"] = "faster"
+    elif significant and row["ci_low"] > 1:
+        row["change"] = "slower, within threshold"
+    elif significant and row["ci_high"] < 1:
+        row["change"] = "faster, within threshold"
+    else:
+        row["change"] = "no significant change"
+
+
+def _cells_frame(rows: list[dict], rule: _Rule, any_common: bool, notes: list[str]) -> pd.DataFrame:
+    """The compared cells as a frame sorted by effect (largest slowdown first); notes when nothing was comparable."""
+    cells = pd.DataFrame(rows, columns=CELL_COLUMNS + (list(SPEEDUP_COLUMNS) if rule.speedups else []))
+    if rule.speedups and not len(cells) and any_common:
         notes.append("no cell other than the baselines was ok in both runs; nothing to compare")
-    if speedups and len(cells) and not np.isfinite(cells["ci_low"]).any():
+    if rule.speedups and len(cells) and not np.isfinite(cells["ci_low"]).any():
         notes.append("neither run has paired speed-ups with CIs in common cells (runs before comparison groups "
                      "were timed interleaved?); compare them without --speedups")
     if len(cells):
-        cells = cells.sort_values(["regression", "ratio"], ascending=[False, not speedups], na_position="last",
+        cells = cells.sort_values(["regression", "ratio"], ascending=[False, not rule.speedups], na_position="last",
                                   kind="stable").reset_index(drop=True)
-        cells["regression"] = cells["regression"].astype(bool)
-        cells["improvement"] = cells["improvement"].astype(bool)
-        cells["unstable"] = cells["unstable"].astype(bool)
+        for col in ("regression", "improvement", "unstable"):
+            cells[col] = cells[col].astype(bool)
+    return cells
+
+
+def _axis_mismatch(dfa: pd.DataFrame, dfb: pd.DataFrame) -> dict:
+    """Axes whose value sets differ between the runs: ``{axis: {"only_in_a": [...], "only_in_b": [...]}}``."""
     mismatch = {}
     for axis in AXES:
         va, vb = set(dfa[axis]), set(dfb[axis])
         if va != vb:
             mismatch[axis] = {"only_in_a": sorted(va - vb, key=str), "only_in_b": sorted(vb - va, key=str)}
-    env_diff = [(k, _env(meta_a.get(k)), _env(meta_b.get(k))) for k in ENV_COMPARE
-                if _env(meta_a.get(k)) != _env(meta_b.get(k))]
-    if not len(dfa) or not len(dfb):
-        notes.append(f"run {'A' if not len(dfa) else 'B'} has no cells at all.")
-    return CompareResult(
-        cells=cells,
-        only_in_a=[_axes_dict(k) for k in keys_a if k not in ib],
-        only_in_b=[_axes_dict(k) for k in keys_b if k not in ia],
-        status_changed=pd.DataFrame(changed, columns=[*AXES, "status_a", "status_b", "error_a", "error_b"]),
-        axis_mismatch=mismatch, label_a=label_a, label_b=label_b, threshold=threshold, alpha=alpha,
-        resamples=resamples, meta_a=meta_a, meta_b=meta_b, env_diff=env_diff, notes=notes,
-        frames=(dfa.drop(columns="_key"), dfb.drop(columns="_key")), kind="speedups" if speedups else "times",
-    )
+    return mismatch
 
 
 # ---------------------------------------------------------------- HTML

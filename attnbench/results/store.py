@@ -259,6 +259,21 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: tmp.write_bytes(data), path.parent)
 
 
+def the_run(path: str | Path) -> Path:
+    """``path`` itself when it is a run (a run folder, or a results file); a folder that only holds one run folder
+    (``--out r1`` writes ``r1/<run-id>/``): that run; a folder of several runs: a :class:`ResultsError` naming them."""
+    p = Path(path)
+    if not p.is_dir() or (p / "meta.json").exists() or (p / "results.parquet").exists():
+        return p
+    runs = sorted(d for d in p.iterdir() if d.is_dir() and (d / "meta.json").exists())
+    if len(runs) == 1:
+        return runs[0]
+    if runs:
+        shown = ", ".join(str(d) for d in runs[:6]) + (" ..." if len(runs) > 6 else "")
+        raise ResultsError(f"{p} holds {len(runs)} runs ({shown}); name one of them")
+    return p  # neither a run nor a folder of runs: load_run / read_meta say so
+
+
 def read_meta(path: str | Path) -> dict:
     """The ``meta.json`` of a run folder (a :class:`ResultsError` when missing or foreign)."""
     meta_file = Path(path) / "meta.json"

@@ -222,7 +222,8 @@ def calibrate(cell: Cell, settings, guard: Callable[[], contextlib.AbstractConte
     ``guard``, the cell's deadline), and fit. None when the cell is too short to need it or cannot be built small (the
     cell itself then reports why)."""
     from attnbench.measure.memory import peak_memory
-    from attnbench.resolve import Ready, resolve
+    from attnbench.registry import resolve
+    from attnbench.resolve import Ready
     from attnbench.runner.workload import build_workload
 
     t2 = min(CALIBRATION_T, cell.seq_len // 2)

@@ -39,7 +39,8 @@ from attnbench.measure import (
 )
 from attnbench.measure.stats import paired_speedup, split_groups, summarize, summarize_groups
 from attnbench.models.generate import rescaled_rates
-from attnbench.resolve import Ready, Skip, resolve
+from attnbench.registry import resolve
+from attnbench.resolve import Ready, Skip
 from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
 from attnbench.results.text import fmt_time
 from attnbench.runner import budget, compile_cache, phases

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.measure import contention
-from attnbench.measure.interleave import InterleavedTiming, time_interleaved
+from attnbench.measure.interleave import InterleavedTiming, InterleaveSettings, time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
 from attnbench.results.schema import Cell, display_name
@@ -186,13 +186,13 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
 
     t0 = time.perf_counter()
     with contention.sampled() as load:  # the group's timed region: what other processes and steal took meanwhile
-        timing = time_interleaved(
-            fns, device, warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
-            target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
-            min_cycles=MIN_CYCLES if len(fns) > 1 else 1, max_cycles=settings.max_samples,
-            budget_s=settings.budget_s * len(fns), seed=_default_seed(cell, settings) if seed is None else seed,
-            l2_flush=cell.cache == "cold", baseline=base, on_burst=on_burst, guard=guard, between=between,
-            pairing=settings.pairing)
+        sampling = InterleaveSettings(
+            warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s, target_rel_ci=settings.target_rel_ci,
+            min_samples=settings.min_samples, min_cycles=MIN_CYCLES if len(fns) > 1 else 1,
+            max_cycles=settings.max_samples, budget_s=settings.budget_s * len(fns),
+            seed=_default_seed(cell, settings) if seed is None else seed, l2_flush=cell.cache == "cold",
+            baseline=base, pairing=settings.pairing)
+        timing = time_interleaved(fns, device, sampling, on_burst=on_burst, guard=guard, between=between)
     charge()
     share_s = (time.perf_counter() - t0) / len(fns)
     record_phases(rows, ids, timing, time.perf_counter() - t0)

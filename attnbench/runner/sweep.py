@@ -125,6 +125,14 @@ class Sweep:
         object.__setattr__(self, "window", parse_windows(self.window))
         object.__setattr__(self, "causal", parse_bools(self.causal))
         object.__setattr__(self, "positional", parse_positional(self.positional))
+        if not any(d % h == 0 for h in self.num_heads for d in self.d_model):
+            # no cell could run: a usage error before anything runs (a grid where only some pairs fit keeps the others
+            # and records the rest as skipped rows that say why)
+            d, heads = self.d_model[0], self.num_heads[0]
+            fits = ",".join(str(h) for h in range(1, min(d, 64) + 1) if d % h == 0)
+            raise SweepError(f"--d-model {d} is not divisible by --heads {heads}: each head gets d_model / heads "
+                             f"features; use a --d-model that is a multiple of {heads} (e.g. "
+                             f"{heads * max(1, round(d / heads))}) or --heads from {fits}")
         for heads in self.num_heads:
             for kv in self.num_kv_heads:
                 if kv is not None and heads % kv:
@@ -362,7 +370,7 @@ def load_toml(path: str | Path) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise SweepError(f"sweep file {path} is not valid TOML: {exc}") from exc
     if not data:  # not "run everything": a file that says nothing is a mistake (a wrong path, an unsaved editor)
-        raise SweepError(f"sweep file {path} is empty; give a [sweep] table (impl, seq, ...; README: Sweeps), or "
+        raise SweepError(f"sweep file {path} is empty; give a [sweep] table (impl, seq, ...; docs/sweeps.md), or "
                          "no file to run the default sweep")
     return data
 

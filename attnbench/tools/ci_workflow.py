@@ -87,7 +87,9 @@ def render(impls: list[str] | None = None, python: str = "3.11", torch: str = "t
            factor: float = 1.2, timeout_minutes: int = 60, attnbench_requirement: str = "attnbench[asv]") -> str:
     """The workflow's text. ``impls``: what ``check`` and the sweeps run (default: every implementation available,
     the project's entry-point plug-ins included); ``torch``: the pip requirement (``torch==2.5.1``)."""
-    from attnbench import __version__
+    from importlib.metadata import version as _dist_version
+
+    __version__ = _dist_version("attnbench")
 
     if factor <= 1:
         raise AttnbenchError(f"--factor {factor} must be above 1 (1.2: a 20% slowdown fails the gate)")

@@ -217,7 +217,7 @@ def _split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="Options after -- go to every `attnbench run` as they are, e.g. "
                                             "-- --target-ci 0.01 --cell-timeout 60.")
@@ -249,6 +249,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--load-limit", type=float, default=3600.0,
                         help="the generator stops by itself after this many seconds (default 3600); it stops anyway "
                              "when the runs are done or this tool exits")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = _parser()
     own, run_args = _split_run_args(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(own)
     args.run_args = run_args
@@ -259,65 +264,77 @@ def main(argv: list[str] | None = None) -> dict:
                      "and fewer runs would understate it")
     allocators = [a.strip() for a in args.cpu_allocator.split(",") if a.strip()]
     with tempfile.TemporaryDirectory(prefix="attnbench-repro-") as tmp:
-        out = Path(args.keep or tmp)
-        dirs: dict[str, list[Path]] = {a: [] for a in allocators}
         load = contention_load.Load(args.load, args.load_limit) if args.load else None
-        with machine_lock.measuring([args.device], purpose=f"attnbench reproducibility: {args.runs} runs"), \
-                (load if load is not None else contextlib.nullcontext()):
-            if load is not None:
-                print(load.describe(), flush=True)
-            for k in range(args.runs):
-                for allocator in allocators:
-                    print(f"run {k + 1}/{args.runs} --cpu-allocator {allocator} ...", flush=True)
-                    dirs[allocator].append(run_once(args, allocator, out / allocator))
-        summaries = {}
-        for allocator in allocators:
-            loaded = [load_run(d) for d in dirs[allocator]]
-            frames = [df for df, _ in loaded]
-            peaks = [m.get("peak_gflops", {}).get(f"{args.device}/float32") for _, m in loaded]
-            peaks = [p for p in peaks if isinstance(p, int | float)]
-            cells, summary = agreement(frames)
-            summary["drift_estimate"] = drift.estimate(frames)
-            summaries[allocator] = summary
-            print(f"\n--cpu-allocator {allocator}: {args.runs} runs, --rounds {args.rounds}, "
-                  f"--processes {args.processes}")
-            if len(cells):
-                shown = cells[["impl", "seq_len", "mode", "median_ms", "max_min", "ci_rel_pct", "coverage",
-                               "coverage_within", "unstable_runs"]]
-                print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-            print(f"max/min of a cell's median across runs: worst {summary['worst_max_min']:.3f}, mean "
-                  f"{summary['mean_max_min']:.3f}; CI covered another run's median in {summary['coverage_pct']:.0f}% "
-                  f"of pairs; pairwise rankings agreed in {summary['ranking_agreement_pct']:.0f}% of "
-                  f"{summary['pairs']} pairs; {summary['unstable_cells']} cell(s) flagged unstable in some run")
-            if args.speedups:
-                sp_cells, sp_summary = speedup_agreement(frames, args.baseline)
-                summary.update(sp_summary)
-                print_speedups(sp_cells, sp_summary)
-                summary["speedup_run_sd"] = speedup_spread.estimate_run_sd(frames)
-                if summary["speedup_run_sd"] is not None:
-                    print(f"speed-ups' run-level SD estimated from these runs (beyond their rounds' spread): "
-                          f"{100 * summary['speedup_run_sd']:.2f}%")
-            if load is not None:
-                summary["load"] = load.describe()
-            est = summary["drift_estimate"]
-            print(f"CIs included a between-run term of ±{100 * summary['drift_used']:.2f}%; the within-run CIs alone "
-                  f"covered {summary['coverage_within_pct']:.0f}%. Between-run term calibrated on these runs "
-                  f"(95% of a rerun's medians inside the widened CI): ±{100 * est['rel']:.2f}%")
-            if args.calibrate:
-                device_type = parse_device_type(args.device)
-                key = drift.machine_key(device_type, allocator)
-                settings = {"impl": args.impl, "seq": args.seq, "batch": args.batch, "heads": args.heads,
-                            "d_model": args.d_model, "mode": args.mode, "rounds": args.rounds,
-                            "processes": args.processes, "threads": args.threads, "device": args.device}
-                peak = float(np.median(peaks)) if peaks else None
-                entry = drift.calibration_entry(est, args.runs, settings, peak)
-                if args.speedups and summary.get("speedup_run_sd") is not None:
-                    entry[speedup_spread.CALIBRATION_KEY] = summary["speedup_run_sd"]
-                path = drift.save_calibration(key, entry)
-                print(f"calibrated: {key} -> ±{100 * est['rel']:.2f}% in {path}")
+        dirs = _run_all(args, allocators, Path(args.keep or tmp), load)
+        summaries = {allocator: _summarise(args, allocator, dirs[allocator], load) for allocator in allocators}
     if args.json:
         print(json.dumps(summaries))
     return summaries
+
+
+def _run_all(args, allocators: list[str], out: Path, load) -> dict[str, list[Path]]:
+    """``args.runs`` runs per allocator, interleaved, holding the machine's measurement lock (and the load, if any)."""
+    dirs: dict[str, list[Path]] = {a: [] for a in allocators}
+    with machine_lock.measuring([args.device], purpose=f"attnbench reproducibility: {args.runs} runs"), \
+            (load if load is not None else contextlib.nullcontext()):
+        if load is not None:
+            print(load.describe(), flush=True)
+        for k in range(args.runs):
+            for allocator in allocators:
+                print(f"run {k + 1}/{args.runs} --cpu-allocator {allocator} ...", flush=True)
+                dirs[allocator].append(run_once(args, allocator, out / allocator))
+    return dirs
+
+
+def _summarise(args, allocator: str, dirs: list[Path], load) -> dict:
+    """One allocator's agreement across its runs, printed; calibrated when ``--calibrate``; the summary."""
+    loaded = [load_run(d) for d in dirs]
+    frames = [df for df, _ in loaded]
+    peaks = [m.get("peak_gflops", {}).get(f"{args.device}/float32") for _, m in loaded]
+    peaks = [p for p in peaks if isinstance(p, int | float)]
+    cells, summary = agreement(frames)
+    summary["drift_estimate"] = drift.estimate(frames)
+    print(f"\n--cpu-allocator {allocator}: {args.runs} runs, --rounds {args.rounds}, "
+          f"--processes {args.processes}")
+    if len(cells):
+        shown = cells[["impl", "seq_len", "mode", "median_ms", "max_min", "ci_rel_pct", "coverage",
+                       "coverage_within", "unstable_runs"]]
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"max/min of a cell's median across runs: worst {summary['worst_max_min']:.3f}, mean "
+          f"{summary['mean_max_min']:.3f}; CI covered another run's median in {summary['coverage_pct']:.0f}% "
+          f"of pairs; pairwise rankings agreed in {summary['ranking_agreement_pct']:.0f}% of "
+          f"{summary['pairs']} pairs; {summary['unstable_cells']} cell(s) flagged unstable in some run")
+    if args.speedups:
+        sp_cells, sp_summary = speedup_agreement(frames, args.baseline)
+        summary.update(sp_summary)
+        print_speedups(sp_cells, sp_summary)
+        summary["speedup_run_sd"] = speedup_spread.estimate_run_sd(frames)
+        if summary["speedup_run_sd"] is not None:
+            print(f"speed-ups' run-level SD estimated from these runs (beyond their rounds' spread): "
+                  f"{100 * summary['speedup_run_sd']:.2f}%")
+    if load is not None:
+        summary["load"] = load.describe()
+    est = summary["drift_estimate"]
+    print(f"CIs included a between-run term of ±{100 * summary['drift_used']:.2f}%; the within-run CIs alone "
+          f"covered {summary['coverage_within_pct']:.0f}%. Between-run term calibrated on these runs "
+          f"(95% of a rerun's medians inside the widened CI): ±{100 * est['rel']:.2f}%")
+    if args.calibrate:
+        _calibrate(args, allocator, summary, peaks)
+    return summary
+
+
+def _calibrate(args, allocator: str, summary: dict, peaks: list[float]) -> None:
+    """Store the between-run term these runs estimate (and the speed-ups' run SD) as this machine's."""
+    est = summary["drift_estimate"]
+    key = drift.machine_key(parse_device_type(args.device), allocator)
+    settings = {"impl": args.impl, "seq": args.seq, "batch": args.batch, "heads": args.heads,
+                "d_model": args.d_model, "mode": args.mode, "rounds": args.rounds,
+                "processes": args.processes, "threads": args.threads, "device": args.device}
+    entry = drift.calibration_entry(est, args.runs, settings, float(np.median(peaks)) if peaks else None)
+    if args.speedups and summary.get("speedup_run_sd") is not None:
+        entry[speedup_spread.CALIBRATION_KEY] = summary["speedup_run_sd"]
+    path = drift.save_calibration(key, entry)
+    print(f"calibrated: {key} -> ±{100 * est['rel']:.2f}% in {path}")
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def check_resources(cells: Iterable[Cell], nodes: list[dict]) -> None:
     res = [n.get("Resources", {}) for n in alive]
     cells = list(cells)
     how = (f"start each node with `ray start ... --resources='{{\"{CPU_SLOT}\": 1}}'` "
-           "(see the README section on Ray)")
+           "(see docs/ray.md)")
     crowded = [(n.get("NodeManagerAddress", "?"), r[CPU_SLOT]) for n, r in zip(alive, res, strict=True)
                if r.get(CPU_SLOT, 0) > 1]
     if crowded:
