@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins import module_cache
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
@@ -80,6 +81,8 @@ class ContextPlan:
     use_cache: bool = False
     mask_form: MaskForm | None = None
     full_tables: bool = False  # (context_length, head_dim) tables the class indexes at its position
+    attr_cache: str | None = None  # an attribute the forward reads a caller-installed cache from (plugins.module_cache)
+    table_form: str = "complex"  # freqs_cis: "complex" (Meta) or "real", (..., head_dim // 2, 2) (gpt-fast); a probe decides
 
     @property
     def rope_style(self) -> str:
@@ -96,11 +99,15 @@ class ContextPlan:
         if self.tables:
             rows = "(context_length, head_dim) tables indexed by the class" if self.full_tables else \
                 "the rows of the step's positions"
+            form = {"complex": ", freqs_cis complex", "real": ", freqs_cis real (..., head_dim/2, 2) = (cos, sin)"}
             lines.append(f"bound {', '.join(self.tables)}: the spec's {self.rope_style} RoPE tables (neutral without "
-                         f"RoPE), {rows}")
+                         f"RoPE), {rows}{form[self.table_form] if 'freqs_cis' in self.tables else ''} "
+                         "(forms decided by a probe)")
         if self.position:
             lines.append(f"bound {self.position}: the absolute position of the step's first token "
                          f"({POSITION_NAMES[self.position]})")
+        if self.attr_cache:
+            lines.append(module_cache.describe(self.attr_cache))
         if self.cache:
             lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
@@ -183,7 +190,9 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         for name in plan.tables:
             if name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
                 half = cos.shape[-1] // 2
-                kwargs[name] = torch.complex(cos[:, :half].float(), sin[:, :half].float())
+                c, s = cos[:, :half], sin[:, :half]
+                kwargs[name] = torch.stack([c, s], -1) if plan.table_form == "real" else \
+                    torch.complex(c.float(), s.float())
             else:
                 kwargs[name] = (cos[None], sin[None]) if name == "position_embeddings" else cos if name == "cos" else sin
     if plan.position:
@@ -216,6 +225,11 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
     def forward(self, x, use_cache: bool = False, start_pos: int = 0):
         start = self._attnbench_pos if use_cache else start_pos
         cache = self._attnbench_cache if use_cache else None
+        if plan.attr_cache:  # installed while decoding (kept across steps), None otherwise (as built)
+            if use_cache and not isinstance(getattr(self, plan.attr_cache, None), module_cache.AppendingCache):
+                setattr(self, plan.attr_cache, module_cache.AppendingCache())
+            if not use_cache:
+                setattr(self, plan.attr_cache, None)
         out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan)
         if use_cache:
             self._attnbench_pos = start + x.shape[1]
@@ -226,6 +240,8 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
         if own_reset is not None:
             own_reset(self)
         self._attnbench_pos, self._attnbench_cache = 0, None
+        if plan.attr_cache:
+            setattr(self, plan.attr_cache, None)
 
     members = {"forward": forward, "reset_cache": reset_cache, "attnbench_context": plan,
                "__doc__": base.__doc__, "__module__": base.__module__}
@@ -238,6 +254,8 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
     """Causal on a probe? ``True`` when changing the last of 5 tokens changes only the last output; the exception,
     in words, when the call raises."""
     plan = replace(plan, mask_form=form, full_tables=full)
+    if plan.table_form == "real":  # real pairs cannot be told from a complex table by a neutral one: a real rotation
+        spec = replace(spec, rope_theta=10000.0)
     try:
         module = bind_context(build(spec).eval(), plan, spec)
     except Exception as exc:
@@ -264,12 +282,14 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     :class:`PluginLoadError` when none is."""
     probe = replace(probe, window=None, causal=True, context_length=max(probe.context_length, 9))
     table_forms = (True, False) if plan.position and plan.tables else (False,)
+    pair_forms = ("complex", "real") if "freqs_cis" in plan.tables else ("complex",)
     tried = []
-    for full in table_forms:
-        for form in (MASK_FORMS if plan.mask else (None,)):
-            verdict = _moves(build, plan, probe, form, full)
-            if verdict is True:
-                return replace(plan, mask_form=form, full_tables=full)
-            tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
+    for pairs in pair_forms:
+        for full in table_forms:
+            for form in (MASK_FORMS if plan.mask else (None,)):
+                verdict = _moves(build, replace(plan, table_form=pairs), probe, form, full)
+                if verdict is True:
+                    return replace(plan, mask_form=form, full_tables=full, table_form=pairs)
+                tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
     raise PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply "
                           f"({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")
