@@ -22,6 +22,8 @@ from attnbench.plugins.binding import ALIASES, Binding, hf_rope_scaling, spec_va
 from attnbench.spec import AttnSpec
 
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
+WHOLE_ROTARY = ("rotary_percentage", "partial_rotary_factor", "rotary_pct")
+"""Fractions of the head rotated: the spec's RoPE rotates all of it (1.0)."""
 _CONFIG_SUFFIXES = ("Config", "Args", "Params", "Hparams", "Configuration")
 
 
@@ -46,6 +48,8 @@ def own_config_type(target, param: str) -> type | None:
 def _field_value(name: str, spec: AttnSpec, values: dict):
     if name == "rope_scaling":
         return hf_rope_scaling(spec)
+    if name in WHOLE_ROTARY:
+        return 1.0
     field = _BY_NAME.get(name)
     if field is None:
         return None
@@ -67,16 +71,17 @@ def _tracking(cls: type) -> type:
                                         "__qualname__": cls.__qualname__})
 
 
-def config_factory(cls: type):
+def config_factory(cls: type, skip: tuple[str, ...] = ()):
     """``spec -> cls(...)``: the fields that name a spec field get its value (a value the spec does not have,
-    like ``rope_scaling=None``, keeps the class's default), the rest their defaults."""
+    like ``rope_scaling=None``, keeps the class's default), the rest, and those of the spec fields in ``skip``,
+    their defaults."""
     tracked = _tracking(cls)
 
     def make(spec: AttnSpec):
         values = spec_values(spec)
         kwargs = {}
         for f in dataclasses.fields(cls):
-            value = _field_value(f.name, spec, values) if f.init else None
+            value = _field_value(f.name, spec, values) if f.init and _BY_NAME.get(f.name) not in skip else None
             if value is not None:
                 kwargs[f.name] = value
         config = tracked(**kwargs)
@@ -86,12 +91,15 @@ def config_factory(cls: type):
     return make
 
 
-def describe(cls: type) -> str:
+def describe(cls: type, skip: tuple[str, ...] = ()) -> str:
     """``GPTConfig(n_head=num_heads, n_embd=d_in; defaults kept: vocab_size=32768, ...)``."""
     mapped, kept = [], []
     for f in dataclasses.fields(cls):
-        field = "rope_scaling" if f.name == "rope_scaling" else _BY_NAME.get(f.name)
-        if field is not None and f.init:
+        field = f.name if f.name == "rope_scaling" else "1.0 (all of the head)" if f.name in WHOLE_ROTARY else \
+            _BY_NAME.get(f.name)
+        if field in skip:
+            kept.append(f"{f.name}={f.default!r} (the mask forward takes carries the {field})")
+        elif field is not None and f.init:
             mapped.append(f"{f.name}={field}")
         elif f.default is not dataclasses.MISSING:
             kept.append(f"{f.name}={f.default!r}")
@@ -100,11 +108,12 @@ def describe(cls: type) -> str:
     return f"{cls.__name__}({', '.join(mapped)}; class defaults kept: {', '.join(kept) or 'none'})"
 
 
-def with_own_config(binding: Binding) -> Binding:
-    """``binding`` with its config parameter filled by the class's own config type, when it has one."""
+def with_own_config(binding: Binding, skip: tuple[str, ...] = ()) -> Binding:
+    """``binding`` with its config parameter filled by the class's own config type, when it has one; the spec fields
+    in ``skip`` (``window`` when ``forward`` takes a mask, which carries it) keep the class's defaults."""
     if binding.style != "config" or binding.config_factory is not None:
         return binding
     cls = own_config_type(binding.target, binding.config_param)
     if cls is None:
         return binding
-    return dataclasses.replace(binding, config_factory=config_factory(cls), config_note=describe(cls))
+    return dataclasses.replace(binding, config_factory=config_factory(cls, skip), config_note=describe(cls, skip))

@@ -38,7 +38,12 @@ from attnbench.plugins import module_cache
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
-TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "freqs_cis": "complex"}
+TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
+               "freqs_cis": "complex"}
+PAIR_NAMES = ("position_embeddings", "cos_sin")
+TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
+              "seq_half": "(1, T, 1, head_dim/2), each frequency once"}
+"""The shapes cos/sin tables can be given in (``""``: the default, tried first); a probe decides."""
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "README: Forwards that take their context"
@@ -82,6 +87,9 @@ class ContextPlan:
     mask_form: MaskForm | None = None
     full_tables: bool = False  # (context_length, head_dim) tables the class indexes at its position
     attr_cache: str | None = None  # an attribute the forward reads a caller-installed cache from (plugins.module_cache)
+    position_optional: bool = False  # the position defaults to None: None outside decoding may be what it expects
+    position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
+    table_dims: str = ""  # cos/sin shape (TABLE_DIMS), decided by a probe
     table_form: str = "complex"  # freqs_cis: "complex" (Meta) or "real", (..., head_dim // 2, 2) (gpt-fast); a probe decides
 
     @property
@@ -101,11 +109,13 @@ class ContextPlan:
                 "the rows of the step's positions"
             form = {"complex": ", freqs_cis complex", "real": ", freqs_cis real (..., head_dim/2, 2) = (cos, sin)"}
             lines.append(f"bound {', '.join(self.tables)}: the spec's {self.rope_style} RoPE tables (neutral without "
-                         f"RoPE), {rows}{form[self.table_form] if 'freqs_cis' in self.tables else ''} "
+                         f"RoPE), {rows}{form[self.table_form] if 'freqs_cis' in self.tables else ''}"
+                         f"{', shaped ' + TABLE_DIMS[self.table_dims] if self.table_dims else ''} "
                          "(forms decided by a probe)")
         if self.position:
             lines.append(f"bound {self.position}: the absolute position of the step's first token "
-                         f"({POSITION_NAMES[self.position]})")
+                         f"({POSITION_NAMES[self.position]})" + ("; None outside decoding (decided by a probe)"
+                                                                 if self.position_none else ""))
         if self.attr_cache:
             lines.append(module_cache.describe(self.attr_cache))
         if self.cache:
@@ -147,7 +157,9 @@ def plan_for(target) -> ContextPlan | None:
     if not (required or tables or position or cache):
         return None  # e.g. forward(x, attention_mask=None): it masks by itself
     mask = next((n for n in names if n in MASK_NAMES), None)
-    return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names)
+    optional = any(p.name == position and p.default is None for p in rest)
+    return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
+                       position_optional=optional)
 
 
 def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:
@@ -193,9 +205,13 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
                 c, s = cos[:, :half], sin[:, :half]
                 kwargs[name] = torch.stack([c, s], -1) if plan.table_form == "real" else \
                     torch.complex(c.float(), s.float())
+            elif name in PAIR_NAMES:
+                kwargs[name] = (_shaped(cos, plan.table_dims or "3d"), _shaped(sin, plan.table_dims or "3d"))
             else:
-                kwargs[name] = (cos[None], sin[None]) if name == "position_embeddings" else cos if name == "cos" else sin
-    if plan.position:
+                kwargs[name] = _shaped(cos if name == "cos" else sin, plan.table_dims)
+    if plan.position and plan.position_none and not decoding:
+        kwargs[plan.position] = None
+    elif plan.position:
         kind = POSITION_NAMES[plan.position]
         ids = torch.arange(start, start + T, device=device)
         kwargs[plan.position] = start if kind == "int" else ids[None] if kind.startswith("ids (1") else ids
@@ -204,6 +220,13 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     if plan.use_cache:
         kwargs["use_cache"] = decoding
     return kwargs
+
+
+def _shaped(table: torch.Tensor, dims: str) -> torch.Tensor:
+    """A ``(T, head_dim)`` half-style table in the shape ``dims`` (:data:`TABLE_DIMS`)."""
+    if dims == "seq_half":
+        return table[:, : table.shape[-1] // 2][None, :, None]
+    return table[None] if dims == "3d" else table[None, None] if dims == "4d" else table
 
 
 def _split(result, plan: ContextPlan):
@@ -282,14 +305,20 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     :class:`PluginLoadError` when none is."""
     probe = replace(probe, window=None, causal=True, context_length=max(probe.context_length, 9))
     table_forms = (True, False) if plan.position and plan.tables else (False,)
-    pair_forms = ("complex", "real") if "freqs_cis" in plan.tables else ("complex",)
+    shapes = [("complex", "")]
+    shapes += [("real", "")] if "freqs_cis" in plan.tables else []
+    shapes += [("complex", d) for d in TABLE_DIMS if d] if {"cos", *PAIR_NAMES} & set(plan.tables) else []
+    if plan.position_optional:
+        shapes += [(p, d, True) for p, d in shapes]
     tried = []
-    for pairs in pair_forms:
+    for pairs, dims, *none in shapes:
+        plan = replace(plan, position_none=bool(none))
         for full in table_forms:
             for form in (MASK_FORMS if plan.mask else (None,)):
-                verdict = _moves(build, replace(plan, table_form=pairs), probe, form, full)
+                chosen = replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
+                verdict = _moves(build, chosen, probe, form, full)
                 if verdict is True:
-                    return replace(plan, mask_form=form, full_tables=full, table_form=pairs)
+                    return chosen
                 tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
     raise PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply "
                           f"({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")

@@ -377,13 +377,22 @@ def refuse_if_cannot_run(binding: Binding) -> None:
                                   "device") from None
 
 
+def _takes_mask(target) -> bool:
+    """Does ``target.forward`` take a mask attnbench supplies (so the mask, not a config field, carries a window)?"""
+    try:
+        plan = plan_for(target)
+    except PluginLoadError:  # reported where the plan is made, after the class is known to build here
+        return False
+    return plan is not None and plan.mask is not None
+
+
 def implementation_fields(obj, source: str) -> dict:
     """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
     constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
     declared ``attnbench_capabilities`` (which win over what is inferred)."""
     from attnbench.plugins.layout import with_layout
 
-    binding = with_own_config(bind(obj))
+    binding = with_own_config(bind(obj), skip=("window",) if _takes_mask(obj) else ())
     refuse_if_cannot_run(binding)
     inferred: dict = {}
     if binding.same_width_only:
