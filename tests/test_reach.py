@@ -146,3 +146,34 @@ def test_what_cannot_run_here_is_one_line_naming_the_cause(repo_cwd, capsys, tar
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
     assert cause in lines[0] and "Traceback" not in out + err and "not causal" not in err
+
+
+def test_litgpt_conventions_3d_tables_position_none_and_its_own_window(repo_cwd):
+    impl = registry.get(R + "litgpt_style.py:CausalSelfAttention")
+    plan, binding = impl.factory.context, impl.factory.binding
+    assert (plan.table_dims, plan.position_none, plan.mask_form.kind) == ("3d", True, "keep")
+    assert binding.extras == (("block_idx", 0),)
+    config = binding.make_config(replace(SPEC, window=3))
+    assert (config.n_query_groups, config.head_size, config.rope_n_elem, config.bias) == (2, 8, 8, False)
+    assert config.sliding_window_size is None  # the mask carries the window: the class's own causal one stays off
+    assert "sliding_window_size=None (the mask forward takes carries the window)" in binding.describe()
+    df = run_matrix([R + "litgpt_style.py:CausalSelfAttention"], kinds=["forward"])
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
+    assert df[df["shape"].str.contains("noncausal_mqa_window|rope")].status.eq("pass").any()
+
+
+def test_nanochat_cos_sin_tuple_of_half_width_4d_tables(repo_cwd):
+    impl = registry.get(R + "nanochat_tables.py:CausalSelfAttention")
+    assert (impl.factory.context.tables, impl.factory.context.table_dims) == (("cos_sin",), "seq_half")
+    df = run_matrix([R + "nanochat_tables.py:CausalSelfAttention"], kinds=["forward"])
+    rope = df[df["shape"].str.contains("rope")]
+    assert (rope.status == "pass").sum() >= 2, df[df.status != "pass"].message.tolist()
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
+
+
+@pytest.mark.slow
+def test_real_litgpt_class_passes_check_unchanged(capsys):
+    pytest.importorskip("litgpt.model", reason="litgpt is not installed (pip install litgpt)")
+    code, out, err = cli(["check", "litgpt.model:CausalSelfAttention"], capsys)
+    assert code == 0, out + err
+    assert "litgpt.model:CausalSelfAttention: PASS" in out
