@@ -162,12 +162,14 @@ def test_litgpt_conventions_3d_tables_position_none_and_its_own_window(repo_cwd)
     assert df[df["shape"].str.contains("noncausal_mqa_window|rope")].status.eq("pass").any()
 
 
-def test_nanochat_cos_sin_tuple_of_half_width_4d_tables(repo_cwd):
+def test_nanochat_cos_sin_tuple_of_half_width_4d_tables_ve_and_window_size(repo_cwd):
     impl = registry.get(R + "nanochat_tables.py:CausalSelfAttention")
-    assert (impl.factory.context.tables, impl.factory.context.table_dims) == (("cos_sin",), "seq_half")
+    plan = impl.factory.context
+    assert (plan.tables, plan.table_dims, plan.nones, plan.window_arg) == (("cos_sin",), "seq_half", ("ve",), "window_size")
+    assert impl.sliding_window is True
     df = run_matrix([R + "nanochat_tables.py:CausalSelfAttention"], kinds=["forward"])
-    rope = df[df["shape"].str.contains("rope")]
-    assert (rope.status == "pass").sum() >= 2, df[df.status != "pass"].message.tolist()
+    rope, window = df[df["shape"].str.contains("rope")], df[df["shape"].str.contains("window")]
+    assert (rope.status == "pass").sum() >= 2 and (window.status == "pass").sum() >= 2, df[df.status != "pass"].message.tolist()
     assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
 
 

@@ -45,6 +45,10 @@ TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_d
               "seq_half": "(1, T, 1, head_dim/2), each frequency once"}
 """The shapes cos/sin tables can be given in (``""``: the default, tried first); a probe decides."""
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
+NONE_NAMES = ("ve", "value_embeds", "value_embed", "v_first", "value_residual")
+"""Optional extra inputs a layer mixes in when its model gives them (nanochat's value embeddings): ``None``."""
+WINDOW_ARGS = ("window_size",)
+"""A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "README: Forwards that take their context"
 SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin) or freqs_cis; "
@@ -87,6 +91,8 @@ class ContextPlan:
     mask_form: MaskForm | None = None
     full_tables: bool = False  # (context_length, head_dim) tables the class indexes at its position
     attr_cache: str | None = None  # an attribute the forward reads a caller-installed cache from (plugins.module_cache)
+    nones: tuple[str, ...] = ()  # optional extra inputs (NONE_NAMES): None
+    window_arg: str | None = None  # a (left, right) window argument (WINDOW_ARGS)
     position_optional: bool = False  # the position defaults to None: None outside decoding may be what it expects
     position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
     table_dims: str = ""  # cos/sin shape (TABLE_DIMS), decided by a probe
@@ -118,6 +124,10 @@ class ContextPlan:
                                                                  if self.position_none else ""))
         if self.attr_cache:
             lines.append(module_cache.describe(self.attr_cache))
+        if self.nones:
+            lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in; none here)")
+        if self.window_arg:
+            lines.append(f"bound {self.window_arg}: the spec's window as (left, right): (window - 1, 0), (-1, 0) for none")
         if self.cache:
             lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
@@ -140,7 +150,8 @@ def plan_for(target) -> ContextPlan | None:
         return None
     x, rest = named[0].name, named[1:]
     names = [p.name for p in rest]
-    known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"}
+    known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"} | \
+        set(NONE_NAMES) | set(WINDOW_ARGS)
     unknown = [p.name for p in rest if p.default is p.empty and p.name not in known]
     name = getattr(target, "__qualname__", repr(target))
     if unknown:
@@ -154,12 +165,13 @@ def plan_for(target) -> ContextPlan | None:
                               f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
     position = next((n for n in names if n in POSITION_NAMES), None)
     cache = next((n for n in names if n in CACHE_NAMES), None)
-    if not (required or tables or position or cache):
+    if not (required or tables or position or cache or any(n in WINDOW_ARGS for n in names)):
         return None  # e.g. forward(x, attention_mask=None): it masks by itself
     mask = next((n for n in names if n in MASK_NAMES), None)
     optional = any(p.name == position and p.default is None for p in rest)
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
-                       position_optional=optional)
+                       position_optional=optional, nones=tuple(n for n in names if n in NONE_NAMES),
+                       window_arg=next((n for n in names if n in WINDOW_ARGS), None))
 
 
 def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:
@@ -215,6 +227,10 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         kind = POSITION_NAMES[plan.position]
         ids = torch.arange(start, start + T, device=device)
         kwargs[plan.position] = start if kind == "int" else ids[None] if kind.startswith("ids (1") else ids
+    kwargs.update(dict.fromkeys(plan.nones))
+    if plan.window_arg:
+        left = -1 if spec.window is None else spec.window - 1
+        kwargs[plan.window_arg] = (left, 0 if spec.causal else left)
     if plan.cache:
         kwargs[plan.cache] = cache
     if plan.use_cache:

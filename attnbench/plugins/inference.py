@@ -261,6 +261,9 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
     if plan.tables and "rope" not in declared:
         caps["rope"] = (plan.rope_style,)
         lines.append(f"rope: {plan.rope_style} (forward takes {', '.join(plan.tables)}: attnbench supplies the spec's tables)")
+    if plan.window_arg and not plan.mask and "sliding_window" not in declared:
+        caps["sliding_window"] = True
+        lines.append(f"sliding_window: yes (forward takes {plan.window_arg}: attnbench supplies the spec's window)")
     if plan.mask:
         for key in ("sliding_window", "non_causal"):
             if key not in declared:

@@ -1,5 +1,7 @@
-"""nanochat's table convention only: rotary tables passed as one ``cos_sin`` tuple of ``(1, T, 1, head_dim/2)``
-tensors (each frequency once), q/k in ``(B, T, H, D)``, rotated by +theta here (nanochat itself rotates by -theta)."""
+"""nanochat's forward conventions, without its QK-norm and its rotation by -theta: ``forward(x, ve, cos_sin,
+window_size)`` with value embeddings ``ve`` (None when the model has none for this layer), rotary tables passed as
+one ``cos_sin`` tuple of ``(1, T, 1, head_dim/2)`` tensors (each frequency once), q/k in ``(B, T, H, D)``, and a
+flash-attention style ``(left, right)`` window (-1 = unlimited)."""
 
 from dataclasses import dataclass
 
@@ -33,11 +35,16 @@ class CausalSelfAttention(nn.Module):
         self.c_v = nn.Linear(self.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(self.n_embd, self.n_embd, bias=False)
 
-    def forward(self, x, cos_sin):
+    def forward(self, x, ve, cos_sin, window_size):
+        assert ve is None
         B, T, _ = x.shape
         cos, sin = cos_sin
         q = rotate(self.c_q(x).view(B, T, self.n_head, self.head_dim), cos, sin).transpose(1, 2)
         k = rotate(self.c_k(x).view(B, T, self.n_kv_head, self.head_dim), cos, sin).transpose(1, 2)
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        i = torch.arange(T)
+        keep = i[None, :] <= i[:, None]
+        if window_size[0] >= 0:
+            keep = keep & (i[:, None] - i[None, :] <= window_size[0])
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_embd))
