@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins import module_cache
+from attnbench.plugins.module_cache import AppendingCache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
@@ -123,7 +123,7 @@ class ContextPlan:
                          f"({POSITION_NAMES[self.position]})" + ("; None outside decoding (decided by a probe)"
                                                                  if self.position_none else ""))
         if self.attr_cache:
-            lines.append(module_cache.describe(self.attr_cache))
+            lines.append(describe_attr_cache(self.attr_cache))
         if self.nones:
             lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in; none here)")
         if self.window_arg:
@@ -265,8 +265,8 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
         start = self._attnbench_pos if use_cache else start_pos
         cache = self._attnbench_cache if use_cache else None
         if plan.attr_cache:  # installed while decoding (kept across steps), None otherwise (as built)
-            if use_cache and not isinstance(getattr(self, plan.attr_cache, None), module_cache.AppendingCache):
-                setattr(self, plan.attr_cache, module_cache.AppendingCache())
+            if use_cache and not isinstance(getattr(self, plan.attr_cache, None), AppendingCache):
+                setattr(self, plan.attr_cache, AppendingCache())
             if not use_cache:
                 setattr(self, plan.attr_cache, None)
         out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan)

@@ -60,7 +60,7 @@ def cache_attr(target) -> str | None:
     return None
 
 
-def describe(name: str) -> str:
+def describe_attr_cache(name: str) -> str:
     """The ``check -v`` line for a plan with a module-attribute cache."""
     return (f"bound self.{name}: None outside decoding (as built); while decoding a cache object whose "
             "update(input_pos, k, v) appends the step's keys and values and returns them all")
