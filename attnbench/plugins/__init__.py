@@ -4,6 +4,10 @@
   ``NAME=target`` display names;
 * :mod:`~attnbench.plugins.binding` calls the constructor with the spec by parameter name (with the
   aliases common codebases use), or with a config object, and reads ``attnbench_capabilities``;
+* :mod:`~attnbench.plugins.configs` fills a config parameter with the class's own config dataclass
+  (gpt-fast's ``ModelArgs``, nanochat's ``GPTConfig``, litgpt's ``Config``), its fields mapped by meaning;
+* :mod:`~attnbench.plugins.module_cache` installs a cache object on a class that reads ``self.kv_cache``
+  (gpt-fast, litgpt-style), and documents the ``attnbench_cache_attr`` protocol;
 * :mod:`~attnbench.plugins.layout` finds where the canonical weights live in the built module (separate,
   fused, per-head or ``nn.MultiheadAttention`` projections) and turns that into an
   :class:`~attnbench.weights.Adapter`, so most classes need no hand-written glue;

@@ -24,9 +24,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "d_out": ("d_out", "out_features", "output_dim", "out_dim", "dim_out"),
     "num_heads": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_head"),
     # num_kv_groups: the book's (chapter 4) name for the number of key/value heads
-    "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "kv_heads", "num_kv_groups"),
+    # n_local_heads (gpt-fast), n_query_groups (litgpt): the number of key/value heads under another name
+    "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "kv_heads", "num_kv_groups",
+                     "n_local_heads", "n_query_groups"),
     "context_length": ("context_length", "block_size", "max_seq_len", "max_position_embeddings", "max_len",
-                       "max_seq_length", "seq_len", "context_len", "n_ctx", "n_positions", "max_length"),
+                       "max_seq_length", "seq_len", "context_len", "n_ctx", "n_positions", "max_length",
+                       "sequence_len"),
     "dropout": ("dropout", "attn_pdrop", "attention_dropout", "p", "attn_dropout", "dropout_p", "attn_drop",
                 "attention_probs_dropout_prob", "dropout_rate", "attn_dropout_rate", "dropout_prob"),
     "qkv_bias": ("qkv_bias", "bias", "use_bias", "attention_bias", "add_bias", "use_qkv_bias"),
@@ -52,6 +55,9 @@ RESIDUAL_DROPOUT = ("resid_pdrop", "resid_dropout", "residual_dropout", "hidden_
 """Names of a separate residual/output dropout: they get 0.0, because the canonical layer's only dropout
 is on the attention weights (a single field that sets both, like nanoGPT's ``dropout``, gets the spec's)."""
 
+INDEX_NAMES = ("layer_idx", "block_idx", "layer_id", "layer_index", "layer_number", "layer_num", "block_index",
+               "idx", "index")
+"""A constructor's layer index (``Attention(config, layer_idx)``): attnbench builds one layer, index 0."""
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "model_args", "hp", "settings", "opt")
 _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
@@ -129,6 +135,13 @@ class Binding:
     style: str
     params: tuple[tuple[str, str], ...] = ()  # (parameter, spec field or "residual_dropout")
     config_param: str = ""
+    extras: tuple[tuple[str, object], ...] = ()  # fixed arguments: a layer index (INDEX_NAMES) gets 0
+    config_factory: Callable | None = None  # spec -> the class's own config object (plugins.configs); else SpecConfig
+    config_note: str = ""  # how that config is filled, for check -v
+
+    def make_config(self, spec: AttnSpec):
+        """The config object the constructor receives for ``spec``."""
+        return self.config_factory(spec) if self.config_factory is not None else SpecConfig.for_spec(spec)
 
     @property
     def fields(self) -> set[str]:
@@ -149,7 +162,7 @@ class Binding:
         if self.style == "spec":
             return self.target(spec)
         if self.style == "config":
-            return self.target(**{self.config_param: SpecConfig.for_spec(spec)})
+            return self.target(**{self.config_param: self.make_config(spec)}, **dict(self.extras))
         if self.style == "positional":
             args = [values[f] for f in _BOOK_ORDER]
             return self.target(*args[:-1], qkv_bias=args[-1]) if self._takes_qkv_keyword() else self.target(*args)
@@ -157,7 +170,7 @@ class Binding:
         kwargs = {}
         for param, field in self.params:
             kwargs[param] = 0.0 if field == "residual_dropout" else width if field == "d_in" else values[field]
-        return self.target(**kwargs)
+        return self.target(**kwargs, **dict(self.extras))
 
     def _takes_qkv_keyword(self) -> bool:
         params = _signature(self.target).parameters.values()
@@ -168,11 +181,14 @@ class Binding:
         name = getattr(self.target, "__qualname__", repr(self.target))
         if self.style == "spec":
             return f"{name}(spec)"
+        extras = "".join(f", {p}={v!r}" for p, v in self.extras)
+        extras += " (one layer is built: its index is 0)" if extras else ""
         if self.style == "config":
-            return f"{name}({self.config_param}=<config with n_embd, n_head, block_size, dropout, bias, ...>)"
+            config = self.config_note or "<config with n_embd, n_head, block_size, dropout, bias, ...>"
+            return f"{name}({self.config_param}={config}{extras})"
         if self.style == "positional":
             return f"{name}({', '.join(_BOOK_ORDER)}) by position"
-        return f"{name}({', '.join(f'{p}={f}' for p, f in self.params)})"
+        return f"{name}({', '.join(f'{p}={f}' for p, f in self.params)}{extras})"
 
 
 def _signature(target) -> inspect.Signature:
@@ -188,13 +204,15 @@ def bind(target: Callable) -> Binding:
     when a required parameter is neither a known name nor fillable by position."""
     sig = _signature(target)
     named = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    extras = tuple((p.name, 0) for p in named if p.name in INDEX_NAMES and p.default is p.empty)
+    named = [p for p in named if p.name not in dict(extras)]
     required = [p for p in named if p.default is p.empty]
     known = [(p.name, _BY_NAME[p.name]) for p in named if p.name in _BY_NAME]
     known += [(p.name, "residual_dropout") for p in named if p.name in RESIDUAL_DROPOUT]
     if not inspect.isclass(target) and len(named) >= 1 and (named[0].name == "spec" or (len(required) <= 1 and not known)):
         return Binding(target, "spec")
     if len(required) == 1 and not known and (required[0].name in CONFIG_NAMES or required[0].name.endswith(("config", "cfg"))):
-        return Binding(target, "config", config_param=required[0].name)
+        return Binding(target, "config", config_param=required[0].name, extras=extras)
     if not known or (required and not any(p.name in dict(known) for p in required)):
         return Binding(target, "positional")  # no required parameter's name says what it is
     unknown = [p.name for p in required if p.name not in dict(known)]
@@ -205,7 +223,7 @@ def bind(target: Callable) -> Binding:
             f"for {', '.join(map(repr, unknown))} (it binds parameters by name: {_alias_summary()}); give "
             f"{'them defaults' if len(unknown) > 1 else 'it a default'}, rename, or point --impl at a factory "
             f"make_attention(spec) ({GUIDE})")
-    return Binding(target, "keywords", params=tuple(known))
+    return Binding(target, "keywords", params=tuple(known), extras=extras)
 
 
 def _alias_summary() -> str:

@@ -96,7 +96,8 @@ def _state(module: nn.Module, copies: bool) -> list[_Entry]:
     seen: set[int] = set()
 
     def visit(holder, kind, key, value, depth) -> None:
-        if isinstance(value, nn.Module | nn.Parameter) or callable(value) and not isinstance(value, torch.Tensor):
+        if isinstance(value, nn.Module | nn.Parameter) or callable(value) and not isinstance(value, torch.Tensor) \
+                and not getattr(value, "attnbench_state", False):  # a callable cache object that says it is state
             return
         entry = _Entry(holder, kind, key, value)
         entries.append(entry)

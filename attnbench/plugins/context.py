@@ -34,11 +34,21 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins.module_cache import AppendingCache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
-TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "freqs_cis": "complex"}
+TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
+               "freqs_cis": "complex"}
+PAIR_NAMES = ("position_embeddings", "cos_sin")
+TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
+              "seq_half": "(1, T, 1, head_dim/2), each frequency once"}
+"""The shapes cos/sin tables can be given in (``""``: the default, tried first); a probe decides."""
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
+NONE_NAMES = ("ve", "value_embeds", "value_embed", "v_first", "value_residual")
+"""Optional extra inputs a layer mixes in when its model gives them (nanochat's value embeddings): ``None``."""
+WINDOW_ARGS = ("window_size",)
+"""A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "docs/own-attention.md: Forwards that take their context"
 SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin) or freqs_cis; "
@@ -80,6 +90,13 @@ class ContextPlan:
     use_cache: bool = False
     mask_form: MaskForm | None = None
     full_tables: bool = False  # (context_length, head_dim) tables the class indexes at its position
+    attr_cache: str | None = None  # an attribute the forward reads a caller-installed cache from (plugins.module_cache)
+    nones: tuple[str, ...] = ()  # optional extra inputs (NONE_NAMES): None
+    window_arg: str | None = None  # a (left, right) window argument (WINDOW_ARGS)
+    position_optional: bool = False  # the position defaults to None: None outside decoding may be what it expects
+    position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
+    table_dims: str = ""  # cos/sin shape (TABLE_DIMS), decided by a probe
+    table_form: str = "complex"  # freqs_cis: "complex" (Meta) or "real", (..., head_dim // 2, 2) (gpt-fast); a probe decides
 
     @property
     def rope_style(self) -> str:
@@ -96,11 +113,21 @@ class ContextPlan:
         if self.tables:
             rows = "(context_length, head_dim) tables indexed by the class" if self.full_tables else \
                 "the rows of the step's positions"
+            form = {"complex": ", freqs_cis complex", "real": ", freqs_cis real (..., head_dim/2, 2) = (cos, sin)"}
             lines.append(f"bound {', '.join(self.tables)}: the spec's {self.rope_style} RoPE tables (neutral without "
-                         f"RoPE), {rows}")
+                         f"RoPE), {rows}{form[self.table_form] if 'freqs_cis' in self.tables else ''}"
+                         f"{', shaped ' + TABLE_DIMS[self.table_dims] if self.table_dims else ''} "
+                         "(forms decided by a probe)")
         if self.position:
             lines.append(f"bound {self.position}: the absolute position of the step's first token "
-                         f"({POSITION_NAMES[self.position]})")
+                         f"({POSITION_NAMES[self.position]})" + ("; None outside decoding (decided by a probe)"
+                                                                 if self.position_none else ""))
+        if self.attr_cache:
+            lines.append(describe_attr_cache(self.attr_cache))
+        if self.nones:
+            lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in; none here)")
+        if self.window_arg:
+            lines.append(f"bound {self.window_arg}: the spec's window as (left, right): (window - 1, 0), (-1, 0) for none")
         if self.cache:
             lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
@@ -123,7 +150,8 @@ def plan_for(target) -> ContextPlan | None:
         return None
     x, rest = named[0].name, named[1:]
     names = [p.name for p in rest]
-    known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"}
+    known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"} | \
+        set(NONE_NAMES) | set(WINDOW_ARGS)
     unknown = [p.name for p in rest if p.default is p.empty and p.name not in known]
     name = getattr(target, "__qualname__", repr(target))
     if unknown:
@@ -137,10 +165,13 @@ def plan_for(target) -> ContextPlan | None:
                               f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
     position = next((n for n in names if n in POSITION_NAMES), None)
     cache = next((n for n in names if n in CACHE_NAMES), None)
-    if not (required or tables or position or cache):
+    if not (required or tables or position or cache or any(n in WINDOW_ARGS for n in names)):
         return None  # e.g. forward(x, attention_mask=None): it masks by itself
     mask = next((n for n in names if n in MASK_NAMES), None)
-    return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names)
+    optional = any(p.name == position and p.default is None for p in rest)
+    return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
+                       position_optional=optional, nones=tuple(n for n in names if n in NONE_NAMES),
+                       window_arg=next((n for n in names if n in WINDOW_ARGS), None))
 
 
 def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:
@@ -183,18 +214,35 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         for name in plan.tables:
             if name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
                 half = cos.shape[-1] // 2
-                kwargs[name] = torch.complex(cos[:, :half].float(), sin[:, :half].float())
+                c, s = cos[:, :half], sin[:, :half]
+                kwargs[name] = torch.stack([c, s], -1) if plan.table_form == "real" else \
+                    torch.complex(c.float(), s.float())
+            elif name in PAIR_NAMES:
+                kwargs[name] = (_shaped(cos, plan.table_dims or "3d"), _shaped(sin, plan.table_dims or "3d"))
             else:
-                kwargs[name] = (cos[None], sin[None]) if name == "position_embeddings" else cos if name == "cos" else sin
-    if plan.position:
+                kwargs[name] = _shaped(cos if name == "cos" else sin, plan.table_dims)
+    if plan.position and plan.position_none and not decoding:
+        kwargs[plan.position] = None
+    elif plan.position:
         kind = POSITION_NAMES[plan.position]
         ids = torch.arange(start, start + T, device=device)
         kwargs[plan.position] = start if kind == "int" else ids[None] if kind.startswith("ids (1") else ids
+    kwargs.update(dict.fromkeys(plan.nones))
+    if plan.window_arg:
+        left = -1 if spec.window is None else spec.window - 1
+        kwargs[plan.window_arg] = (left, 0 if spec.causal else left)
     if plan.cache:
         kwargs[plan.cache] = cache
     if plan.use_cache:
         kwargs["use_cache"] = decoding
     return kwargs
+
+
+def _shaped(table: torch.Tensor, dims: str) -> torch.Tensor:
+    """A ``(T, head_dim)`` half-style table in the shape ``dims`` (:data:`TABLE_DIMS`)."""
+    if dims == "seq_half":
+        return table[:, : table.shape[-1] // 2][None, :, None]
+    return table[None] if dims == "3d" else table[None, None] if dims == "4d" else table
 
 
 def _split(result, plan: ContextPlan):
@@ -216,6 +264,11 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
     def forward(self, x, use_cache: bool = False, start_pos: int = 0):
         start = self._attnbench_pos if use_cache else start_pos
         cache = self._attnbench_cache if use_cache else None
+        if plan.attr_cache:  # installed while decoding (kept across steps), None otherwise (as built)
+            if use_cache and not isinstance(getattr(self, plan.attr_cache, None), AppendingCache):
+                setattr(self, plan.attr_cache, AppendingCache())
+            if not use_cache:
+                setattr(self, plan.attr_cache, None)
         out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan)
         if use_cache:
             self._attnbench_pos = start + x.shape[1]
@@ -226,6 +279,8 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
         if own_reset is not None:
             own_reset(self)
         self._attnbench_pos, self._attnbench_cache = 0, None
+        if plan.attr_cache:
+            setattr(self, plan.attr_cache, None)
 
     members = {"forward": forward, "reset_cache": reset_cache, "attnbench_context": plan,
                "__doc__": base.__doc__, "__module__": base.__module__}
@@ -238,6 +293,8 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
     """Causal on a probe? ``True`` when changing the last of 5 tokens changes only the last output; the exception,
     in words, when the call raises."""
     plan = replace(plan, mask_form=form, full_tables=full)
+    if plan.table_form == "real":  # real pairs cannot be told from a complex table by a neutral one: a real rotation
+        spec = replace(spec, rope_theta=10000.0)
     try:
         module = bind_context(build(spec).eval(), plan, spec)
     except Exception as exc:
@@ -264,12 +321,20 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     :class:`PluginLoadError` when none is."""
     probe = replace(probe, window=None, causal=True, context_length=max(probe.context_length, 9))
     table_forms = (True, False) if plan.position and plan.tables else (False,)
+    shapes = [("complex", "")]
+    shapes += [("real", "")] if "freqs_cis" in plan.tables else []
+    shapes += [("complex", d) for d in TABLE_DIMS if d] if {"cos", *PAIR_NAMES} & set(plan.tables) else []
+    if plan.position_optional:
+        shapes += [(p, d, True) for p, d in shapes]
     tried = []
-    for full in table_forms:
-        for form in (MASK_FORMS if plan.mask else (None,)):
-            verdict = _moves(build, plan, probe, form, full)
-            if verdict is True:
-                return replace(plan, mask_form=form, full_tables=full)
-            tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
+    for pairs, dims, *none in shapes:
+        plan = replace(plan, position_none=bool(none))
+        for full in table_forms:
+            for form in (MASK_FORMS if plan.mask else (None,)):
+                chosen = replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
+                verdict = _moves(build, chosen, probe, form, full)
+                if verdict is True:
+                    return chosen
+                tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
     raise PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply "
                           f"({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")

@@ -23,9 +23,12 @@ from dataclasses import replace
 import torch
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, SpecConfig, bind, capabilities
+from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, bind, capabilities
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
+from attnbench.plugins.configs import with_own_config
 from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe_mask
+from attnbench.plugins.loading import IMPORTED, first_line, import_failure
+from attnbench.plugins.module_cache import cache_attr
 from attnbench.spec import AttnSpec
 
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
@@ -52,10 +55,10 @@ def config_fields_read(binding: Binding) -> list[str] | None:
         return None
     from attnbench.plugins.layout import SQUARE_PROBE
 
-    config = SpecConfig.for_spec(replace(SQUARE_PROBE, num_kv_heads=2, rope_theta=10000.0))  # a class may need a theta
+    config = binding.make_config(replace(SQUARE_PROBE, num_kv_heads=2, rope_theta=10000.0))  # a class may need a theta
     config.__dict__["_attnbench_read"] = []
     try:
-        binding.target(**{binding.config_param: config})
+        binding.target(**{binding.config_param: config}, **dict(binding.extras))
     except Exception:  # refuses the probe: nothing inferred from its config (the cases show what it does)
         return None
     return list(config.__dict__["_attnbench_read"])
@@ -272,6 +275,8 @@ def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
     plan = plan_for(target)
     if plan is None:
         return None
+    if plan.cache is None:
+        plan = replace(plan, attr_cache=cache_attr(target))
     return probe_mask(binding, plan, SQUARE_PROBE if binding.same_width_only else PROBE)
 
 
@@ -283,11 +288,18 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
     if plan.tables and "rope" not in declared:
         caps["rope"] = (plan.rope_style,)
         lines.append(f"rope: {plan.rope_style} (forward takes {', '.join(plan.tables)}: attnbench supplies the spec's tables)")
+    if plan.window_arg and not plan.mask and "sliding_window" not in declared:
+        caps["sliding_window"] = True
+        lines.append(f"sliding_window: yes (forward takes {plan.window_arg}: attnbench supplies the spec's window)")
     if plan.mask:
         for key in ("sliding_window", "non_causal"):
             if key not in declared:
                 caps[key] = True
                 lines.append(f"{key}: yes (forward takes {plan.mask}: attnbench supplies the mask's content)")
+    if plan.attr_cache and "kv_cache" not in declared:
+        caps["kv_cache"] = True
+        lines.append(f"kv_cache: yes (forward reads self.{plan.attr_cache}, a cache object its caller installs; a "
+                     "step is undone by restoring that object's state)")
     if plan.cache and "kv_cache" not in declared:
         returned = _returns_cache(binding, plan)
         caps["kv_cache"] = returned is None
@@ -359,13 +371,59 @@ def _confirm_kv(binding: Binding, name: str, param: str) -> str:
     return f"confirmed: with {probe.num_kv_heads} kv heads of {probe.head_dim} its key/value projections are {probe.kv_dim} wide"
 
 
+_CUDA_WORDS = ("cuda", "nvidia driver", "nccl")
+_DISTRIBUTED_WORDS = ("model parallel", "model_parallel", "process group", "process_group", "torch.distributed",
+                      "init_process_group")
+
+
+def environment_cause(exc: BaseException) -> str | None:
+    """Why a constructor cannot run on this machine, when what it raised says so: a missing package, CUDA
+    (``.cuda()`` on a machine without it), or a distributed/model-parallel setup nobody initialised."""
+    if isinstance(exc, ImportError):
+        return import_failure("it imports at build time and", exc).removeprefix("it imports at build time and failed: ")
+    text = f"{type(exc).__name__}: {first_line(exc)}"
+    lowered = text.lower()
+    if any(w in lowered for w in _CUDA_WORDS) and not torch.cuda.is_available():
+        return f"it needs CUDA, which this machine does not have ({text})"
+    if any(w in lowered for w in _DISTRIBUTED_WORDS):
+        return f"it needs a distributed/model-parallel setup that is not initialised in this process ({text})"
+    return None
+
+
+def refuse_if_cannot_run(binding: Binding) -> None:
+    """Build the class once on a probe; raise one :class:`PluginLoadError` naming the cause when its constructor
+    cannot run here (:func:`environment_cause`), before any probe could report a later, misleading symptom.
+    Any other failure is left to the probes and cases, which show sizes the class refuses."""
+    from attnbench.plugins.layout import SQUARE_PROBE
+
+    name = getattr(binding.target, "__qualname__", repr(binding.target))
+    try:
+        binding(replace(SQUARE_PROBE, rope_theta=10000.0))
+    except Exception as exc:
+        cause = environment_cause(exc)
+        if cause is not None:
+            raise PluginLoadError(f"{name} cannot be built on this machine: {cause}; run it where that is "
+                                  "available, or point --impl at a factory that builds it for one process on this "
+                                  "device") from None
+
+
+def _takes_mask(target) -> bool:
+    """Does ``target.forward`` take a mask attnbench supplies (so the mask, not a config field, carries a window)?"""
+    try:
+        plan = plan_for(target)
+    except PluginLoadError:  # reported where the plan is made, after the class is known to build here
+        return False
+    return plan is not None and plan.mask is not None
+
+
 def implementation_fields(obj, source: str) -> dict:
     """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
     constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
     declared ``attnbench_capabilities`` (which win over what is inferred)."""
     from attnbench.plugins.layout import with_layout
 
-    binding = bind(obj)
+    binding = with_own_config(bind(obj), skip=("window",) if _takes_mask(obj) else ())
+    refuse_if_cannot_run(binding)
     inferred: dict = {}
     if binding.same_width_only:
         inferred["same_width_only"] = True
@@ -396,4 +454,5 @@ def implementation_fields(obj, source: str) -> dict:
     factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
                           requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
     factory.evidence = evidence
+    factory.imported = IMPORTED.get(getattr(obj, "__module__", ""), "")
     return {"factory": factory, **caps, "source": caps.get("source", source)}

@@ -51,7 +51,7 @@ _CORES = {
     "o": ("o", "out", "output", "proj", "cproj", "dense", "projection"),
 }
 _ROLE_OF_CORE = {core: role for role, cores in _CORES.items() for core in cores}
-_PREFIXES = ("", "w", "to", "b", "bias", "linear", "lin", "proj", "layer", "fc", "weight", "attn", "attention", "self")
+_PREFIXES = ("", "w", "c", "to", "b", "bias", "linear", "lin", "proj", "layer", "fc", "weight", "attn", "attention", "self")
 _SUFFIXES = ("", "proj", "projection", "linear", "lin", "layer", "weight", "weights", "w", "bias", "b", "mat",
              "matrix", "fc", "dense", "net", "param")
 _CANONICAL = {"q": ("W_q",), "k": ("W_k",), "v": ("W_v",), "qkv": ("W_q", "W_k", "W_v"), "kv": ("W_k", "W_v"),
@@ -252,7 +252,7 @@ class _Group:
 def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> Layout:
     """The :class:`Layout` of ``module`` built for ``spec`` (a probe whose sizes differ); raises
     :class:`PluginLoadError` listing the parameters when no unambiguous layout exists."""
-    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    params = dict(module.named_parameters())  # frozen (requires_grad=False) weights are weights too
     modules = dict(module.named_modules())
     shapes = canonical_shapes(spec)
     sources: dict[str, Source] = {}
@@ -479,6 +479,7 @@ class PluginFactory:
         self.has_qkv_bias = has_qkv_bias
         self._layouts: dict[bool, Layout] = {}
         self.evidence: list[str] = []  # what was inferred about the class and why (plugins.inference), for check -v
+        self.imported = ""  # how its file was imported (plugins.loading.how_imported), for check -v
         self.__name__ = f"{getattr(binding.target, '__name__', 'plugin')}_factory"
 
     def own_spec(self, spec: AttnSpec, qk_norm: tuple[str, ...] = ()) -> AttnSpec:
@@ -611,6 +612,7 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     """
     factory = impl.factory
     lines = [f"constructor: {factory.binding.describe()}"] if isinstance(factory, PluginFactory) else []
+    lines += [factory.imported] if getattr(factory, "imported", "") else []
     lines += [line if line.endswith("attnbench_capabilities)") or line.startswith(("config fields", "bound ")) else f"inferred {line}"
               for line in getattr(factory, "evidence", ())]
     dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]

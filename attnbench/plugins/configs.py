@@ -1,0 +1,119 @@
+"""A config parameter filled with the class's *own* config type, when its file defines one.
+
+``Attention(config: ModelArgs)`` (gpt-fast), ``CausalSelfAttention(config, layer_idx)`` next to a ``GPTConfig``
+dataclass (nanochat) or ``CausalSelfAttention(config: Config, block_idx)`` (litgpt) read their config with the
+class's own field names, defaults and ``__post_init__``. attnbench builds that type: every field whose name says
+which spec field it is (:data:`~attnbench.plugins.binding.ALIASES`: ``n_local_heads``, ``n_query_groups``,
+``n_kv_head`` are key/value heads; ``dim``, ``n_embd`` the width; ...) gets the spec's value, and the rest keep
+the class's defaults. ``check -v`` prints the mapping and the defaults kept.
+
+The type is the constructor's annotation when it is a class; else the one dataclass of the class's module whose
+name ends in ``Config``/``Args``/``Params`` (two or more such, and none annotated: attnbench's
+:class:`~attnbench.plugins.binding.SpecConfig`, which carries every alias, is passed instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+
+from attnbench.plugins.binding import ALIASES, Binding, hf_rope_scaling, spec_values
+from attnbench.spec import AttnSpec
+
+_BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
+WHOLE_ROTARY = ("rotary_percentage", "partial_rotary_factor", "rotary_pct")
+"""Fractions of the head rotated: the spec's RoPE rotates all of it (1.0)."""
+_CONFIG_SUFFIXES = ("Config", "Args", "Params", "Hparams", "Configuration")
+
+
+def own_config_type(target, param: str) -> type | None:
+    """The config type ``target``'s ``param`` takes: its annotation, or the one config dataclass of its module."""
+    try:
+        annotation = inspect.signature(target).parameters[param].annotation
+    except (TypeError, ValueError, KeyError):
+        return None
+    module = sys.modules.get(getattr(target, "__module__", ""), None)
+    if isinstance(annotation, str) and module is not None:  # from __future__ import annotations
+        annotation = getattr(module, annotation.strip("'\""), None)
+    if inspect.isclass(annotation) and dataclasses.is_dataclass(annotation):
+        return annotation
+    if module is None:
+        return None
+    candidates = [v for v in vars(module).values() if inspect.isclass(v) and dataclasses.is_dataclass(v)
+                  and v.__name__.endswith(_CONFIG_SUFFIXES)]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _field_value(name: str, spec: AttnSpec, values: dict):
+    if name == "rope_scaling":
+        return hf_rope_scaling(spec)
+    if name in WHOLE_ROTARY:
+        return 1.0
+    field = _BY_NAME.get(name)
+    if field is None:
+        return None
+    return values["d_in"] if field == "d_in" else values[field]
+
+
+def _tracking(cls: type) -> type:
+    """A subclass of ``cls`` that records which of its fields are read (what a class reads is what it supports)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+
+    def __getattribute__(self, name):
+        if name in names:
+            read = object.__getattribute__(self, "__dict__").get("_attnbench_read")
+            if read is not None and name not in read:
+                read.append(name)
+        return object.__getattribute__(self, name)
+
+    return type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
+                                        "__qualname__": cls.__qualname__})
+
+
+def config_factory(cls: type, skip: tuple[str, ...] = ()):
+    """``spec -> cls(...)``: the fields that name a spec field get its value (a value the spec does not have,
+    like ``rope_scaling=None``, keeps the class's default), the rest, and those of the spec fields in ``skip``,
+    their defaults."""
+    tracked = _tracking(cls)
+
+    def make(spec: AttnSpec):
+        values = spec_values(spec)
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            value = _field_value(f.name, spec, values) if f.init and _BY_NAME.get(f.name) not in skip else None
+            if value is not None:
+                kwargs[f.name] = value
+        config = tracked(**kwargs)
+        config.__dict__["_attnbench_read"] = None
+        return config
+
+    return make
+
+
+def describe(cls: type, skip: tuple[str, ...] = ()) -> str:
+    """``GPTConfig(n_head=num_heads, n_embd=d_in; defaults kept: vocab_size=32768, ...)``."""
+    mapped, kept = [], []
+    for f in dataclasses.fields(cls):
+        field = f.name if f.name == "rope_scaling" else "1.0 (all of the head)" if f.name in WHOLE_ROTARY else \
+            _BY_NAME.get(f.name)
+        if field in skip:
+            kept.append(f"{f.name}={f.default!r} (the mask forward takes carries the {field})")
+        elif field is not None and f.init:
+            mapped.append(f"{f.name}={field}")
+        elif f.default is not dataclasses.MISSING:
+            kept.append(f"{f.name}={f.default!r}")
+        else:
+            kept.append(f.name)
+    return f"{cls.__name__}({', '.join(mapped)}; class defaults kept: {', '.join(kept) or 'none'})"
+
+
+def with_own_config(binding: Binding, skip: tuple[str, ...] = ()) -> Binding:
+    """``binding`` with its config parameter filled by the class's own config type, when it has one; the spec fields
+    in ``skip`` (``window`` when ``forward`` takes a mask, which carries it) keep the class's defaults."""
+    if binding.style != "config" or binding.config_factory is not None:
+        return binding
+    cls = own_config_type(binding.target, binding.config_param)
+    if cls is None:
+        return binding
+    return dataclasses.replace(binding, config_factory=config_factory(cls, skip), config_note=describe(cls, skip))

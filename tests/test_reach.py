@@ -1,0 +1,181 @@
+"""Issue 36: the attention classes of today's model repositories, checked unchanged.
+
+The classes under ``tests/plugins/reach/`` follow the conventions of nanochat (a package, ``(config, layer_idx)``,
+``GPTConfig``, ``c_q``/``c_k``/``c_v``/``c_proj``), gpt-fast (``Attention(config: ModelArgs)`` with ``n_local_heads``,
+a real-stacked ``freqs_cis``, a keep-mask, ``input_pos`` and a cache installed as ``attn.kv_cache``) and Meta's
+llama3 (a constructor that needs a model-parallel group, a cache moved to CUDA).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from attnbench import registry
+from attnbench.cli import main
+from attnbench.correctness.matrix import run_matrix
+from attnbench.plugins.loading import how_imported, package_of
+from attnbench.plugins.module_cache import AppendingCache, cache_attr
+from attnbench.spec import AttnSpec
+
+R = "tests/plugins/reach/"
+SPEC = AttnSpec(d_in=32, d_out=32, context_length=16, dropout=0.0, num_heads=4, num_kv_heads=2)
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_file_in_a_package_is_imported_as_package_module(repo_cwd):
+    root, dotted = package_of((repo_cwd / R / "reachpkg/layers/attn.py").resolve())
+    assert dotted == "reachpkg.layers.attn" and root == (repo_cwd / R).resolve()
+    assert package_of((repo_cwd / R / "gptfast_style.py").resolve()) is None
+    impl = registry.get(R + "reachpkg/layers/attn.py:CausalSelfAttention")
+    assert impl.factory.binding.target.__module__ == "reachpkg.layers.attn"
+    assert str(root) in sys.path  # kept: its forward imports reachpkg.common when it runs
+    assert "as reachpkg.layers.attn (it is in a package)" in how_imported(R + "reachpkg/layers/attn.py")
+    assert "as a script" in how_imported(R + "gptfast_style.py")
+
+
+def test_config_and_layer_idx_get_the_class_own_config_and_index_0(repo_cwd):
+    impl = registry.get(R + "reachpkg/layers/attn.py:CausalSelfAttention")
+    binding = impl.factory.binding
+    assert binding.extras == (("layer_idx", 0),)
+    config = binding.make_config(SPEC)
+    assert type(config).__name__ == "GPTConfig"
+    assert (config.n_head, config.n_kv_head, config.n_embd, config.sequence_len) == (4, 2, 32, 16)
+    assert (config.vocab_size, config.n_layer, config.window_pattern) == (32768, 12, "SSSL")  # class defaults kept
+    module = impl.build(SPEC, "cpu", torch.float32)
+    assert module.layer_idx == 0 and module.c_k.weight.shape == (16, 32)
+    assert impl.gqa is True
+    described = binding.describe()
+    assert "config=GPTConfig(sequence_len=context_length, n_head=num_heads, n_kv_head=num_kv_heads" in described
+    assert "class defaults kept: vocab_size=32768, n_layer=12, window_pattern='SSSL'" in described
+    assert "layer_idx=0" in described
+
+
+def test_gptfast_config_fields_are_mapped_by_meaning_and_post_init_runs(repo_cwd):
+    impl = registry.get(R + "gptfast_style.py:Attention")
+    config = impl.factory.binding.make_config(SPEC)
+    assert type(config).__name__ == "ModelArgs"
+    assert (config.dim, config.n_head, config.n_local_heads, config.head_dim, config.block_size) == (32, 4, 2, 8, 16)
+    assert config.intermediate_size == 128  # __post_init__ ran: 4 * dim
+    mha = impl.factory.binding.make_config(replace(SPEC, num_kv_heads=None))
+    assert mha.n_local_heads == 4
+    assert impl.gqa is True and "n_local_heads" in impl.factory.evidence[0]
+
+
+@pytest.mark.parametrize("target", ["reachpkg/layers/attn.py:CausalSelfAttention", "gptfast_style.py:FrozenAttention"])
+def test_c_q_names_and_frozen_weights_map_and_pass(repo_cwd, target):
+    df = run_matrix([R + target], kinds=["forward", "causality"])
+    assert (df.status == "pass").sum() > 0 and not df.status.isin(["fail", "error"]).any(), \
+        df[df.status != "pass"].message.tolist()
+    module = registry.get(R + target).build(SPEC, "cpu", torch.float32)
+    names = " ".join(module.weight_adapter.layout.describe(SPEC))
+    assert ("c_q.weight" in names and "c_proj.weight" in names) if "attn.py" in target else "wqkv.weight" in names
+
+
+def test_check_verbose_says_how_it_was_imported_and_what_config_it_built(repo_cwd, capsys):
+    code, out, err = cli(["check", "-v", "--kind", "forward", R + "reachpkg/layers/attn.py:CausalSelfAttention"], capsys)
+    out = " ".join(out.split())
+    assert code == 0, out + err
+    assert "imported attn.py as reachpkg.layers.attn (it is in a package), with the package root" in out
+    assert "layer_idx=0 (one layer is built: its index is 0)" in out
+    assert "W_q <- c_q.weight" in out
+
+
+def test_gptfast_forward_real_freqs_cis_and_module_attribute_cache(repo_cwd):
+    impl = registry.get(R + "gptfast_style.py:CachedAttention")
+    plan = impl.factory.context
+    assert (plan.table_form, plan.attr_cache, plan.mask_form.kind) == ("real", "kv_cache", "keep")
+    assert impl.kv_cache is True and impl.rope == ("interleaved",)
+    df = run_matrix([R + "gptfast_style.py:CachedAttention"], kinds=["decode", "forward"])
+    decode = df[df.kind == "decode"]
+    assert (decode.status == "pass").sum() >= 4, df[df.status != "pass"][["shape", "message"]].to_string()
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
+    rope = df[df["shape"].str.contains("rope")]
+    assert (rope.status == "pass").any()
+
+
+def test_module_attribute_cache_is_none_outside_decoding(repo_cwd):
+    impl = registry.get(R + "gptfast_style.py:CachedAttention")
+    module = impl.build(SPEC, "cpu", torch.float32)
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        full = module(x)
+        module.reset_cache()
+        steps = torch.cat([module(x[:, :3], use_cache=True), module(x[:, 3:4], use_cache=True),
+                           module(x[:, 4:], use_cache=True)], dim=1)
+    assert isinstance(module.kv_cache, AppendingCache) and module.kv_cache.k.shape[-2] == 5
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+    module.reset_cache()
+    assert module.kv_cache is None
+
+
+def test_cache_attr_reads_the_forward_and_the_declared_attribute(repo_cwd):
+    cached, plain = (registry.get(R + f"gptfast_style.py:{n}").factory.binding.target for n in ("CachedAttention", "Attention"))
+    assert cache_attr(cached) == "kv_cache"
+    assert cache_attr(plain) is None
+
+    class Declared(plain):
+        attnbench_cache_attr = "store"
+
+    assert cache_attr(Declared) == "store"
+
+
+@pytest.mark.parametrize(("target", "cause"), [
+    ("cannot_run.py:ModelParallelAttention", "needs a distributed/model-parallel setup that is not initialised in this "
+                                             "process (AssertionError: model parallel group is not initialized)"),
+    ("cannot_run.py:CudaCacheAttention", "it needs CUDA, which this machine does not have"),
+    ("missing_package.py:Attention", "it imports 'attnbench_reach_absent_package', which is not installed here"),
+    ("fails_at_import.py:Attention", "failed: RuntimeError: this module needs a GPU at import time"),
+])
+def test_what_cannot_run_here_is_one_line_naming_the_cause(repo_cwd, capsys, target, cause):
+    if "Cuda" in target and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, out, err = cli(["check", R + target], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
+    assert cause in lines[0] and "Traceback" not in out + err and "not causal" not in err
+
+
+def test_litgpt_conventions_3d_tables_position_none_and_its_own_window(repo_cwd):
+    impl = registry.get(R + "litgpt_style.py:CausalSelfAttention")
+    plan, binding = impl.factory.context, impl.factory.binding
+    assert (plan.table_dims, plan.position_none, plan.mask_form.kind) == ("3d", True, "keep")
+    assert binding.extras == (("block_idx", 0),)
+    config = binding.make_config(replace(SPEC, window=3))
+    assert (config.n_query_groups, config.head_size, config.rope_n_elem, config.bias) == (2, 8, 8, False)
+    assert config.sliding_window_size is None  # the mask carries the window: the class's own causal one stays off
+    assert "sliding_window_size=None (the mask forward takes carries the window)" in binding.describe()
+    df = run_matrix([R + "litgpt_style.py:CausalSelfAttention"], kinds=["forward"])
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
+    assert df[df["shape"].str.contains("noncausal_mqa_window|rope")].status.eq("pass").any()
+
+
+def test_nanochat_cos_sin_tuple_of_half_width_4d_tables_ve_and_window_size(repo_cwd):
+    impl = registry.get(R + "nanochat_tables.py:CausalSelfAttention")
+    plan = impl.factory.context
+    assert (plan.tables, plan.table_dims, plan.nones, plan.window_arg) == (("cos_sin",), "seq_half", ("ve",), "window_size")
+    assert impl.sliding_window is True
+    df = run_matrix([R + "nanochat_tables.py:CausalSelfAttention"], kinds=["forward"])
+    rope, window = df[df["shape"].str.contains("rope")], df[df["shape"].str.contains("window")]
+    assert (rope.status == "pass").sum() >= 2 and (window.status == "pass").sum() >= 2, df[df.status != "pass"].message.tolist()
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
+
+
+@pytest.mark.slow
+def test_real_litgpt_class_passes_check_unchanged(capsys):
+    pytest.importorskip("litgpt.model", reason="litgpt is not installed (pip install litgpt)")
+    code, out, err = cli(["check", "litgpt.model:CausalSelfAttention"], capsys)
+    assert code == 0, out + err
+    assert "litgpt.model:CausalSelfAttention: PASS" in out
