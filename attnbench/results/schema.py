@@ -116,6 +116,12 @@ COLUMNS: dict[str, str] = {
     # first call included), warming up, in timed cycles (its share of the group's) and in the memory/FLOP pass
     "cycles": "int64", "stopped_by": "string", "compile_cache": "string", "phase_build_s": "float64",
     "phase_warmup_s": "float64", "phase_timed_s": "float64", "phase_work_s": "float64",
+    # issue 38 (attnbench.measure.accuracy): the output's error against the float64 reference (relative max-norm, RMS),
+    # the RMS error of the harness's plain math in the same dtype, their ratio; the worst gradient's (forward+backward);
+    # error_note: why the error was not measured ("not measured: ..."), or which gradient was worst; the pass's seconds
+    "error_rel": "float64", "error_rms": "float64", "error_base": "float64", "error_ratio": "float64",
+    "error_grad_rel": "float64", "error_grad_rms": "float64", "error_grad_base": "float64", "error_grad_ratio": "float64",
+    "error_note": "string", "phase_accuracy_s": "float64",
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -201,9 +207,10 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 5  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+SCHEMA_VERSION = 6  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
 # generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
-# 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term)
+# 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term);
+# 6: issue 38 (error_*: accuracy against the float64 reference; phase_accuracy_s)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 
@@ -278,6 +285,7 @@ KEPT_ON_FAILURE = frozenset({
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
     "cpu_affinity", "scope", "layers", "vocab", "new_tokens",
     "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
+    "phase_accuracy_s",  # issue 38: the accuracy pass's time, spent either way
     "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out
 """What a row that is not ``ok`` keeps: what the cell is, what happened, and where and when it ran. Every other
 column (any measurement, including columns added later) goes back to missing: a failed cell never reports one."""

@@ -27,6 +27,7 @@ import torch
 from attnbench.devices import device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
 from attnbench.measure import (
+    accuracy,
     contention,
     counted_flops,
     decode_bytes,
@@ -344,6 +345,8 @@ def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: flo
         record_memory(built, row)
     record_work(built, settings if settings.work_pass else replace(settings, flop_check=False), row, peak_gflops_per_s)
     row["phase_work_s"] = time.perf_counter() - t1
+    if settings.work_pass:  # issue 38: the error against the float64 reference, untimed (attnbench.measure.accuracy)
+        accuracy.record(built, settings, row, passthrough=(CellTimeout,))
 
 
 def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> dict:
@@ -391,6 +394,7 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         notes.append(f"{how} in shuffled order, round medians {medians}")
     merged["notes"] = "; ".join(n for n in (*notes, rows[0]["notes"]) if n)
     merged.update(phases.merged_columns(rows))
+    merged.update(accuracy.merged_columns(rows))  # issue 38: the round that measured the error
     return merged
 
 

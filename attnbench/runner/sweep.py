@@ -52,6 +52,7 @@ class Settings:
     # baseline burst between every two members: each ratio from bursts milliseconds apart) or cycle (one burst each)
     pairing: str = "adjacent"
     work_pass: bool = True  # measure peak memory and count FLOPs (the first round does; later ones reuse it: for_round)
+    accuracy: str = "on"  # issue 38: on | off, each ok row's error against the float64 reference (measure.accuracy)
 
 
 def for_round(settings: Settings, round_index: int) -> Settings:
