@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.results import accuracy as accuracy_view
 from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
@@ -35,7 +36,8 @@ def summary_table(df, title: str) -> Table:
     paired = "speedup" in df and bool(np.isfinite(pd.to_numeric(df["speedup"], errors="coerce")).any())
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
     sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
-    cols += ["median", "±CI"] + ([sp_col] if paired else []) + ["peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else [])
+    errors = accuracy_view.error_columns(df)  # issue 38: the error against the float64 reference and its ratio
+    cols += ["median", "±CI"] + ([sp_col] if paired else []) + errors + ["peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else [])
     scoped, gen_cols = _model_columns(df)
     cols[4:4] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
@@ -53,7 +55,8 @@ def summary_table(df, title: str) -> Table:
         table.add_row(r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
                       str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
-                      f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []), mem,
+                      f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []),
+                      *([accuracy_view.error_text(r)] if errors else []), mem,
                       *kv, *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak), _flags(r))
     return table
 
@@ -217,6 +220,8 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default: <run folder>/report "
               "with --out, else reports/<run-id>).")
+@click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
+              "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
@@ -249,6 +254,9 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                                        cell_timeout_s=timeout, memory_guard=False if no_memory_guard else None,
                                        isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
                 if v is not None and v is not _UNSET}
+    accuracy = positional_flags.pop("accuracy", None)  # issue 38: --accuracy on|off
+    if accuracy is not None:
+        settings["accuracy"] = accuracy
     if timeout is None:
         settings["cell_timeout_s"] = None  # --cell-timeout none: no timeout (None is otherwise "not given")
     if impls and not _split(impls):
@@ -333,6 +341,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
             console.print(f"note: {noisy} cell(s) are noisy: a within-run CI wider than ±{100 * NOISY_CI_REL:.0f}% of "
                           "the median (noisy machine?)")
         _print_over_peak(df)
+        for line in accuracy_view.limit_lines(df):  # issue 38: rows less accurate than their precision has to be
+            console.print(line, markup=False)
         _print_drift(run_dir)
         _print_unstable(df)
         _print_contention(df, run_dir)
