@@ -79,10 +79,14 @@ def test_group_members_share_one_reference_and_record_the_phase():
     assert all(r["phase_accuracy_s"] > 0 and r["duration_s"] > r["phase_accuracy_s"] for r in rows)
 
 
-def test_decode_rows_are_judged_at_the_new_tokens_position():
+def test_decode_rows_judge_the_last_of_many_single_token_steps(monkeypatch):
     row = run_cell(Cell("kv_prealloc", mode="decode", **SMALL), Settings(**FAST))
     assert row["status"] == "ok", row["error"]
     assert row["error_note"] == "" and 0 < row["error_rms"] < 1e-5 and row["error_ratio"] < 2.0
+    assert row["error_steps"] == SMALL["seq_len"]  # a one-token prefill, then every token one step at a time
+    monkeypatch.setattr(accuracy, "DRIFT_STEPS", 8)
+    fewer = run_cell(Cell("kv_prealloc", mode="decode", **SMALL), Settings(**FAST))
+    assert fewer["error_steps"] == 8 and fewer["error_base"] == row["error_base"]
 
 
 def test_accuracy_off_and_too_large_say_why(monkeypatch):

@@ -17,9 +17,11 @@ input and the weights the module computes with (drawn from the run's seed, exact
 
 ``forward+backward`` rows add the worst gradient's errors (``error_grad_*``, over the input and every canonical weight
 the layout maps back; the note names the worst), each relative to at least 1% of the largest reference gradient as
-``check`` does. ``decode`` rows judge the decode step's output (the token after ``seq_len`` cached ones) against the
-reference at that position. A row whose error was not measured says why in ``error_note`` (``--accuracy off``, block or
-model scope, the reference predicted not to fit in memory, the pass raising: it starts ``not measured:``); a measured
+``check`` does. ``decode`` rows measure drift: the cache is emptied, the first tokens are prefilled in one call, then
+the last ``min(seq_len, DRIFT_STEPS)`` tokens (the decode step's own token last) are decoded one at a time, and the
+last step's output is judged against the reference at its position (``error_steps``: how many steps it came after).
+A row whose error was not measured says why in ``error_note`` (``--accuracy off``, block or model scope, the
+reference predicted not to fit in memory, the pass raising: it starts ``not measured:``); a measured
 ``forward+backward`` row's note names its worst gradient.
 
 Members of a comparison group share the reference (same shape, dtype, input and weights), so a group pays for one
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnbench.correctness.cases import reference
+from attnbench.plugins import cache_state
 from attnbench.results.text import fmt_bytes
 from attnbench.runner.budget import available_bytes
 from attnbench.weights import CanonicalWeights, adapter_for, export_weights, random_weights, zero_held
@@ -51,8 +54,10 @@ RATIO_LIMIT = 2.0
 REFERENCE_SHARE = 0.5
 """The reference pass may use at most this share of the memory available; a cell predicted to need more says so."""
 COLUMNS = ("error_rel", "error_rms", "error_base", "error_ratio", "error_grad_rel", "error_grad_rms", "error_grad_base",
-           "error_grad_ratio", "error_note")
+           "error_grad_ratio", "error_note", "error_steps")
 """The row columns this pass fills (``phase_accuracy_s`` is its time, a phase of the run)."""
+DRIFT_STEPS = 512
+"""Decode rows: at most this many single-token steps before the judged one (the tokens before them are prefilled)."""
 GRAD_FLOOR = 1e-2
 """Each gradient's error is relative to at least this share of the largest reference gradient (as ``check``)."""
 
@@ -155,10 +160,15 @@ def measure(workload, seed: int) -> dict:
         _CACHE[key] = ref
         while len(_CACHE) > _CACHE_ENTRIES:
             _CACHE.popitem(last=False)
-    with torch.no_grad() if not backward else torch.enable_grad():
-        out = workload.step()
+    steps = 0
+    if cell.mode == "decode":
+        out, steps = decode_steps(workload, reference_input(workload, seed))
+    else:
+        with torch.no_grad() if not backward else torch.enable_grad():
+            out = workload.step()
     rel, rms = errors(_last_token(out, cell), ref.out)
-    cols = {"error_rel": rel, "error_rms": rms, "error_base": ref.base[1], "error_ratio": ratio(rms, ref.base[1], dtype)}
+    cols = {"error_rel": rel, "error_rms": rms, "error_base": ref.base[1], "error_ratio": ratio(rms, ref.base[1], dtype),
+            "error_steps": steps}
     if backward:
         cols.update(_grad_columns(implementation_grads(workload, list(ref.grads)), ref, dtype))
     return cols
@@ -198,6 +208,21 @@ def reference_input(workload, seed: int) -> torch.Tensor:
                            "torch.Generator().manual_seed(seed + 1) (keep attnbench.measure.accuracy.reference_input "
                            "in step with attnbench.runner.workload.build_workload)")
     return torch.cat([x, torch.randn(c.batch, 1, c.d_model, generator=g).to(x.dtype)], dim=1)
+
+
+def decode_steps(workload, tokens: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Empty the module's cache, prefill ``tokens`` but the last ``N = min(DRIFT_STEPS, len - 1)`` in one call, decode
+    those ``N`` one token at a time; the last step's output and ``N``. (Run last: the cache then holds one token more
+    than the timed steps saw.)"""
+    module, x = workload.module, tokens.to(workload.device)
+    steps = min(DRIFT_STEPS, x.shape[1] - 1)
+    first = x.shape[1] - steps
+    with torch.inference_mode(), cache_state.default_dtype(x.dtype):
+        cache_state.reset_cache(module)
+        module(x[:, :first], use_cache=True)
+        for i in range(first, x.shape[1]):
+            out = module(x[:, i:i + 1], use_cache=True)
+    return out, steps
 
 
 def _last_token(t: torch.Tensor, cell) -> torch.Tensor:

@@ -118,10 +118,11 @@ COLUMNS: dict[str, str] = {
     "phase_warmup_s": "float64", "phase_timed_s": "float64", "phase_work_s": "float64",
     # issue 38 (attnbench.measure.accuracy): the output's error against the float64 reference (relative max-norm, RMS),
     # the RMS error of the harness's plain math in the same dtype, their ratio; the worst gradient's (forward+backward);
-    # error_note: why the error was not measured ("not measured: ..."), or which gradient was worst; the pass's seconds
+    # error_note: why the error was not measured ("not measured: ..."), or which gradient was worst; the pass's seconds;
     "error_rel": "float64", "error_rms": "float64", "error_base": "float64", "error_ratio": "float64",
     "error_grad_rel": "float64", "error_grad_rms": "float64", "error_grad_base": "float64", "error_grad_ratio": "float64",
     "error_note": "string", "phase_accuracy_s": "float64",
+    "error_steps": "int64",  # decode rows: the single-token steps the judged one came after (drift); 0 elsewhere
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
