@@ -103,7 +103,7 @@ def test_accuracy_off_and_too_large_say_why(monkeypatch):
 
 
 def test_a_failing_pass_keeps_the_timing_and_names_the_failure(monkeypatch):
-    def broken(workload, seed):
+    def broken(workload, seed, output=None):
         raise RuntimeError("reference exploded")
 
     monkeypatch.setattr(accuracy, "measure", broken)

@@ -70,6 +70,7 @@ class Reference:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     base: tuple[float, float] = (math.nan, math.nan)  # the plain math's (rel, rms) error of the output
     base_grads: dict[str, tuple[float, float]] = field(default_factory=dict)
+    floor: float = 0.0  # GRAD_FLOOR x the largest reference gradient
 
 
 _CACHE: OrderedDict[tuple, Reference] = OrderedDict()
@@ -136,7 +137,7 @@ def record(built, settings, row: dict, passthrough: tuple[type[BaseException], .
         if why:
             row["error_note"] = why
         else:
-            row.update(measure(built.workload, settings.seed))
+            row.update(measure(built.workload, settings.seed, built.output))
             row["error_note"] = row.get("error_note") or ""
     except passthrough:
         raise
@@ -144,25 +145,22 @@ def record(built, settings, row: dict, passthrough: tuple[type[BaseException], .
         first = str(exc).splitlines()[0][:300] if str(exc) else ""
         row["error_note"] = f"not measured: the accuracy pass raised {type(exc).__name__}: {first}"
     finally:
+        built.output = None  # judged: its memory goes back
         row["phase_accuracy_s"] = time.perf_counter() - t0
 
 
-def measure(workload, seed: int) -> dict:
-    """The error columns of ``workload`` (built from ``seed``): one more call of the implementation on its input."""
+def measure(workload, seed: int, output: torch.Tensor | None = None) -> dict:
+    """The error columns of ``workload`` (built from ``seed``). ``output``: the output of a call already made on the
+    cell's input (the first call, which checked it; a ``forward+backward`` call leaves the same gradients as every
+    later one); None calls the implementation once more. Decode rows always run their drift steps."""
     cell, dtype = workload.cell, str(workload.x.dtype).removeprefix("torch.")
-    weights, composed = reference_weights(workload, seed)
     backward = cell.mode == "forward+backward"
-    key = (cell.group_id, seed, str(workload.device), tuple(n for n, _ in weights.items()),
-           adapter_for(workload.module).held_at_zero, cell.impl if composed else "")
-    ref = _CACHE.get(key)
-    if ref is None:
-        ref = compute_reference(workload, weights, seed, names=_grad_names(weights, composed) if backward else ())
-        _CACHE[key] = ref
-        while len(_CACHE) > _CACHE_ENTRIES:
-            _CACHE.popitem(last=False)
+    ref = shared_reference(workload, seed)
     steps = 0
     if cell.mode == "decode":
         out, steps = decode_steps(workload, reference_input(workload, seed))
+    elif output is not None:
+        out = output
     else:
         with torch.no_grad() if not backward else torch.enable_grad():
             out = workload.step()
@@ -174,11 +172,32 @@ def measure(workload, seed: int) -> dict:
     return cols
 
 
+def shared_reference(workload, seed: int) -> Reference:
+    """The cell's :class:`Reference`, computed once for every member of its comparison group that computes with the
+    same weights (the same layout's parameters held at zero; a composed layout: its own)."""
+    cell, module = workload.cell, workload.module
+    composed = _composed(module)
+    key = (cell.group_id, seed, str(workload.device), adapter_for(module).held_at_zero, cell.impl if composed else "")
+    ref = _CACHE.get(key)
+    if ref is None:
+        weights, _ = reference_weights(workload, seed)
+        names = _grad_names(weights, composed) if cell.mode == "forward+backward" else ()
+        ref = compute_reference(workload, weights, seed, names=names)
+        _CACHE[key] = ref
+        while len(_CACHE) > _CACHE_ENTRIES:
+            _CACHE.popitem(last=False)
+    return ref
+
+
+def _composed(module) -> bool:
+    return bool(getattr(getattr(adapter_for(module), "layout", None), "composed", False))
+
+
 def reference_weights(workload, seed: int) -> tuple[CanonicalWeights, bool]:
     """The canonical weights the module computes with (the run's draw, rounded to its dtype, the parameters its layout
     lacks held at zero; a composed low-rank layout's own), on the CPU; and whether the layout is composed."""
     module, dtype = workload.module, workload.x.dtype
-    composed = bool(getattr(getattr(adapter_for(module), "layout", None), "composed", False))
+    composed = _composed(module)
     if composed:
         w = export_weights(module, workload.spec).to(device="cpu", dtype=dtype)
     else:
@@ -242,8 +261,8 @@ def compute_reference(workload, weights: CanonicalWeights, seed: int, names: tup
     ref = Reference(_last_token(out64, cell).cpu(), {n: g.cpu() for n, g in grads64.items()})
     out_low, grads_low = _forward(x.to(device), weights.to(device), workload.spec, grad_out, names)
     ref.base = errors(_last_token(out_low, cell), ref.out)
-    floor = _grad_floor(ref.grads)
-    ref.base_grads = {n: errors(g, ref.grads[n], floor) for n, g in grads_low.items()}
+    ref.floor = GRAD_FLOOR * max((float(g.abs().max()) for g in ref.grads.values()), default=0.0)
+    ref.base_grads = {n: errors(g, ref.grads[n], ref.floor) for n, g in grads_low.items()}
     return ref
 
 
@@ -260,10 +279,6 @@ def _forward(x: torch.Tensor, w: CanonicalWeights, spec, grad_out: torch.Tensor 
     wanted = [x if n == "x" else getattr(w, n) for n in names]
     grads = torch.autograd.grad(out, wanted, grad_out.to(device=out.device, dtype=out.dtype))
     return out.detach(), {n: g.detach() for n, g in zip(names, grads, strict=True)}
-
-
-def _grad_floor(grads: dict[str, torch.Tensor]) -> float:
-    return GRAD_FLOOR * max((float(g.abs().max()) for g in grads.values()), default=0.0)
 
 
 def implementation_grads(workload, names: list[str]) -> dict[str, torch.Tensor]:
@@ -286,10 +301,9 @@ def implementation_grads(workload, names: list[str]) -> dict[str, torch.Tensor]:
 def _grad_columns(got: dict[str, torch.Tensor], ref: Reference, dtype: str) -> dict:
     """The worst gradient's errors (by RMS error), its plain-math error and their ratio; the note names it and any
     gradient the implementation did not produce."""
-    floor = _grad_floor(ref.grads)
     worst, cols = None, {}
     for name, want in ref.grads.items():
-        rel, rms = errors(got[name], want, floor) if name in got else (math.inf, math.inf)
+        rel, rms = errors(got[name], want, ref.floor) if name in got else (math.inf, math.inf)
         base = ref.base_grads.get(name, (math.nan, math.nan))[1]
         r = ratio(rms, base, dtype)
         if worst is None or (r > worst[3] if r == r else rms > worst[2]):

@@ -173,6 +173,7 @@ class Built:
     graphs_after_first: int | None
     notes: list[str] = field(default_factory=list)
     compile_cache: str = ""  # compiled cells: cold | warm (attnbench.runner.compile_cache), '' when not known
+    output: torch.Tensor | None = None  # issue 38: the first call's output, judged by the accuracy pass (then dropped)
 
     @property
     def compiled(self) -> bool:
@@ -219,12 +220,12 @@ def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | No
     first_call_s = time.perf_counter() - t0
     cache = compile_cache.state(cache_before, compile_cache.counts()) if compiled else ""
     problem = workload.check_output(out)
-    del out
     if problem:
+        del out
         row.update(status="invalid", error=problem)
         return None
     return Built(cell, workload, first_call_s, graphs_before, compiled_graphs() if compiled else None,
-                 compile_cache=cache)
+                 compile_cache=cache, output=out.detach())
 
 
 def record_timing(built: Built, row: dict, samples_s, *, calls_per_sample: int, warmup_calls: int, timer: str,
