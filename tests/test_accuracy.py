@@ -179,3 +179,54 @@ def test_compare_fails_on_accuracy_with_timing_unchanged_and_the_report_marks_it
     assert 'id="accuracy"' in html and "worse than this precision has to be" in html
     assert (tmp_path / "rep" / "figures" / "accuracy-float32.png").is_file()
     assert (tmp_path / "rep" / "tables" / "accuracy.csv").is_file() and '<tr class="regression">' in html
+
+
+def test_the_asv_suite_tracks_one_low_precision_error(repo_cwd, monkeypatch):
+    import importlib
+
+    monkeypatch.syspath_prepend(str(repo_cwd))
+    suite = importlib.import_module("benchmarks.bench_attention")
+    bench = suite.Accuracy()
+    bench.setup("sdpa", "bfloat16", 256)
+    error = bench.track_error_rms("sdpa", "bfloat16", 256)
+    assert 1e-4 < error < 2e-2  # bfloat16's roundoff, not float32's and not a broken kernel
+    assert suite.Accuracy.track_error_rms.unit == "relative RMS error"
+
+
+def test_stress_inputs_are_what_the_axis_says():
+    from attnbench.correctness.properties import _logits
+    from attnbench.runner import stress
+    from attnbench.runner.workload import build_workload, spec_for
+
+    normal = Cell("sdpa", mode="inference", **SMALL)
+    assert normal.cell_id == "sdpa|cpu|float32|b1|T64|h2|d32|inference|warm"  # the key runs before the axis had
+    outliers = Cell("sdpa", mode="inference", inputs="outliers", **SMALL)
+    assert outliers.cell_id.endswith("|inputs=outliers")
+    x, x_out = build_workload(normal).x, build_workload(outliers).x
+    changed = (x != x_out)
+    assert int(changed.sum()) == round(stress.OUTLIER_SHARE * x.numel())  # 0.1% of the entries
+    assert torch.allclose(x_out[changed], stress.OUTLIER_FACTOR * x[changed])  # scaled by 10
+    large = Cell("sdpa", mode="inference", inputs="large-logits", **SMALL)
+    w = stress.weights(large, spec_for(large), 0)
+    top = float(_logits(stress.draw_input(large, 0).double(), w.to(dtype=torch.float64), 2).max())
+    assert top == pytest.approx(100.0, rel=1e-6)  # the matrix's extreme logit for float32
+    row = run_cell(large, Settings(**FAST))
+    assert row["status"] == "ok" and row["inputs"] == "large-logits" and 0 < row["error_rms"] < 1e-4
+    gqa = run_cell(Cell("sdpa_gqa", mode="inference", num_kv_heads=1, inputs="large-logits", **SMALL), Settings(**FAST))
+    assert gqa["status"] == "skipped" and "multi-head attention" in gqa["error"]
+    block = run_cell(Cell("sdpa", mode="inference", scope="block", inputs="outliers", **SMALL), Settings(**FAST))
+    assert block["status"] == "skipped" and "attention layer alone" in block["error"]
+
+
+def test_the_inputs_axis_multiplies_the_cells_and_old_rows_read_normal():
+    from attnbench.errors import SweepError
+    from attnbench.runner.sweep import Sweep
+
+    sweep = Sweep(impl=("sdpa",), seq_len=(32,), inputs=("normal", "outliers"))
+    assert [c.inputs for c in sweep.cells()] == ["normal", "outliers"]
+    with pytest.raises(SweepError, match="unknown inputs 'spiky'"):
+        Sweep(impl=("sdpa",), inputs=("spiky",))
+    old = fill_added_columns(pd.DataFrame([{"cell_id": "a", "impl": "sdpa", "device": "cpu", "dtype": "float32",
+                                            "batch": 1, "seq_len": 8, "num_heads": 2, "d_model": 8,
+                                            "mode": "inference", "status": "ok", "median_s": 1e-3}]))
+    assert list(old["inputs"]) == ["normal"]

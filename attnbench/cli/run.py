@@ -37,12 +37,14 @@ def summary_table(df, title: str) -> Table:
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
     sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
     errors = accuracy_view.error_columns(df)  # issue 38: the error against the float64 reference and its ratio
+    stressed = "inputs" in df and bool((df["inputs"].fillna("normal") != "normal").any())
+    cols[3:3] = ["inputs"] if stressed else []
     cols += ["median", "±CI"] + ([sp_col] if paired else []) + errors + ["peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else [])
     scoped, gen_cols = _model_columns(df)
-    cols[4:4] = ["scope"] if scoped else []
+    cols[cols.index("mode") + 1:cols.index("mode") + 1] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
     for col in cols:
-        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left")
+        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "inputs", "mode", "flag") else "left")
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
     for r in ok.itertuples():
         half = (r.ci_high_s - r.ci_low_s) / 2
@@ -52,7 +54,8 @@ def summary_table(df, title: str) -> Table:
         kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if decode else []
         if decode and r.mode != "decode":
             kv = ["-", "-", "-"]
-        table.add_row(r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
+        table.add_row(r.impl, r.device, r.dtype, *([r.inputs] if stressed else []), r.mode,
+                      *([_scope_text(r)] if scoped else []), str(r.batch),
                       str(r.seq_len), str(r.num_heads),
                       str(r.d_model), *([str(r.num_kv_heads), window] if variants else []), fmt_time(r.median_s),
                       f"{100 * half / r.median_s:.1f}%", *([_speedup_text(r, len(bases) > 1)] if paired else []),
@@ -220,6 +223,9 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default: <run folder>/report "
               "with --out, else reports/<run-id>).")
+@click.option("--inputs", help="Stress inputs (comma-separated): normal (default), outliers (0.1% of the input's entries "
+              "x10, FlashAttention-3's protocol), large-logits (scores up to the correctness matrix's extreme logits); "
+              "docs/accuracy.md.")
 @click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
               "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
@@ -254,7 +260,8 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                                        cell_timeout_s=timeout, memory_guard=False if no_memory_guard else None,
                                        isolate=isolate, cuda_graph=cuda_graph, baseline=baseline).items()
                 if v is not None and v is not _UNSET}
-    accuracy = positional_flags.pop("accuracy", None)  # issue 38: --accuracy on|off
+    accuracy = positional_flags.pop("accuracy", None)  # issue 38: --accuracy on|off, --inputs KIND[,KIND...]
+    inputs = positional_flags.pop("inputs", None)
     if accuracy is not None:
         settings["accuracy"] = accuracy
     if timeout is None:
@@ -269,7 +276,7 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
     axes = dict(impl=",".join(_split(impls)) or None, device=device, dtype=dtype, batch=batch, seq_len=seq_len,
                 num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
                 causal=None if causal is None else (causal,), positional=compose(positional_flags), scope=scope,
-                layers=layers, vocab=vocab, new_tokens=new_tokens)
+                layers=layers, vocab=vocab, new_tokens=new_tokens, inputs=inputs)
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not resume and executor == "local":
         ahead.enter_context(_prestarted(settings, device))

@@ -40,8 +40,9 @@ import torch
 from attnbench.correctness.cases import reference
 from attnbench.plugins import cache_state
 from attnbench.results.text import fmt_bytes
+from attnbench.runner import stress
 from attnbench.runner.budget import available_bytes
-from attnbench.weights import CanonicalWeights, adapter_for, export_weights, random_weights, zero_held
+from attnbench.weights import CanonicalWeights, adapter_for, export_weights, zero_held
 
 ACCURACY = ("on", "off")
 """``--accuracy`` / ``[measure] accuracy``: measure each ok row's error (``on``, the default) or skip the pass."""
@@ -201,7 +202,7 @@ def reference_weights(workload, seed: int) -> tuple[CanonicalWeights, bool]:
     if composed:
         w = export_weights(module, workload.spec).to(device="cpu", dtype=dtype)
     else:
-        w = random_weights(workload.spec, seed=seed, scale="linear").to(device="cpu", dtype=dtype)
+        w = stress.weights(workload.cell, workload.spec, seed).to(device="cpu", dtype=dtype)
     return zero_held(module, w), composed
 
 
@@ -221,7 +222,7 @@ def reference_input(workload, seed: int) -> torch.Tensor:
         return x
     c = workload.cell
     g = torch.Generator().manual_seed(seed + 1)
-    again = torch.randn(c.batch, c.seq_len, c.d_model, generator=g).to(x.dtype)
+    again = stress.stressed_input(c, torch.randn(c.batch, c.seq_len, c.d_model, generator=g), seed).to(x.dtype)
     if not torch.equal(again, x):
         raise RuntimeError("the decode token could not be drawn again: the workload's input no longer comes from "
                            "torch.Generator().manual_seed(seed + 1) (keep attnbench.measure.accuracy.reference_input "
