@@ -161,6 +161,55 @@ def _cli(args: list[str]) -> int:
     return 0
 
 
+def test_the_compare_table_and_the_report_table_mark_the_planted_bug(tmp_path):
+    from rich.console import Console
+
+    from attnbench.report.accuracy import above_sentences, table
+    from attnbench.results.accuracy import print_accuracy
+
+    base = {"impl": "attn", "device": "cpu", "dtype": "float32", "mode": "inference", "seq_len": 64, "status": "ok",
+            "median_s": 1e-3, "cell_id": "attn|x", "error_rel": 3e-7, "error_rms": 3e-7, "error_base": 3e-7,
+            "error_ratio": 1.0, "error_grad_ratio": math.nan, "error_grad_rms": math.nan, "error_note": ""}
+    planted = {**base, "error_rel": 1.4e-3, "error_rms": 1.3e-3, "error_ratio": 4850.0, "median_s": 1.01e-3}
+    a, b = pd.DataFrame([base]), pd.DataFrame([planted])
+    console = Console(record=True, width=200)
+    assert print_accuracy(console, (a, b)) == 1 and print_accuracy(console, (b, a)) == 0
+    text = console.export_text()
+    assert "error ratio grew past 2" in text and "1.010×" in text and "back within 2" in text
+    display, raw, classes = table(fill_added_columns(pd.concat([b, a.assign(impl="sdpa")], ignore_index=True)))
+    assert classes == ["regression", ""] and list(display["ratio"]) == ["4850.00×", "1.00×"]
+    assert above_sentences(raw) == ["attn (float32 inference T=64): its error is 4850.0× that of the harness's plain "
+                                    "math in float32 — worse than this precision has to be."]
+
+
+@pytest.mark.slow
+def test_compare_gate_and_report_on_rows_of_the_planted_bug(repo_cwd, tmp_path, capsys, monkeypatch):
+    from attnbench.report.page import ENV_DPI, ENV_FORMATS
+    from attnbench.results.store import RunStore
+
+    monkeypatch.setenv(ENV_DPI, "40")  # pages read, not looked at
+    monkeypatch.setenv(ENV_FORMATS, "png")
+
+    runs = {}
+    for name, target in (("correct", CORRECT), ("planted", PLANTED)):
+        store = RunStore(tmp_path, run_id=name, meta={"command": "test"})
+        for mode in ("inference", "forward+backward"):
+            store.append(run_cell(Cell(f"attn={target}", mode=mode, **SMALL), Settings(**FAST)))
+        store.finalize()
+        runs[name] = store.path
+    capsys.readouterr()
+    # a threshold of 1000% keeps this machine's noise out of the timing verdict: only accuracy can fail it
+    assert _cli(["compare", str(runs["correct"]), str(runs["planted"]), "--threshold", "10", "-o", str(tmp_path / "c")]) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL: 2 error ratio(s) grew past 2 (accuracy)" in printed and "0 significantly slower" in printed
+    assert _cli(["report", str(runs["planted"]), "-o", str(tmp_path / "rep")]) == 0
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert 'id="accuracy"' in html and "worse than this precision has to be" in html
+    assert (tmp_path / "rep" / "figures" / "accuracy-float32.png").is_file()
+    assert (tmp_path / "rep" / "tables" / "accuracy.csv").is_file() and '<tr class="regression">' in html
+
+
+@pytest.mark.slow
 def test_compare_fails_on_accuracy_with_timing_unchanged_and_the_report_marks_it(repo_cwd, tmp_path, capsys):
     runs = {}
     for name, target in (("correct", CORRECT), ("planted", PLANTED)):
