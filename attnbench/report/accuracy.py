@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
@@ -57,7 +57,7 @@ def _draw(styles: dict):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: an.fmt_time(v)))
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: an.fmt_time(v)))
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels crowd a short axis
         ax.set_xlabel(f"median time per call (T={int(rows['seq_len'].iloc[0])})")
         ax.set_ylabel("RMS error vs float64")
         return None
