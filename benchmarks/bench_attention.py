@@ -353,3 +353,27 @@ class Generate:
         return BATCH * w.cell.new_tokens / timing.stats()["median_s"]
 
     track_tokens_per_s.unit = "tokens/s"
+
+
+class Accuracy:
+    """Issue 38: the error of one low-precision cell against the float64 reference (relative RMS, the ``error_rms`` of
+    ``attnbench run``), sdpa in bfloat16 on its own input: lower is better. asv tracks it per commit; a kernel or
+    torch change that loses accuracy shows as a step, reported by the gate (track_ figures never fail it)."""
+
+    params = (["sdpa"], ["bfloat16"], [256])
+    param_names = ("impl", "dtype", "seq_len")
+    timeout = Attention.timeout
+
+    def setup(self, impl, dtype, seq_len):
+        _set_threads()
+        try:
+            from attnbench.measure import accuracy
+        except ImportError as exc:  # commits before issue 38 measure no error
+            raise NotImplementedError(f"this commit measures no error against float64: {exc}") from exc
+        self._accuracy = accuracy
+        self.workload = _prepare(impl=impl, dtype=dtype, seq_len=seq_len, d_model=256, mode="inference")
+
+    def track_error_rms(self, impl, dtype, seq_len):
+        return self._accuracy.measure(self.workload, seed=0)["error_rms"]
+
+    track_error_rms.unit = "relative RMS error"

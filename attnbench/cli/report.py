@@ -61,8 +61,11 @@ def _default_compare_dir(label_a: str, label_b: str) -> Path:
 @click.option("--speedups", is_flag=True,
               help="Compare each implementation's paired speed-up against its baseline (B's over A's) instead of the "
                    "medians: drift of the machine between the runs cancels in it.")
+@click.option("--error-ratio-limit", "error_ratio_limit", default=2.0, show_default=True, type=float,
+              help="A cell whose error ratio (error against float64 over the plain math's in the same dtype) was at "
+                   "most this in A and is above it in B is an accuracy regression: it fails the comparison too.")
 def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path | None, show_all: bool,
-                speedups: bool) -> None:
+                speedups: bool, error_ratio_limit: float = 2.0) -> None:
     """Compare run B against run A cell by cell; exit 1 on a significant slowdown beyond --threshold.
 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
@@ -70,6 +73,7 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     With --speedups, each implementation's paired speed-up against its baseline instead (B/A below 1: it lost
     ground), with a CI combining both runs' paired CIs.
     """
+    from attnbench.results.accuracy import print_accuracy
     from attnbench.results.compare import compare_runs, write_compare_html
 
     with console.status("comparing ..."):
@@ -99,6 +103,7 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(result.summary(), markup=False)
+    lost_accuracy = print_accuracy(console, result.frames, error_ratio_limit)  # issue 38: the accuracy gate
     console.print(f"compare page: {page}", markup=False)
     what = " relative to the baselines" if speedups else ""
     if not len(cells):  # a gate that compared nothing must not pass
@@ -106,6 +111,9 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
         sys.exit(2)
     if result.has_regression:
         console.print(f"[bold red]FAIL[/]: {len(result.regressions)} significant slowdown(s) beyond {threshold:.0%}{what}")
+        sys.exit(1)
+    if lost_accuracy:  # issue 38
+        console.print(f"[bold red]FAIL[/]: {lost_accuracy} error ratio(s) grew past {error_ratio_limit:g} (accuracy)")
         sys.exit(1)
     console.print(f"[green]OK[/]: no significant slowdown beyond {threshold:.0%}{what}")
 

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
 from attnbench.cli.grouped import grouped
+from attnbench.results import accuracy as accuracy_view
 from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
@@ -38,42 +39,53 @@ def summary_table(df, title: str, failing: dict | None = None) -> Table:
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)
                      | (positional != "")).any())
     decode = bool((df["mode"] == "decode").any())
-    cols = ["impl", "device", "dtype", "mode", "b", "T", "h", "d"] + (["kv", "window"] if variants else [])
+    stressed = "inputs" in df and bool((df["inputs"].fillna("normal") != "normal").any())  # issue 38
+    cols = ["impl", "device", "dtype"] + (["inputs"] if stressed else []) + ["mode", "b", "T", "h", "d"] \
+        + (["kv", "window"] if variants else [])
     # paired speed-ups (comparison groups timed interleaved) when the run has them
     paired = "speedup" in df and bool(np.isfinite(pd.to_numeric(df["speedup"], errors="coerce")).any())
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
     sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
-    cols += ["median", "±CI"] + ([sp_col] if paired else []) + ["peak mem"] + (["KV cache", "GB/s", "% BW"] if decode else [])
+    errors = accuracy_view.error_columns(df)  # issue 38: the error against the float64 reference and its ratio
+    cols += ["median", "±CI"] + ([sp_col] if paired else []) + errors + ["peak mem"] \
+        + (["KV cache", "GB/s", "% BW"] if decode else [])
     scoped, gen_cols = _model_columns(df)
-    cols[4:4] = ["scope"] if scoped else []
+    cols[cols.index("mode") + 1:cols.index("mode") + 1] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
-    rows = []
-    for r in ok.itertuples():
-        half = (r.ci_high_s - r.ci_low_s) / 2
-        window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
-        window += f" {positional[r.Index]}" if positional[r.Index] else ""  # RoPE / QK-norm / scale / softcap
-        kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if decode else []
-        if decode and r.mode != "decode":
-            kv = ["-", "-", "-"]
-        values = [r.impl, r.device, r.dtype, r.mode, *([_scope_text(r)] if scoped else []), str(r.batch),
-                  str(r.seq_len), str(r.num_heads), str(r.d_model), *([str(r.num_kv_heads), window] if variants else []),
-                  fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
-                  *([_speedup_text(r, len(bases) > 1)] if paired else []), fmt_bytes(r.peak_bytes), *kv,
-                  *_model_cells(r, gen_cols), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak),
-                  ", ".join(filter(None, ["fails check" if r.impl in (failing or {}) else "", _flags(r)]))]
-        rows.append(dict(zip(cols, values, strict=True)))
+    shape = dict(positional=positional, variants=variants, decode=decode, stressed=stressed, paired=paired,
+                 named_bases=len(bases) > 1, errors=errors, scoped=scoped, gen_cols=gen_cols, failing=failing or {})
+    rows = [dict(zip(cols, _row_values(r, shape), strict=True)) for r in ok.itertuples()]
     shared = [c for c in SHARED if rows and len({row[c] for row in rows}) == 1]
     if shared:
         title += "  (" + " ".join(SHARED[c] + rows[0][c] for c in shared) + ")"
     shown = [c for c in cols if c not in shared and not (c == "flag" and rows and not any(row["flag"] for row in rows))]
     table = Table(title=title)
     for col in shown:
-        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "mode", "flag") else "left",
-                         no_wrap=col in KEEP_WHOLE or col == sp_col)
+        table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "inputs", "mode", "flag")
+                         else "left", no_wrap=col in KEEP_WHOLE or col == sp_col)
     for row in rows:
         table.add_row(*(row[c] for c in shown))
     return table
+
+
+def _row_values(r, shape: dict) -> list[str]:
+    """One ok row's cells in :func:`summary_table`'s column order (``shape``: which optional columns it has)."""
+    half = (r.ci_high_s - r.ci_low_s) / 2
+    positional = shape["positional"][r.Index]
+    window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
+    window += f" {positional}" if positional else ""  # RoPE / QK-norm / scale / softcap
+    kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if shape["decode"] else []
+    if shape["decode"] and r.mode != "decode":
+        kv = ["-", "-", "-"]
+    return [r.impl, r.device, r.dtype, *([r.inputs] if shape["stressed"] else []), r.mode,
+            *([_scope_text(r)] if shape["scoped"] else []), str(r.batch), str(r.seq_len), str(r.num_heads),
+            str(r.d_model), *([str(r.num_kv_heads), window] if shape["variants"] else []),
+            fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
+            *([_speedup_text(r, shape["named_bases"])] if shape["paired"] else []),
+            *([accuracy_view.error_text(r)] if shape["errors"] else []), fmt_bytes(r.peak_bytes), *kv,
+            *_model_cells(r, shape["gen_cols"]), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak),
+            ", ".join(filter(None, ["fails check" if r.impl in shape["failing"] else "", _flags(r)]))]
 
 
 GENERATION_COLUMNS = ["TTFT", "prefill tok/s", "decode tok/s", "end-to-end tok/s", "KV cache (all layers)"]
@@ -171,9 +183,9 @@ RUN_SECTIONS = (
     ("What to run", ("preset", "impls", "device", "dtype", "mode")),
     ("The grid", ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window", "causal", "scope", "layers",
                   "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
-                  "score_scale", "softcap")),
+                  "score_scale", "softcap", "inputs")),
     ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
-                     "cpu_allocator", "no_cpu_bind", "cuda_graph", "profile")),
+                     "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "profile")),
     ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
     ("Execution", ("executor", "ray_address", "isolate", "cell_timeout", "no_memory_guard", "no_wait",
                    "allow_concurrent")),
@@ -255,6 +267,11 @@ RUN_SECTIONS = (
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default: <run folder>/report "
               "with --out, else reports/<run-id>).")
+@click.option("--inputs", help="Stress inputs (comma-separated): normal (default), outliers (0.1% of the input's entries "
+              "x10, FlashAttention-3's protocol), large-logits (scores up to the correctness matrix's extreme logits); "
+              "docs/accuracy.md.")
+@click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
+              "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, **flags) -> None:
@@ -329,6 +346,8 @@ def _settings(o: SimpleNamespace) -> dict:
                 if v is not None and v is not _UNSET}
     if timeout is None:
         settings["cell_timeout_s"] = None  # --cell-timeout none: no timeout (None is otherwise "not given")
+    if o.accuracy is not None:  # issue 38: --accuracy on|off
+        settings["accuracy"] = o.accuracy
     if o.impls and not _split(o.impls):
         raise click.BadParameter("is empty; name implementations (attnbench list), or leave --impl out to run every "
                                  "available one", param_hint="--impl")
@@ -346,7 +365,8 @@ def _axes(o: SimpleNamespace, flags: dict) -> dict:
     return dict(impl=",".join(_split(o.impls)) or None, device=o.device, dtype=o.dtype, batch=o.batch,
                 seq_len=o.seq_len, num_heads=o.num_heads, d_model=o.d_model, mode=o.mode, cache=o.cache,
                 num_kv_heads=o.num_kv_heads, window=o.window, causal=None if o.causal is None else (o.causal,),
-                positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens)
+                positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens,
+                inputs=o.inputs)
 
 
 def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:
@@ -413,6 +433,8 @@ def print_summary(df, run_dir: Path, report_path: Path | None, time_line: str, f
         console.print(f"note: {noisy} cell(s) are noisy: a within-run CI wider than ±{100 * NOISY_CI_REL:.0f}% of "
                       "the median (noisy machine?)")
     _print_over_peak(df)
+    for line in accuracy_view.limit_lines(df):  # issue 38: rows less accurate than their precision has to be
+        console.print(line, markup=False)
     _print_drift(run_dir)
     _print_unstable(df)
     _print_contention(df, run_dir)

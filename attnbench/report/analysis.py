@@ -29,7 +29,7 @@ from attnbench.results.text import (  # noqa: F401  (fmt_bytes, fmt_speedup: the
 )
 
 GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model", "num_kv_heads", "window", "causal",
-              "positional")
+              "positional", "inputs")  # inputs: issue 38's stress inputs
 """The axes that define one panel/configuration; within it, lines are implementations over ``seq_len``."""
 
 
@@ -55,7 +55,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     if "num_kv_heads" in df.columns:  # absent only when num_heads is too
         df["num_kv_heads"] = pd.to_numeric(df["num_kv_heads"], errors="coerce").fillna(0).astype("int64")
     for col in ("impl", "device", "dtype", "mode", "cache", "status", "error", "notes", "cell_id", "baseline", "group_id",
-                "positional"):
+                "positional", "inputs"):
         if col in df.columns:
             df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
     for col in INT_AXES:
@@ -137,7 +137,7 @@ def _default_axis(df: pd.DataFrame, axis: str) -> bool:
     if axis == "num_kv_heads":
         return bool((df["num_kv_heads"] == df["num_heads"]).all()) or not value
     return {"cache": value == "warm", "window": not value, "causal": bool(value) is True,
-            "positional": not value}.get(axis, False)
+            "positional": not value, "inputs": value in ("normal", "")}.get(axis, False)
 
 
 def common_label(df: pd.DataFrame) -> str:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from attnbench.errors import ResultsError
 from attnbench.models import views as model_views
+from attnbench.report import accuracy as accuracy_view
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
 from attnbench.report import model_figures, variants
@@ -217,6 +218,9 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     fastest = _overview_tables(df, tables, t)
     speedup_text = _speedup_tables(df, sp, chosen, _speedup_note(chosen, run_baseline, method), tables, t)
     noisy = _detail_tables(df, meta, bar_table, tables, t)
+    acc_disp, acc_raw, acc_classes = accuracy_view.table(df)  # issue 38: errors and their ratios to the plain math's
+    if len(acc_disp):
+        t["accuracy"] = tables.add("accuracy", acc_disp, acc_raw, classes=acc_classes, long_columns=("note",))
     profile, profile_note = _profile_tables(path, top_ops, tables)
     drawn = dict(zip(("speedup", "memory"), child.result(), strict=True))
     figure_sections = [(k, title, drawn[k] if fl is None else fl) for k, title, fl in figure_sections]
@@ -229,6 +233,7 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         profile=profile, profile_note=profile_note, environment=environment_rows(meta, df),
         styles=styles, files=figure_files + tables.files, source=str(path), svg=figs.current_render().svg,
         stop_text=phases.stop_text(ok.to_dict("records")),
+        accuracy_above=accuracy_view.above_sentences(acc_raw), accuracy_limit=accuracy_view.RATIO_LIMIT,
     )
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
@@ -273,6 +278,9 @@ def _figures(df, ok, chosen, styles, fig_dir: Path) -> tuple[list, pd.DataFrame]
     if (ok["mode"] == "decode").any():  # attention variants and KV-cache decoding
         figure_sections += [("decode", "KV-cache decoding: latency vs cache length", variants.decode_latency(df, styles, fig_dir)),
                             ("kv-cache", "KV-cache bytes vs context length", variants.kv_cache_bytes(df, styles, fig_dir))]
+    accuracy_figs = accuracy_view.figures(df, styles, fig_dir)  # issue 38: accuracy against latency, per dtype
+    if accuracy_figs:
+        figure_sections.append(("accuracy", "Accuracy vs latency", accuracy_figs))
     model_figs = model_figures.model_figures(df, styles, fig_dir)  # issue 27: block and model rows
     if model_figs:
         figure_sections.append(("in-the-model", "In the model", model_figs))

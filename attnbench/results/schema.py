@@ -35,10 +35,12 @@ ATTENTION_MODE = {"train": "forward+backward", "generate-cache": "decode", "gene
 """What the attention inside a block or model does in the block-and-model modes (resolve's rules apply to it)."""
 
 CACHE_STATES = ("warm", "cold")
+INPUTS = ("normal", "outliers", "large-logits")
+"""Issue 38's ``inputs`` axis: the workload's own draw, 0.1% outliers, or extreme-logit weights (:mod:`attnbench.runner.stress`)."""
 """``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
 
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache", "num_kv_heads", "window",
-        "causal", "positional", "scope", "layers", "vocab", "new_tokens")
+        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
 INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
@@ -116,6 +118,14 @@ COLUMNS: dict[str, str] = {
     # first call included), warming up, in timed cycles (its share of the group's) and in the memory/FLOP pass
     "cycles": "int64", "stopped_by": "string", "compile_cache": "string", "phase_build_s": "float64",
     "phase_warmup_s": "float64", "phase_timed_s": "float64", "phase_work_s": "float64",
+    # issue 38 (attnbench.measure.accuracy): the output's error against the float64 reference (relative max-norm, RMS),
+    # the RMS error of the harness's plain math in the same dtype, their ratio; the worst gradient's (forward+backward);
+    # error_note: why the error was not measured ("not measured: ..."), or which gradient was worst; the pass's seconds;
+    "error_rel": "float64", "error_rms": "float64", "error_base": "float64", "error_ratio": "float64",
+    "error_grad_rel": "float64", "error_grad_rms": "float64", "error_grad_base": "float64", "error_grad_ratio": "float64",
+    "error_note": "string", "phase_accuracy_s": "float64",
+    "error_steps": "int64",  # decode rows: the single-token steps the judged one came after (drift); 0 elsewhere
+    "inputs": "string",  # issue 38: normal | outliers | large-logits (attnbench.runner.stress); runs before it: normal
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -146,6 +156,7 @@ class Cell:
     layers: int = 0  # model scope: blocks (0 elsewhere)
     vocab: int = 0  # model scope: vocabulary size (0 elsewhere)
     new_tokens: int = 0  # generate modes: tokens generated after the prompt of seq_len (0 elsewhere)
+    inputs: str = "normal"  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -160,6 +171,7 @@ class Cell:
         if self.positional is None or self.positional != self.positional:  # None / NaN read back from a row
             object.__setattr__(self, "positional", "")
         object.__setattr__(self, "scope", str(self.scope or "layer"))
+        object.__setattr__(self, "inputs", str(self.inputs or "normal") if self.inputs == self.inputs else "normal")
         for name in MODEL_AXES:
             object.__setattr__(self, name, int(getattr(self, name) or 0))
 
@@ -193,6 +205,7 @@ class Cell:
         if self.scope != "layer":  # layer cells keep the keys they had before scopes existed
             variant += f"|{self.scope}" + (f"|L{self.layers}|V{self.vocab}" if self.scope == "model" else "")
             variant += f"|M{self.new_tokens}" if self.new_tokens else ""
+        variant += f"|inputs={self.inputs}" if self.inputs != "normal" else ""  # normal cells keep their keys
         return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
@@ -201,9 +214,10 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 5  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+SCHEMA_VERSION = 6  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
 # generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
-# 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term)
+# 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term);
+# 6: issue 38 (error_*: accuracy against the float64 reference; phase_accuracy_s)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 
@@ -276,8 +290,9 @@ KEPT_ON_FAILURE = frozenset({
     "run_id", "cell_id", "group_id", "impl", "device", "device_name", "dtype", "batch", "seq_len", "num_heads",
     "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
-    "cpu_affinity", "scope", "layers", "vocab", "new_tokens",
+    "cpu_affinity", "scope", "layers", "vocab", "new_tokens", "inputs",
     "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
+    "phase_accuracy_s",  # issue 38: the accuracy pass's time, spent either way
     "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out
 """What a row that is not ``ok`` keeps: what the cell is, what happened, and where and when it ran. Every other
 column (any measurement, including columns added later) goes back to missing: a failed cell never reports one."""
@@ -320,6 +335,8 @@ def fill_added_columns(df):
             df[name] = df["cell_id"].map(lambda c: str(c).split("|", 1)[-1])
         elif name == "scope":  # runs before scopes measured the attention layer alone
             df[name] = "layer"
+        elif name == "inputs":  # runs before issue 38 drew normal inputs only
+            df[name] = "normal"
         elif kind == "object":
             df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)
         else:

@@ -112,6 +112,8 @@ def variant_labels(row) -> list[str]:
         out.append(axis_label("window", window))
     if causal is not None and not bool(causal):
         out.append(axis_label("causal", False))
+    if get("inputs") not in (None, "", "normal"):  # issue 38: stress inputs
+        out.append(f"{get('inputs')} inputs")
     return out
 
 

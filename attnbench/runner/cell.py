@@ -27,6 +27,7 @@ import torch
 from attnbench.devices import device_name, synchronize
 from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
 from attnbench.measure import (
+    accuracy,
     contention,
     counted_flops,
     decode_bytes,
@@ -173,6 +174,7 @@ class Built:
     graphs_after_first: int | None
     notes: list[str] = field(default_factory=list)
     compile_cache: str = ""  # compiled cells: cold | warm (attnbench.runner.compile_cache), '' when not known
+    output: torch.Tensor | None = None  # issue 38: the first call's output, judged by the accuracy pass (then dropped)
 
     @property
     def compiled(self) -> bool:
@@ -219,12 +221,12 @@ def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | No
     first_call_s = time.perf_counter() - t0
     cache = compile_cache.state(cache_before, compile_cache.counts()) if compiled else ""
     problem = workload.check_output(out)
-    del out
     if problem:
+        del out
         row.update(status="invalid", error=problem)
         return None
     return Built(cell, workload, first_call_s, graphs_before, compiled_graphs() if compiled else None,
-                 compile_cache=cache)
+                 compile_cache=cache, output=out.detach())
 
 
 def record_timing(built: Built, row: dict, samples_s, *, calls_per_sample: int, warmup_calls: int, timer: str,
@@ -345,6 +347,8 @@ def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: flo
         record_memory(built, row)
     record_work(built, settings if settings.work_pass else replace(settings, flop_check=False), row, peak_gflops_per_s)
     row["phase_work_s"] = time.perf_counter() - t1
+    if settings.work_pass:  # issue 38: the error against the float64 reference, untimed (attnbench.measure.accuracy)
+        accuracy.record(built, settings, row, passthrough=(CellTimeout,))
 
 
 def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> dict:
@@ -392,6 +396,7 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         notes.append(f"{how} in shuffled order, round medians {medians}")
     merged["notes"] = "; ".join(n for n in (*notes, rows[0]["notes"]) if n)
     merged.update(phases.merged_columns(rows))
+    merged.update(accuracy.merged_columns(rows))  # issue 38: the round that measured the error
     return merged
 
 

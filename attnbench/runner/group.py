@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.measure import contention
+from attnbench.measure import accuracy, contention
 from attnbench.measure.interleave import InterleavedTiming, InterleaveSettings, time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
@@ -27,6 +27,7 @@ from attnbench.results.schema import Cell, display_name
 from attnbench.runner import budget
 from attnbench.runner.cell import (
     Built,
+    CellTimeout,
     add_speedups,
     build_and_check,
     close_row,
@@ -110,9 +111,14 @@ def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str
             if not _step(rows[i], settings, lambda i=i: record_work(built[i], counting, rows[i], peak_gflops_per_s))[0]:
                 del built[i]
             own_s[i] += time.perf_counter() - t0
+        accuracy_s = [0.0] * len(cells)  # issue 38: each member's error against the float64 reference, untimed
+        for i in list(built) if settings.work_pass else []:
+            notify(ids[i])
+            _step(rows[i], settings, lambda i=i: accuracy.record(built[i], settings, rows[i], passthrough=(CellTimeout,)))
+            accuracy_s[i] = float(rows[i].get("phase_accuracy_s") or 0.0)
         for i, row in enumerate(rows):
             close_row(row)
-            row["duration_s"] = own_s[i] + (timed_s if i in built else 0.0)
+            row["duration_s"] = own_s[i] + (timed_s if i in built else 0.0) + accuracy_s[i]
             row.update(phase_build_s=build_s[i], phase_work_s=own_s[i] - build_s[i])
     finally:
         built.clear()

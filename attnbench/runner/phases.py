@@ -19,11 +19,11 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 
-PHASES = ("start-up", "workers", "building", "compiling", "warm-up", "timed cycles", "memory/FLOPs", "locks waited",
-          "bookkeeping", "report")
+PHASES = ("start-up", "workers", "building", "compiling", "warm-up", "timed cycles", "memory/FLOPs", "accuracy",
+          "locks waited", "bookkeeping", "report")
 """The phases in the order a run passes through them (``workers``: the measuring processes' start-up)."""
 ROW_PHASES = {"building": "phase_build_s", "warm-up": "phase_warmup_s", "timed cycles": "phase_timed_s",
-              "memory/FLOPs": "phase_work_s"}
+              "memory/FLOPs": "phase_work_s", "accuracy": "phase_accuracy_s"}  # accuracy: issue 38
 """The row columns each measured phase is summed from (``compiling`` is ``compile_s``, taken out of building)."""
 
 
@@ -50,7 +50,7 @@ def _number(value) -> float:
 def from_rows(rows: Iterable[Mapping]) -> dict[str, float]:
     """The measured phases summed over rows: building (less compiling), compiling, warm-up, timed cycles,
     memory/FLOPs."""
-    out = dict.fromkeys(("building", "compiling", "warm-up", "timed cycles", "memory/FLOPs"), 0.0)
+    out = dict.fromkeys(("building", "compiling", "warm-up", "timed cycles", "memory/FLOPs", "accuracy"), 0.0)
     for row in rows:
         for phase, column in ROW_PHASES.items():
             out[phase] += _number(row.get(column))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
-from attnbench.results.schema import AXES, CACHE_STATES, INT_AXES, MODEL_AXES, MODES, Cell, display_name
+from attnbench.results.schema import AXES, CACHE_STATES, INPUTS, INT_AXES, MODEL_AXES, MODES, Cell, display_name
 from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.positional import compose, parse_positional
 
@@ -52,6 +52,7 @@ class Settings:
     # baseline burst between every two members: each ratio from bursts milliseconds apart) or cycle (one burst each)
     pairing: str = "adjacent"
     work_pass: bool = True  # measure peak memory and count FLOPs (the first round does; later ones reuse it: for_round)
+    accuracy: str = "on"  # issue 38: on | off, each ok row's error against the float64 reference (measure.accuracy)
 
 
 def for_round(settings: Settings, round_index: int) -> Settings:
@@ -90,6 +91,7 @@ class Sweep:
     layers: tuple[int, ...] = (2,)  # model scope: blocks
     vocab: tuple[int, ...] = (512,)  # model scope: vocabulary
     new_tokens: tuple[int, ...] = (16,)  # generate modes: tokens generated after the prompt
+    inputs: tuple[str, ...] = ("normal",)  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -108,6 +110,9 @@ class Sweep:
         for m in self.mode:
             if m not in MODES:
                 raise SweepError(f"unknown mode {m!r}; use one of {', '.join(MODES)}")
+        for kind in self.inputs:  # issue 38
+            if kind not in INPUTS:
+                raise SweepError(f"unknown inputs {kind!r}; use {', '.join(INPUTS)} (docs/accuracy.md)")
         for c in self.cache:
             if c not in CACHE_STATES:
                 raise SweepError(f"unknown cache state {c!r}; use warm or cold (cold flushes the GPU L2)")
@@ -157,7 +162,8 @@ class Sweep:
             if device == "cpu":
                 cache = "warm"
             layer = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos)
-            for cell in scope_cells(layer, scope, self.layers, self.vocab, self.new_tokens):
+            for cell in (replace(c, inputs=kind) for c in scope_cells(layer, scope, self.layers, self.vocab,
+                                                                          self.new_tokens) for kind in self.inputs):
                 if cell.cell_id not in seen:
                     seen.add(cell.cell_id)
                     out.append(cell)
@@ -291,7 +297,8 @@ AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "bat
              "d-model": "d_model", "mode": "mode", "cache": "cache", "kv_heads": "num_kv_heads",
              "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal",
              "positional": "positional",
-             "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens"}
+             "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens",
+             "inputs": "inputs"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:

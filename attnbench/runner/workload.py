@@ -20,8 +20,8 @@ from attnbench.measure.memory import retained_bytes, storage_bytes
 from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
+from attnbench.runner import stress
 from attnbench.spec import AttnSpec, positional_from_text
-from attnbench.weights import random_weights
 
 
 @dataclass
@@ -84,6 +84,7 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
     Block and model cells are built by :func:`attnbench.models.workload.build_scope_workload`.
     """
     if cell.scope != "layer":
+        stress.layer_only(cell)  # issue 38: stress inputs are drawn for the layer alone
         from attnbench.models.workload import build_scope_workload
 
         return build_scope_workload(cell, seed, ready)
@@ -95,9 +96,10 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
         ready = outcome
     device, dtype = ready.device, ready.dtype
     spec = spec_for(cell)
-    module = impl.build(spec, weights=random_weights(spec, seed=seed, scale="linear"), ready=ready)
+    module = impl.build(spec, weights=stress.weights(cell, spec, seed), ready=ready)  # issue 38: --inputs
     g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g).to(device=device, dtype=dtype)
+    x = stress.stressed_input(cell, torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g), seed)
+    x = x.to(device=device, dtype=dtype)
     grad_out = None
     kv_bytes = None
 
