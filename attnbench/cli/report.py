@@ -51,8 +51,12 @@ def _default_compare_dir(label_a: str, label_b: str) -> Path:
 @click.option("--speedups", is_flag=True,
               help="Compare each implementation's paired speed-up against its baseline (B's over A's) instead of the "
                    "medians: drift of the machine between the runs cancels in it.")
+# --- issue 39: the instruction layer (attnbench.cli.instructions.compare_counted) ---
+@click.option("--instr-threshold", "instr_threshold", default=0.01, show_default=True, type=float,
+              help="Runs counted with --metric instructions: the increase in instructions per call that fails (0.01 = 1%).")
+# --- end issue 39 ---
 def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path | None, show_all: bool,
-                speedups: bool) -> None:
+                speedups: bool, instr_threshold: float = 0.01) -> None:
     """Compare run B against run A cell by cell; exit 1 on a significant slowdown beyond --threshold.
 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
@@ -60,8 +64,12 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     With --speedups, each implementation's paired speed-up against its baseline instead (B/A below 1: it lost
     ground), with a CI combining both runs' paired CIs.
     """
+    from attnbench.cli.instructions import compare_counted
     from attnbench.results.compare import compare_runs, write_compare_html
 
+    counted = compare_counted(a, b, instr_threshold)  # issue 39: runs of instruction counts compare by count
+    if counted is not None:
+        sys.exit(counted)
     with console.status("comparing ..."):
         result = compare_runs(a, b, threshold=threshold, alpha=alpha, speedups=speedups)
         page = write_compare_html(result, out_dir or _default_compare_dir(result.label_a, result.label_b))

@@ -217,6 +217,13 @@ def _speedup_text(r, name_baseline: bool) -> str:
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(file_okay=False), help="Where the report goes (default: <run folder>/report "
               "with --out, else reports/<run-id>).")
+# --- issue 39: --metric instructions (attnbench.cli.instructions); the values arrive in **positional_flags ---
+@click.option("--metric", type=click.Choice(["time", "instructions"]), default="time", show_default=True,
+              help="time: time each cell; instructions: count its instructions per call under valgrind (CPU cells).")
+@click.option("--cpu-capability", "cpu_capability", type=click.Choice(["avx2", "avx512", "sve256", "default"]),
+              default="avx2", show_default=True, help="--metric instructions: the one vector ISA PyTorch's CPU kernels "
+              "may use (valgrind has no AVX-512); docs/instructions.md.")
+# --- end issue 39 ---
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads, d_model, mode, num_kv_heads, window, causal,
@@ -262,6 +269,13 @@ def run_cmd(sweep_file, preset, impls, device, dtype, batch, seq_len, num_heads,
                 num_heads=num_heads, d_model=d_model, mode=mode, cache=cache, num_kv_heads=num_kv_heads, window=window,
                 causal=None if causal is None else (causal,), positional=compose(positional_flags), scope=scope,
                 layers=layers, vocab=vocab, new_tokens=new_tokens)
+    metric, capability = positional_flags.pop("metric", "time"), positional_flags.pop("cpu_capability", "avx2")
+    if metric == "instructions":  # issue 39: counted under valgrind, not timed (attnbench.cli.instructions)
+        from attnbench.cli.instructions import run_counted
+
+        return run_counted(preset=preset, sweep_file=sweep_file, settings=settings, axes=axes, out=out, quiet=quiet,
+                           as_json=as_json, resume=resume, executor=executor, capability=capability,
+                           timeout_s=timeout if isinstance(timeout, int | float) else None)
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not resume and executor == "local":
         ahead.enter_context(_prestarted(settings, device))

@@ -116,6 +116,14 @@ COLUMNS: dict[str, str] = {
     # first call included), warming up, in timed cycles (its share of the group's) and in the memory/FLOP pass
     "cycles": "int64", "stopped_by": "string", "compile_cache": "string", "phase_build_s": "float64",
     "phase_warmup_s": "float64", "phase_timed_s": "float64", "phase_work_s": "float64",
+    # --- issue 39 (instruction counts: attnbench.measure.instructions) ---
+    # instructions executed per call under callgrind (warm-up excluded, the harness baseline subtracted), the
+    # baseline's own per call, calls counted, the count's wall seconds and a counted call's, the vector ISA PyTorch's
+    # kernels ran (ATen's capability), callgrind's per-function table (JSON: function -> instructions per call) and
+    # the settings the count ran under; NaN / empty in rows that were timed, not counted
+    "instructions": "float64", "instructions_baseline": "float64", "instr_calls": "int64", "instr_count_s": "float64",
+    "instr_call_s": "float64", "cpu_capability": "string", "instr_functions": "string", "instr_settings": "string",
+    # --- end issue 39 ---
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -201,9 +209,10 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 5  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+SCHEMA_VERSION = 6  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
 # generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
 # 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term)
+# 6: issue 39 (instructions, instructions_baseline, instr_*, cpu_capability: instruction counts)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 
