@@ -205,9 +205,7 @@ def _with_this_attnbench(env: dict[str, str]) -> dict[str, str]:
     """``env`` with the folder this attnbench was imported from first on ``PYTHONPATH``: the counted process must
     count this code (under the asv gate, a commit's private install that ``ASV_PYTHONPATH`` put first on
     ``sys.path`` here, not the environment's own install)."""
-    import attnbench
-
-    root = str(Path(attnbench.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding this attnbench package
     env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)])
     return env
 

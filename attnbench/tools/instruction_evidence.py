@@ -10,6 +10,10 @@
     planted count is compared with an unchanged one (must fail the 1% gate) and each unchanged count with the next
     unchanged one (must pass).
 
+``python -m attnbench.tools.instruction_evidence walltime --impl sdpa``
+    times the cell natively in a process with the count's environment (one thread, the same ISA limit): the
+    other side of the slowdown of a counted call, and of how counts and times move together.
+
 ``--json FILE`` writes every count (and its wall time) for the record.
 """
 
@@ -18,11 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
-from attnbench.measure.instructions import CountSettings, count_cell
+from attnbench.measure.instructions import CountSettings, count_cell, count_env
 from attnbench.results.compare_instructions import DEFAULT_THRESHOLD
 from attnbench.results.schema import Cell
 from attnbench.tools.load import Load
@@ -51,8 +58,15 @@ def _count(impl: str, args, settings: CountSettings) -> dict:
     return out
 
 
+def _counts(impls: list[str], args, settings: CountSettings) -> list[dict]:
+    """One count per entry of ``impls``, ``--jobs`` at a time (a count does not change with the load, so counting
+    several at once changes only how long the evidence takes)."""
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return list(pool.map(lambda impl: _count(impl, args, settings), impls))
+
+
 def spread(args, settings: CountSettings) -> dict:
-    counts = [_count(args.impl, args, settings) for _ in range(args.runs)]
+    counts = _counts([args.impl] * args.runs, args, settings)
     values = [c["instructions"] for c in counts]
     median = statistics.median(values)
     result = dict(kind="spread", impl=args.impl, runs=len(values), median=median, min=min(values), max=max(values),
@@ -64,10 +78,8 @@ def spread(args, settings: CountSettings) -> dict:
 
 def gate(args, settings: CountSettings) -> dict:
     planted = planted_impl()
-    base, bad = [], []
-    for _ in range(args.runs):
-        base.append(_count("weight_split", args, settings))
-        bad.append(_count(planted, args, settings))
+    both = _counts(["weight_split", planted] * args.runs, args, settings)  # alternated
+    base, bad = both[0::2], both[1::2]
     t = args.threshold
     caught = [b["instructions"] / a["instructions"] > 1 + t for a, b in zip(base, bad, strict=True)]
     passed = [base[(i + 1) % len(base)]["instructions"] / a["instructions"] <= 1 + t for i, a in enumerate(base)]
@@ -78,9 +90,28 @@ def gate(args, settings: CountSettings) -> dict:
                 unchanged=base, planted=bad)
 
 
+def walltime(args, settings: CountSettings) -> dict:
+    """The cell timed natively (``attnbench.measure.time_fn``) in a process with the count's environment (one thread,
+    the same ISA limit), for the slowdown of a counted call and for how counts and times move together."""
+    env = count_env(settings)
+    code = ("import json, sys, torch; torch.set_num_threads(1); from attnbench.measure import time_fn; "
+            "from attnbench.results.schema import Cell; from attnbench.runner.workload import build_workload; "
+            "c = Cell(**json.loads(sys.argv[1])); w = build_workload(c); w.step(); "
+            "t = time_fn(w.step, w.device, warmup_calls=3, budget_s=2.0, min_samples=20, target_rel_ci=0.01); "
+            "s = t.stats(); print(json.dumps(dict(median_s=s['median_s'], min_s=s['min_s'], n=s['n'], "
+            "capability=torch.backends.cpu.get_cpu_capability())))")
+    cell = _cell(args.impl, args)
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(asdict(cell))], env=env, capture_output=True, text=True,
+                         check=True)
+    result = dict(kind="walltime", impl=args.impl, cell=cell.cell_id, **json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"{cell.cell_id}: median {result['median_s'] * 1e6:.1f} us, min {result['min_s'] * 1e6:.1f} us "
+          f"({result['n']} samples, {result['capability']})")
+    return result
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnbench.tools.instruction_evidence", description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("spread", "gate"))
+    p.add_argument("what", choices=("spread", "gate", "walltime"))
     p.add_argument("--impl", default="sdpa", help="spread: the implementation counted (default sdpa)")
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--load", choices=("memory", "cpu"), help="load the spare core while counting")
@@ -91,6 +122,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="inference")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     p.add_argument("--json", type=Path, help="write the counts here")
+    p.add_argument("--jobs", type=int, default=1, help="counts at once (default 1)")
     return p
 
 
@@ -101,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if load:
             print(load.describe(), flush=True)
-        result = spread(args, settings) if args.what == "spread" else gate(args, settings)
+        result = {"spread": spread, "gate": gate, "walltime": walltime}[args.what](args, settings)
     finally:
         if load:
             load.stop()
