@@ -156,3 +156,18 @@ def test_a_tiny_cell_counted_twice_under_valgrind_gives_the_same_count():
 
 def test_valgrind_presence_matches_the_reason():
     assert (shutil.which("valgrind") is not None) or "valgrind" in (ins.unavailable_reason("cpu") or "")
+
+
+def test_run_metric_instructions_without_valgrind_writes_skipped_rows_and_says_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ins.shutil, "which", lambda name: None if name == "valgrind" else "/usr/bin/" + name)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--metric", "instructions", "--impl", "sdpa", "--seq", "16", "--batch", "1", "--heads", "2",
+              "--d-model", "32", "--mode", "inference", "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path)])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "no cell was counted (1 skipped)" in err and "apt-get install valgrind" in err
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["metric"] == "instructions" and meta["instruction_env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    df = pd.read_parquet(run_dir / "results.parquet")
+    assert list(df["status"]) == ["skipped"] and "valgrind" in df["error"].iloc[0]

@@ -55,8 +55,11 @@ def run_counted(*, preset, sweep_file, settings: dict, axes: dict, out: str, qui
                       "compare two of them with attnbench compare)", markup=False)
     failed = {s: n for s, n in counts.items() if s not in ("ok", "skipped")}
     if failed or not counts.get("ok"):
-        err_console.print(f"error: {sum(failed.values())} of {len(df)} cells failed and {counts.get('ok', 0)} were "
-                          "counted; the reasons are in the results' error column", markup=False)
+        first = df[df.status != "ok"].iloc[0] if (df.status != "ok").any() else None
+        said = ", ".join(f"{n} {s}" for s, n in counts.items())
+        err_console.print(f"error: {'no cell was counted' if not counts.get('ok') else 'some cells failed'} ({said})"
+                          + (f"; first: {first.cell_id}: {first.status}: {first.error}" if first is not None else ""),
+                          markup=False)
         sys.exit(1)
 
 
