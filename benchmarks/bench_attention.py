@@ -377,3 +377,34 @@ class Accuracy:
         return self._accuracy.measure(self.workload, seed=0)["error_rms"]
 
     track_error_rms.unit = "relative RMS error"
+
+
+class Instructions:
+    """Instructions per call of tiny inference cells, counted under valgrind's callgrind in a process of their own
+    (:func:`attnbench.measure.instructions.count_cell`: one thread, ASLR off, one vector ISA). A count repeats to a few
+    parts per million whatever the machine's load, so the asv gate fails on it past ``--instr-threshold`` (1%),
+    without the timed benchmarks' factor and confirmation pass. Skipped without valgrind and on commits before
+    instruction counts."""
+
+    params = (["sdpa"], [64])  # one count: asv --quick in .ci/run runs each once (tens of seconds under valgrind)
+    param_names = ("impl", "seq_len")
+    timeout = 900  # one count: tens of seconds (the counted process imports torch under valgrind)
+    rounds = 1
+    repeat = 1
+
+    def setup(self, impl, seq_len):
+        try:
+            from attnbench.measure.instructions import unavailable_reason
+        except ImportError:
+            raise NotImplementedError("this commit cannot count instructions (no attnbench.measure.instructions)") from None
+        reason = unavailable_reason(DEVICE)
+        if reason:
+            raise NotImplementedError(reason)
+
+    def track_instructions(self, impl, seq_len):
+        from attnbench.measure.instructions import count_cell
+
+        cell = Cell(impl=impl, device=DEVICE, batch=1, seq_len=seq_len, num_heads=HEADS, d_model=128, mode="inference")
+        return count_cell(cell)["instructions"]
+
+    track_instructions.unit = "instructions"

@@ -19,15 +19,18 @@ def _steps(text: str) -> dict[str, dict]:
 
 
 def test_workflow_checks_sweeps_gates_and_uploads_on_pull_requests():
-    text = render(impls=["my_pkg.attn:MyAttention", "sdpa"], torch="torch==2.5.1", factor=1.3)
+    text = render(impls=["my_pkg.attn:MyAttention", "sdpa"], torch="torch==2.5.1", factor=1.3,
+                  attnbench_source="https://github.com/me/attnbench.git")
     doc = yaml.safe_load(text)
     assert "pull_request" in doc[True]  # YAML 1.1 reads the key `on` as True
     steps = _steps(text)
     install = steps["Install CPU PyTorch and the project"]["run"]
     assert "torch==2.5.1 --index-url https://download.pytorch.org/whl/cpu" in install and "pip install -e ." in install
+    assert "'attnbench[asv] @ git+https://github.com/me/attnbench.git'" in install
     assert steps["Correctness matrix (attnbench check)"]["run"] == "attnbench check my_pkg.attn:MyAttention sdpa"
     assert "--impl my_pkg.attn:MyAttention --impl sdpa" in steps["Sweep the PR head"]["run"]
-    assert 'attnbench asv-compare "origin/${BASE_REF}" HEAD --factor 1.3' in steps["asv gate (base branch vs PR head)"]["run"]
+    gate = next(v for k, v in steps.items() if k.startswith("asv gate"))["run"]
+    assert 'attnbench asv-compare "origin/${BASE_REF}" HEAD --factor 1.3 --instr-threshold 0.01' in gate
     upload = steps["Upload the report and the compare pages"]
     assert upload["uses"].startswith("actions/upload-artifact@") and upload["if"] == "always()"
     assert {"reports/head", "reports/compare", "reports/asv/compare.txt"} <= set(upload["with"]["path"].split())
@@ -73,3 +76,36 @@ def test_generated_workflow_matches_the_workflow_schema(tmp_path):
     run = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_workflow_installs_valgrind_and_gates_on_instruction_counts_then_wall_time():
+    steps = _steps(render(impls=["sdpa"], instr_threshold=0.005, attnbench_source="attnbench==0.1.0"))
+    names = list(steps)
+    assert "valgrind" in steps["Install valgrind (instruction counts)"]["run"]
+    count = next(k for k in names if k.startswith("Count instructions"))
+    assert "attnbench run --metric instructions --preset smoke --impl sdpa --out runs/head-count" in steps[count]["run"]
+    gate = next(k for k in names if k.startswith("Instruction gate"))
+    assert "--instr-threshold 0.005" in steps[gate]["run"] and "0.5%" in gate
+    assert names.index(count) < names.index(gate) < names.index(next(k for k in names if k.startswith("asv gate")))
+    assert "pip install -e . attnbench==0.1.0" in steps["Install CPU PyTorch and the project"]["run"]
+
+
+def test_attnbench_source_becomes_a_pip_argument_and_the_default_resolves(tmp_path):
+    from attnbench.tools.ci_workflow import HOME_GIT, default_source, requirement
+
+    assert requirement("git+https://example.org/a.git@v1") == "'attnbench[asv] @ git+https://example.org/a.git@v1'"
+    assert requirement("./vendor/attnbench/") == "'./vendor/attnbench[asv]'"
+    assert requirement("attnbench>=0.1") == "'attnbench>=0.1'"
+    repo = Path(__file__).resolve().parents[1]  # attnbench's own checkout: the project itself, installable here
+    assert default_source(repo)[0] == "."
+    assert "pip install -e '.[asv]'" in render(repo=repo)
+    assert default_source(tmp_path)[0] in (HOME_GIT,) or default_source(tmp_path)[0].startswith("git+")
+
+
+def test_cli_warns_when_the_repository_lacks_what_the_workflow_needs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["ci", "github", "--impl", "sdpa", "--stdout"])
+    err = capsys.readouterr().err
+    for name in ("pyproject.toml", "asv.conf.json", "benchmarks"):
+        assert f"{name} is missing" in err
+    assert "installs attnbench from" in err and "--attnbench-source" in err

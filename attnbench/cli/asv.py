@@ -23,8 +23,12 @@ from attnbench.cli.app import cli
 @click.option("--config", default=None, help="asv config (default: REPO/asv.conf.json).")
 @click.option("--keep", metavar="DIR", default=None, help="Copy asv's results to DIR/results.")
 @click.option("--show-stderr", is_flag=True, help="Pass --show-stderr to asv run.")
-def asv_compare_cmd(base, head, factor, bench, rounds, confirm, python, repo, config, keep, show_stderr) -> None:
-    """Benchmark BASE and HEAD with asv and exit 1 on a significant slowdown beyond --factor.
+@click.option("--instr-threshold", "instr_threshold", type=float, default=0.01, show_default=True,
+              help="track_instructions (instruction counts) more than this fraction higher at HEAD fail the gate.")
+def asv_compare_cmd(base, head, factor, bench, rounds, confirm, python, repo, config, keep, show_stderr,
+                    instr_threshold) -> None:
+    """Benchmark BASE and HEAD with asv and exit 1 on a significant slowdown beyond --factor, or on more
+    instructions per call (track_instructions) beyond --instr-threshold.
 
     Each commit is installed into a private folder (pip --target) that only asv's processes see, so
     this environment's own install is never modified. Exit 2 when the gate cannot run.
@@ -32,7 +36,8 @@ def asv_compare_cmd(base, head, factor, bench, rounds, confirm, python, repo, co
     from attnbench.tools.asv_gate import report, run_gate
 
     result = run_gate(base, head, repo=repo, factor=factor, bench=list(bench) or None, rounds=rounds, confirm=confirm,
-                      python=python, config=config, keep=keep, show_stderr=show_stderr)
+                      python=python, config=config, keep=keep, show_stderr=show_stderr,
+                      instr_threshold=instr_threshold)
     sys.stdout.flush()
     code = report(result, factor)
     if code:

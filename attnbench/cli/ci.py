@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from attnbench.cli.app import _split, cli, console
+from attnbench.cli.app import _split, cli, console, err_console
 
 
 @cli.group("ci")
@@ -24,11 +24,25 @@ def ci_group() -> None:
 @click.option("--factor", type=float, default=1.2, show_default=True, help="asv gate: ratio beyond which a slowdown fails.")
 @click.option("--force", is_flag=True, help="Overwrite an existing, different workflow file.")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the workflow instead of writing it.")
-def github_cmd(impls, output, python, torch, preset, factor, force, to_stdout) -> None:
-    """Write a GitHub Actions workflow: on pull requests, check, sweep, compare and gate on asv; upload the pages."""
+@click.option("--attnbench-source", "source", default=None,
+              help="Where the workflow installs attnbench from: a git URL, a path in the repository or a requirement "
+                   "string. [default: the repository itself when it is attnbench, else where this attnbench came from "
+                   "(git), else attnbench's home repository]")
+@click.option("--instr-threshold", "instr_threshold", type=float, default=0.01, show_default=True,
+              help="Instruction gate: more instructions per call than this fraction fails the pull request.")
+def github_cmd(impls, output, python, torch, preset, factor, force, to_stdout, source, instr_threshold) -> None:
+    """Write a GitHub Actions workflow: on pull requests, check, sweep, count instructions, compare and gate on
+    instruction counts and asv; upload the pages."""
     from attnbench.tools import ci_workflow
 
-    options = dict(impls=_split(impls), python=python, torch=torch, preset=preset, factor=factor)
+    repo = Path(".")
+    options = dict(impls=_split(impls), python=python, torch=torch, preset=preset, factor=factor,
+                   attnbench_source=source, instr_threshold=instr_threshold, repo=repo)
+    for warning in ci_workflow.missing_files(repo):
+        err_console.print(f"warning: {warning}", markup=False)
+    if source is None:
+        where, why = ci_workflow.default_source(repo)
+        err_console.print(f"note: the workflow installs attnbench from {where} ({why})", markup=False)
     if to_stdout:
         click.echo(ci_workflow.render(**options), nl=False)
         return

@@ -64,8 +64,12 @@ def _default_compare_dir(label_a: str, label_b: str) -> Path:
 @click.option("--error-ratio-limit", "error_ratio_limit", default=2.0, show_default=True, type=float,
               help="A cell whose error ratio (error against float64 over the plain math's in the same dtype) was at "
                    "most this in A and is above it in B is an accuracy regression: it fails the comparison too.")
+# --- issue 39: the instruction layer (attnbench.cli.instructions.compare_counted) ---
+@click.option("--instr-threshold", "instr_threshold", default=0.01, show_default=True, type=float,
+              help="Runs counted with --metric instructions: the increase in instructions per call that fails (0.01 = 1%).")
+# --- end issue 39 ---
 def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path | None, show_all: bool,
-                speedups: bool, error_ratio_limit: float = 2.0) -> None:
+                speedups: bool, error_ratio_limit: float = 2.0, instr_threshold: float = 0.01) -> None:
     """Compare run B against run A cell by cell; exit 1 on a significant slowdown beyond --threshold.
 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
@@ -73,9 +77,14 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     With --speedups, each implementation's paired speed-up against its baseline instead (B/A below 1: it lost
     ground), with a CI combining both runs' paired CIs.
     """
+    from attnbench.cli.instructions import compare_counted
     from attnbench.results.accuracy import print_accuracy
     from attnbench.results.compare import compare_runs, write_compare_html
+    from attnbench.results.store import the_run
 
+    counted = compare_counted(the_run(a), the_run(b), instr_threshold)  # issue 39: runs of instruction counts compare by count
+    if counted is not None:
+        sys.exit(counted)
     with console.status("comparing ..."):
         result = compare_runs(a, b, threshold=threshold, alpha=alpha, speedups=speedups)
         page = write_compare_html(result, out_dir or _default_compare_dir(result.label_a, result.label_b))

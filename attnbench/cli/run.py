@@ -185,7 +185,7 @@ RUN_SECTIONS = (
                   "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
                   "score_scale", "softcap", "inputs")),
     ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
-                     "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "profile")),
+                     "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "metric", "cpu_capability", "profile")),
     ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
     ("Execution", ("executor", "ray_address", "isolate", "cell_timeout", "no_memory_guard", "no_wait",
                    "allow_concurrent")),
@@ -272,6 +272,13 @@ RUN_SECTIONS = (
               "docs/accuracy.md.")
 @click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
               "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
+# --- issue 39: --metric instructions (attnbench.cli.instructions) ---
+@click.option("--metric", type=click.Choice(["time", "instructions"]), default="time", show_default=True,
+              help="time: time each cell; instructions: count its instructions per call under valgrind (CPU cells).")
+@click.option("--cpu-capability", "cpu_capability", type=click.Choice(["avx2", "avx512", "sve256", "default"]),
+              default="avx2", show_default=True, help="--metric instructions: the one vector ISA PyTorch's CPU kernels "
+              "may use (valgrind has no AVX-512); docs/instructions.md.")
+# --- end issue 39 ---
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, **flags) -> None:
@@ -292,6 +299,13 @@ def run_cmd(sweep_file, **flags) -> None:
     o.quiet = o.quiet or o.as_json
     settings = _settings(o)
     axes = _axes(o, flags)
+    if o.metric == "instructions":  # issue 39: counted under valgrind, not timed (attnbench.cli.instructions)
+        from attnbench.cli.instructions import run_counted
+
+        timeout = settings.get("cell_timeout_s")
+        return run_counted(preset=o.preset, sweep_file=sweep_file, settings=settings, axes=axes, out=o.out,
+                           quiet=o.quiet, as_json=o.as_json, resume=o.resume, executor=o.executor,
+                           capability=o.cpu_capability, timeout_s=timeout if isinstance(timeout, int | float) else None)
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not o.resume and o.executor == "local":
         ahead.enter_context(_prestarted(settings, o.device))

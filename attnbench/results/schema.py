@@ -126,6 +126,14 @@ COLUMNS: dict[str, str] = {
     "error_note": "string", "phase_accuracy_s": "float64",
     "error_steps": "int64",  # decode rows: the single-token steps the judged one came after (drift); 0 elsewhere
     "inputs": "string",  # issue 38: normal | outliers | large-logits (attnbench.runner.stress); runs before it: normal
+    # --- issue 39 (instruction counts: attnbench.measure.instructions) ---
+    # instructions executed per call under callgrind (warm-up excluded, the harness baseline subtracted), the
+    # baseline's own per call, calls counted, the count's wall seconds and a counted call's, the vector ISA PyTorch's
+    # kernels ran (ATen's capability), callgrind's per-function table (JSON: function -> instructions per call) and
+    # the settings the count ran under; NaN / empty in rows that were timed, not counted
+    "instructions": "float64", "instructions_baseline": "float64", "instr_calls": "int64", "instr_count_s": "float64",
+    "instr_call_s": "float64", "cpu_capability": "string", "instr_functions": "string", "instr_settings": "string",
+    # --- end issue 39 ---
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -217,7 +225,8 @@ class Cell:
 SCHEMA_VERSION = 6  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
 # generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
 # 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term);
-# 6: issue 38 (error_*: accuracy against the float64 reference; phase_accuracy_s)
+# 6: issue 38 (error_*: accuracy against the float64 reference; phase_accuracy_s; inputs) and issue 39 (instructions,
+#    instructions_baseline, instr_*, cpu_capability: instruction counts)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 

@@ -23,6 +23,10 @@ with ``environment_type: existing`` the gate does it by hand:
    rounds (new results): it fails the gate only if that comparison finds it slower too. A burst of load
    from another process during the long first pass hits one side and does not repeat; a real slowdown
    does. (asv's ``--bench`` regex matches ``name(param, ...)``, so exactly the flagged combinations rerun.)
+5. instruction counts (``track_instructions``, issue 39: :mod:`attnbench.measure.instructions`) are the gate's
+   second layer: they repeat to a few parts per million whatever the load, so a count more than
+   ``--instr-threshold`` (default 1%) higher at HEAD fails the gate on ``asv compare --factor 1+threshold``'s
+   ratio alone, with no confirmation pass; at the timed ``--factor`` they are neither reported nor failing.
 
 Every asv process measures under ``attnbench run``'s controlled CPU environment
 (:func:`attnbench.measure.cpu_env.process_env` with the ``pinned`` allocator and OpenMP binding),
@@ -58,6 +62,9 @@ HIGHER_IS_BETTER = re.compile(r"\.track_(gflops|gbytes_per_s|frac_peak_bw)\b")
 TIMED = re.compile(r"\.time_\w+")
 """Benchmarks timed by asv with raw samples: the only ones whose slowdown fails the gate."""
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
+COUNTED = re.compile(r"\.track_instructions\b")
+"""Instruction counts (issue 39): exact, so they fail the gate past ``--instr-threshold`` without a confirmation pass."""
+INSTR_THRESHOLD = 0.01
 
 
 def _log(message: str) -> None:
@@ -177,6 +184,29 @@ def _worse_rows(table: str) -> tuple[list[str], list[str]]:
     return bad, reported
 
 
+def counted_regressions(table: str) -> list[str]:
+    """The ``track_instructions`` rows that ``asv compare --factor 1+instr_threshold`` marks worse (``+``) or newly
+    failing (``!``): an instruction count has no noise to test against, so its ratio alone decides."""
+    rows = []
+    for line in table.splitlines():
+        cells = _cells(line)
+        if len(cells) >= 5 and cells[0] in ("+", "!") and COUNTED.search(cells[-1]):
+            rows.append(line.strip())
+    return rows
+
+
+def _uncounted(*row_lists: list[str]) -> tuple[list[str], ...]:
+    """The lists without ``track_instructions`` rows (judged by :func:`counted_regressions` at their own threshold)."""
+    return tuple([line for line in rows if not COUNTED.search(_cells(line)[-1])] for rows in row_lists)
+
+
+def _counted_layer(asv: list[str], shas: dict, env: dict, instr_threshold: float) -> list[str]:
+    """:func:`counted_regressions` of ``asv compare`` at the factor ``1 + instr_threshold``."""
+    cmd = [*asv, "compare", shas["base"], shas["head"], "--factor", str(1 + instr_threshold), "--split",
+           "--machine", MACHINE]
+    return counted_regressions(_run(cmd, env=env, capture=True).stdout)
+
+
 def confirm_regressions(regressions: list[str], again: str) -> tuple[list[str], list[str]]:
     """``(regressions, unconfirmed)``: of the first pass's regression rows, the timed ones that the
     confirmation table ``again`` does not find worse are unconfirmed; newly failing ones (``!``) stay."""
@@ -197,8 +227,8 @@ def check_asv(python: str) -> None:
 
 def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.2, bench: list[str] | None = None,
              rounds: int = 2, confirm: int = 2, python: str | None = None, config: str | Path | None = None,
-             keep: str | Path | None = None, show_stderr: bool = False, log=_log) -> GateResult:
-    """Benchmark ``base`` and ``head`` and compare them (see the module docstring)."""
+             keep: str | Path | None = None, show_stderr: bool = False, log=_log, instr_threshold=INSTR_THRESHOLD) -> GateResult:
+    """Benchmark ``base`` and ``head`` and compare them (module docstring; instruction counts: :func:`_counted_layer`)."""
     python = python or sys.executable
     if rounds < 1:
         raise GateError("--rounds must be at least 1")
@@ -228,7 +258,8 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
             table = _measure(asv, python, shas, sites, env, rounds, bench, show_stderr, factor, failed, log)
         finally:
             held.release()
-        regressions, reported = _worse_rows(table)
+        counted = _counted_layer(asv, shas, env, instr_threshold)  # issue 39: instruction counts
+        regressions, reported = _uncounted(*_worse_rows(table))
         timed = [line for line in regressions if _cells(line)[0] != "!"]
         if timed and confirm:
             # a timed slowdown counts only if it shows again when measured afresh (new results, alternating):
@@ -247,8 +278,8 @@ def run_gate(base: str, head: str, *, repo: str | Path = ".", factor: float = 1.
                 held.release()
             regressions, unconfirmed = confirm_regressions(regressions, again)
             table += "\n\nConfirmation (the slower timed benchmarks measured again):\n" + again
-            return GateResult(shas["base"], shas["head"], table, regressions, reported, failed, unconfirmed)
-        return GateResult(shas["base"], shas["head"], table, regressions, reported, failed)
+            return GateResult(shas["base"], shas["head"], table, regressions + counted, reported, failed, unconfirmed)
+        return GateResult(shas["base"], shas["head"], table, regressions + counted, reported, failed)
     finally:
         if keep and (work / "results").is_dir():
             shutil.copytree(work / "results", Path(keep) / "results", dirs_exist_ok=True)
@@ -345,6 +376,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="alternating BASE/HEAD asv runs per commit (default 2)")
     p.add_argument("--confirm", type=int, default=2, help="fresh alternating rounds that must show a timed slowdown "
                    "again before it fails the gate (default 2; 0: no confirmation)")
+    p.add_argument("--instr-threshold", type=float, default=INSTR_THRESHOLD, help="track_instructions figures more "
+                   "than this fraction higher at HEAD fail the gate (default 0.01: 1%%; no confirmation pass)")
     p.add_argument("--python", help="the environment's interpreter (default: this one)")
     p.add_argument("--repo", default=".", help="the git repository (default: the current directory)")
     p.add_argument("--config", help="asv config (default: REPO/asv.conf.json)")
@@ -358,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_gate(args.base, args.head, repo=args.repo, factor=args.factor, bench=args.bench,
                           rounds=args.rounds, confirm=args.confirm, python=args.python, config=args.config, keep=args.keep,
-                          show_stderr=args.show_stderr)
+                          show_stderr=args.show_stderr, instr_threshold=args.instr_threshold)
     except GateError as exc:
         print(f"gate: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

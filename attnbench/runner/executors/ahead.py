@@ -24,6 +24,7 @@ from attnbench.runner import compile_cache
 from attnbench.runner.executors import orphans
 
 ENVIRONMENT_FLAGS = ("--cpu-allocator", "--threads", "--no-cpu-bind", "--isolate", "--executor", "--device", "--resume",
+                     "--metric",  # issue 39: --metric instructions runs no measuring worker
                      "--preset", "--help", "-h")
 """Options of ``attnbench run`` after which the default worker would not be the run's (a sweep file, ``*.toml``,
 too): nothing is started ahead."""
