@@ -300,12 +300,7 @@ def run_cmd(sweep_file, **flags) -> None:
     settings = _settings(o)
     axes = _axes(o, flags)
     if o.metric == "instructions":  # issue 39: counted under valgrind, not timed (attnbench.cli.instructions)
-        from attnbench.cli.instructions import run_counted
-
-        timeout = settings.get("cell_timeout_s")
-        return run_counted(preset=o.preset, sweep_file=sweep_file, settings=settings, axes=axes, out=o.out,
-                           quiet=o.quiet, as_json=o.as_json, resume=o.resume, executor=o.executor,
-                           capability=o.cpu_capability, timeout_s=timeout if isinstance(timeout, int | float) else None)
+        return _run_counted(o, settings, axes)
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not o.resume and o.executor == "local":
         ahead.enter_context(_prestarted(settings, o.device))
@@ -345,6 +340,16 @@ def run_cmd(sweep_file, **flags) -> None:
     elif not o.quiet:
         print_summary(df, run_dir, report_path, time_line, failing)
     _exit_for(df, run_dir)
+
+
+def _run_counted(o: SimpleNamespace, settings: dict, axes: dict):
+    """``--metric instructions``: the sweep's cells counted under valgrind (:func:`attnbench.cli.instructions.run_counted`)."""
+    from attnbench.cli.instructions import run_counted
+
+    timeout = settings.get("cell_timeout_s")
+    return run_counted(preset=o.preset, sweep_file=o.sweep_file, settings=settings, axes=axes, out=o.out, quiet=o.quiet,
+                       as_json=o.as_json, resume=o.resume, executor=o.executor, capability=o.cpu_capability,
+                       timeout_s=timeout if isinstance(timeout, int | float) else None)
 
 
 def _settings(o: SimpleNamespace) -> dict:
