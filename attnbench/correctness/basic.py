@@ -181,7 +181,7 @@ def run_dropout_train(impl, case: Case, device: torch.device) -> CaseResult:
     ok = changed > 1e-3
     return row(impl, case, device, "pass" if ok else "fail", changed, 1e-3,
                "" if ok else f"train-mode output does not change with dropout={DROPOUT}: dropout is not applied (if it "
-               "has none, declare attnbench_capabilities = {'dropout': False}: README, Capabilities)")
+               "has none, declare attnbench_capabilities = {'dropout': False}: docs/own-attention.md, Capabilities)")
 
 
 def run_golden(impl, case: Case, device: torch.device) -> CaseResult:

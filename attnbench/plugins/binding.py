@@ -66,7 +66,7 @@ _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "d
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
 """Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""
-GUIDE = "README: Bring your own attention"
+GUIDE = "docs/own-attention.md: Bring your own attention"
 
 
 def spec_values(spec: AttnSpec) -> dict[str, object]:
@@ -237,5 +237,5 @@ def capabilities(obj) -> dict:
     unknown = sorted(set(caps) - set(_CAPABILITY_KEYS))
     if unknown:
         raise PluginLoadError(f"{getattr(obj, '__qualname__', obj)}.attnbench_capabilities has unknown key(s) "
-                              f"{unknown}; the keys are {', '.join(_CAPABILITY_KEYS)} (README: Capabilities)")
+                              f"{unknown}; the keys are {', '.join(_CAPABILITY_KEYS)} (docs/own-attention.md: Capabilities)")
     return caps

@@ -33,7 +33,7 @@ from attnbench.spec import AttnSpec
 
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
 """6 heads of 4, 3 kv heads: keys and values 12 wide; a kv-head name read as a group size (2) would give 8."""
-GUIDE = "README: Attention variants and KV-cache decoding"
+GUIDE = "docs/variants.md: Attention variants and KV-cache decoding"
 EXTERNAL_CACHE = frozenset({"past_key_value", "past_key_values", "layer_past", "past", "cache", "kv_cache", "cache_position"})
 """``forward`` parameters that pass a cache in (Hugging Face, GPT-2 style): such a class keeps no cache of its own."""
 
