@@ -134,7 +134,8 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
                           f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # the implementation under test raised: a failed case, with its message
-        hint = " (no backward here? declare it in attnbench_capabilities: docs/own-attention.md, Capabilities)" if case.kind == "backward" else ""
+        hint = (" (no backward here? declare it in attnbench_capabilities: docs/own-attention.md, Capabilities)"
+                if case.kind == "backward" else "")
         return CaseResult(impl.name, case.kind, case.shape.id, case.dtype, str(dev), "error", None, None,
                           f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300] + hint)
     finally:
