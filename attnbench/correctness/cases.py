@@ -188,7 +188,6 @@ def build(impl, spec: AttnSpec, device: torch.device | str, dtype: str, w: Canon
         spec, w = own, fit_gains(w, own, seed=7)
     w_low = w.to(dtype=DTYPES[dtype])
     module = impl.build(spec, device, dtype, weights=w_low).train(train)
-    # a low-rank K/V path (MLA, plugins.mla): the reference takes the weights the module computes with
     if composed(module):  # a low-rank K/V path (MLA, plugins.mla): the reference takes what the module computes with
         w_low = export_weights(module, spec).to(dtype=DTYPES[dtype], device=w_low.W_q.device)
     built = Built(module, zero_held(module, w_low), spec, dtype)
@@ -200,24 +199,9 @@ _WORKING_CACHE: dict = {}
 
 
 def working_summary(impl_name: str) -> str | None:
-    """``working precision: float32 in q_norm, k_norm (...)`` over the float64 and float32 builds of ``impl_name``'s
-    cases in this process, or ``None`` when every one computed in the dtype it was given."""
-    seen = [w for k, w in _WORKING_CACHE.items() if k[0] == impl_name and w.observed.parts]
-    if not seen:
-        return None
-    low = [w for w in seen if w.observed.below32]
-    if low:
-        return low[0].line()
-    merged = precision.Observed(torch.float64)
-    for w in seen:
-        if w.observed.dtype == torch.float64:
-            for part, dtypes in w.observed.parts.items():
-                for d in dtypes:
-                    merged.add(part, "", d)
-    if not merged.parts:
-        return None
-    return (f"working precision: {merged.describe()} (float64 cases judged at float32: against "
-            f"{precision.FLOOR_FACTOR:g}x the error of the harness's math with the same parts in float32)")
+    """``working precision: ...`` over the builds of ``impl_name``'s cases in this process
+    (:func:`attnbench.correctness.precision.summary`), or ``None`` when every one computed in its own dtype."""
+    return precision.summary([w for k, w in _WORKING_CACHE.items() if k[0] == impl_name])
 
 
 def _observe_working(impl, built: Built, device) -> None:

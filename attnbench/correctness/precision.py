@@ -35,6 +35,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from attnbench.plugins.qk_norm import role  # the q/k norm names the weight mapping already knows
+
 FLOOR_FACTOR = 8.0
 """A class working in float32 somewhere passes a float64 case at ``FLOOR_FACTOR`` times the error of the
 harness's math with the same parts in float32 (its own op order, fused kernels and where it converts back differ
@@ -110,8 +112,6 @@ def _classify(observed: Observed, func, where: str, dtype: torch.dtype) -> None:
     op = func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func)
     if dtype in LOW and observed.dtype in (torch.float32, torch.float64) and op not in _MOVES:
         observed.below32.append(f"aten.{op} in {_name(dtype)} ({where or 'forward'})")
-    from attnbench.plugins.qk_norm import role  # the q/k norm names the weight mapping already knows
-
     if op in _MOVES:  # a conversion or a view: named by the computation it feeds (observe() names it if alone)
         observed.moves.append(f"aten.{op}{f' in {where}' if where else ''}")
         return
@@ -179,18 +179,28 @@ class Working:
     forward_tol: float
     grad_tol: float
 
-    def line(self) -> str:
-        """What ``check -v`` prints for it."""
-        o = self.observed
-        if o.below32:
-            return f"working precision: {o.describe()} (below float32 inside a {_name(o.dtype)} case: never excused)"
-        judged = (f" (float64 cases judged at the error of the harness's math with the same parts in float32, "
-                  f"x{FLOOR_FACTOR:g}: forward {self.forward_tol:.1e}, gradients {self.grad_tol:.1e})") if o.in_float32 else ""
-        return f"working precision: {o.describe()}{judged}"
-
 
 WORKING: contextvars.ContextVar[Working | None] = contextvars.ContextVar("attnbench_working_precision", default=None)
 """The working precision of the module the current case built (None: as given)."""
+
+
+def summary(workings: list[Working]) -> str | None:
+    """``working precision: float32 in q_norm, k_norm (...)``: what ``check`` says of one class over the builds of its
+    cases (``workings``), or ``None`` when every one computed in the dtype it was given. Anything below float32 is
+    named first: it is never excused."""
+    low = [w.observed for w in workings if w.observed.below32]
+    if low:
+        return (f"working precision: {low[0].describe()} (below float32 inside a {_name(low[0].dtype)} case: "
+                "never excused)")
+    merged = Observed(torch.float64)
+    for observed in (w.observed for w in workings if w.observed.dtype == torch.float64):
+        for part, dtypes in observed.parts.items():
+            for d in dtypes:
+                merged.add(part, "", d)
+    if not merged.parts:
+        return None
+    return (f"working precision: {merged.describe()} (float64 cases judged at float32: against {FLOOR_FACTOR:g}x "
+            "the error of the harness's math with the same parts in float32)")
 
 
 def lowp_for(observed: Observed) -> frozenset[str]:
