@@ -15,24 +15,14 @@ import pytest
 import torch
 
 from attnbench import registry
-from attnbench.cli import main
 from attnbench.correctness.matrix import run_matrix
 from attnbench.plugins.loading import how_imported, package_of
 from attnbench.plugins.module_cache import AppendingCache, cache_attr
 from attnbench.spec import AttnSpec
+from tests.test_exit_status import cli  # attnbench ARGV in this process: (exit status, stdout, stderr)
 
 R = "tests/plugins/reach/"
 SPEC = AttnSpec(d_in=32, d_out=32, context_length=16, dropout=0.0, num_heads=4, num_kv_heads=2)
-
-
-def cli(argv, capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_a_file_in_a_package_is_imported_as_package_module(repo_cwd):
