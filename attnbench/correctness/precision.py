@@ -108,7 +108,7 @@ class _Recorder(TorchDispatchMode):
 
 
 def _classify(observed: Observed, func, where: str, dtype: torch.dtype) -> None:
-    """Put one low-precision op into its part (see the module docstring)."""
+    """Put one low-precision real-valued op into its part (complex ops are the recorder's: see the module docstring)."""
     op = func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func)
     if dtype in LOW and observed.dtype in (torch.float32, torch.float64) and op not in _MOVES:
         observed.below32.append(f"aten.{op} in {_name(dtype)} ({where or 'forward'})")
@@ -117,17 +117,13 @@ def _classify(observed: Observed, func, where: str, dtype: torch.dtype) -> None:
         return
     leaf = where.rsplit(".", 1)[-1]
     if where and (role(leaf) or _NORM_MODULE.search(leaf)):
-        observed.add(leaf if role(leaf) else where, "norm", _low_storage(dtype))
-    elif op in ("cos", "sin", "polar") or (where and _ROPE_WORDS.search(leaf)) or dtype.is_complex:
-        observed.add("RoPE tables", "rope", _low_storage(dtype))
+        observed.add(leaf if role(leaf) else where, "norm", dtype)
+    elif op in ("cos", "sin", "polar") or (where and _ROPE_WORDS.search(leaf)):
+        observed.add("RoPE tables", "rope", dtype)
     elif op in ("_softmax", "_log_softmax", "_safe_softmax"):
-        observed.add("softmax", "softmax", _low_storage(dtype))
+        observed.add("softmax", "softmax", dtype)
     else:
-        observed.add(f"aten.{op}{f' in {where}' if where else ''}", "other", _low_storage(dtype))
-
-
-def _low_storage(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype == torch.complex64 else dtype
+        observed.add(f"aten.{op}{f' in {where}' if where else ''}", "other", dtype)
 
 
 def _float32_buffers(module: nn.Module, observed: Observed) -> None:
