@@ -207,7 +207,7 @@ def even_head_dim_reason(binding: Binding, plan: ContextPlan | None, rotates: bo
                 module(torch.randn(1, 3, probe.d_in))
             outcomes.append(None)
         except Exception as exc:
-            outcomes.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160])
+            outcomes.append(f"{type(exc).__name__}: {first_line(exc)}"[:160])
     even, odd = outcomes
     return odd if even is None and odd is not None else None
 
