@@ -11,6 +11,7 @@ sits: ``head_dim`` (per head, Qwen3/Gemma 3) or the whole projection (OLMo).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -84,19 +85,15 @@ def find_gains(module: nn.Module, spec: AttnSpec) -> list[Gain]:
 
 def _measure(norm: nn.Module, param: nn.Parameter, where: str) -> tuple[float, float]:
     """``(a, b)`` of ``effective = a + b * param``, from the module's outputs at param = 0 and param = 1."""
-    saved = param.detach().clone()
     x = torch.full((1, param.shape[0]), LEVEL, dtype=param.dtype, device=param.device)
     try:
-        with torch.no_grad():
+        with _restored(param):
             param.fill_(0.0)
             at0 = norm(x).double().flatten()
             param.fill_(1.0)
             at1 = norm(x).double().flatten()
     except Exception as exc:
         raise NormError(f"{where}: calling its module on a ({param.shape[0]},) input raised {type(exc).__name__}: {exc}") from exc
-    finally:
-        with torch.no_grad():
-            param.copy_(saved)
     a, b = at0, at1 - at0
     if not (torch.allclose(a, a[0].expand_as(a), atol=1e-4) and torch.allclose(b, b[0].expand_as(b), atol=1e-4)):
         raise NormError(f"{where}: its module's output on a constant input is not one gain per element "
@@ -105,6 +102,18 @@ def _measure(norm: nn.Module, param: nn.Parameter, where: str) -> tuple[float, f
         raise NormError(f"{where}: its module's output does not change with it (a LayerNorm of a constant input is "
                         "its bias; attnbench maps RMSNorm q/k norms)")
     return round(float(a[0]), 4), round(float(b[0]), 4)
+
+
+@contextlib.contextmanager
+def _restored(param: nn.Parameter):
+    """Set ``param`` freely inside (no autograd); its values are put back on the way out, whatever happens."""
+    saved = param.detach().clone()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        with torch.no_grad():
+            param.copy_(saved)
 
 
 EPS_LEVELS = (1e-3, 3e-3)
@@ -123,19 +132,15 @@ def measure_eps(module: nn.Module, spec: AttnSpec) -> float | None:
     path, name = gain.param.rsplit(".", 1)
     norm = module.get_submodule(path)
     param = getattr(norm, name)
-    saved = param.detach().clone()
     found = []
     try:
-        with torch.no_grad():
+        with _restored(param):
             param.fill_(float(gain.to_param(torch.tensor(1.0))))
             for c in EPS_LEVELS:
                 y = norm(torch.full((1, param.shape[0]), c, dtype=param.dtype, device=param.device)).double().flatten()[0]
                 found.append(c * c * (1.0 / float(y) ** 2 - 1.0))
     except Exception:  # its module does not run on a constant row: no epsilon inferred
         return None
-    finally:
-        with torch.no_grad():
-            param.copy_(saved)
     a, b = found
     if not (a >= 0 and b >= 0) or abs(a - b) > 0.02 * max(a, b, 1e-12) + 1e-9:
         return None
