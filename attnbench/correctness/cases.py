@@ -201,7 +201,7 @@ _WORKING_CACHE: dict = {}
 def working_summary(impl_name: str) -> str | None:
     """``working precision: ...`` over the builds of ``impl_name``'s cases in this process
     (:func:`attnbench.correctness.precision.summary`), or ``None`` when every one computed in its own dtype."""
-    return precision.summary([w for k, w in _WORKING_CACHE.items() if k[0] == impl_name])
+    return precision.summary([w for k, w in _WORKING_CACHE.items() if k[0] == impl_name and w is not None])
 
 
 def _observe_working(impl, built: Built, device) -> None:
@@ -211,19 +211,23 @@ def _observe_working(impl, built: Built, device) -> None:
             or hasattr(built.module, "_orig_mod"):
         return  # built-ins compute in the dtype they are given (their matrix shows it); compiled code is not traced
     key = (getattr(impl, "name", repr(impl)), built.spec, built.dtype, str(device), SEED.get())
-    working = _WORKING_CACHE.get(key)
-    if working is None:
-        spec = built.spec
-        g = torch.Generator().manual_seed(11)
-        # every position the spec allows: float32 tables lose precision as the angles grow, so the floor must see them
-        x = torch.randn(2, min(spec.context_length, 256), spec.d_in, generator=g, dtype=torch.float64)
-        try:  # on a copy: the case must meet the module as built (a first call may set state: a cache, a fold)
-            module = copy.deepcopy(built.module).eval()
-            observed = precision.observe(module, lambda: module(x.to(device=device, dtype=DTYPES[built.dtype])),
-                                         DTYPES[built.dtype])
-        except Exception:  # the case itself shows what fails; nothing is excused without an observation
-            return
-        working = precision.working_for(observed, reference, rel_error, x, built.weights, spec, TOLERANCE[built.dtype],
-                                        GRAD_TOLERANCE[built.dtype])
-        _WORKING_CACHE[key] = working
-    precision.WORKING.set(working)
+    if key not in _WORKING_CACHE:
+        _WORKING_CACHE[key] = _working(built, device)  # None: not observable (kept, so it is not tried every case)
+    if _WORKING_CACHE[key] is not None:
+        precision.WORKING.set(_WORKING_CACHE[key])
+
+
+def _working(built: Built, device) -> precision.Working | None:
+    """What ``built``'s module computes in, and the tolerances that follow; None when it cannot be observed."""
+    spec = built.spec
+    g = torch.Generator().manual_seed(11)
+    # every position the spec allows: float32 tables lose precision as the angles grow, so the floor must see them
+    x = torch.randn(2, min(spec.context_length, 256), spec.d_in, generator=g, dtype=torch.float64)
+    try:  # on a copy: the case must meet the module as built (a first call may set state: a cache, a fold)
+        module = copy.deepcopy(built.module).eval()
+        observed = precision.observe(module, lambda: module(x.to(device=device, dtype=DTYPES[built.dtype])),
+                                     DTYPES[built.dtype])
+    except Exception:  # the case itself shows what fails; nothing is excused without an observation
+        return None
+    return precision.working_for(observed, reference, rel_error, x, built.weights, spec, TOLERANCE[built.dtype],
+                                 GRAD_TOLERANCE[built.dtype])
