@@ -593,15 +593,6 @@ def with_layout(binding, has_qkv_bias: bool, context=None, requires: tuple[str, 
     return PluginFactory(binding, has_qkv_bias, context, requires, refuses, own)
 
 
-def _required_fields(impl, spec: AttnSpec) -> dict:
-    """What a probe needs for a class that always applies its RoPE or QK-norm (``PluginFactory.requires``)."""
-    needed = {}
-    for f in getattr(impl.factory, "requires", ()):
-        if getattr(spec, f, None) is None:
-            needed[f] = 10000.0 if f == "rope_theta" else impl.qk_norm[0]
-    return needed
-
-
 def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     """Build ``impl`` and load canonical weights once per bias setting, before any case runs.
 
@@ -621,7 +612,7 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
         for spec in (PROBE, SQUARE_PROBE, *other_specs):
             if impl.same_width_only and spec.d_in != spec.d_out:
                 continue
-            spec = replace(spec, qkv_bias=qkv_bias, **_required_fields(impl, spec))
+            spec = replace(spec, qkv_bias=qkv_bias)  # build fills what the class always applies (own_spec)
             try:
                 module = impl.build(spec, device, dtype, weights=random_weights(spec))
                 break
