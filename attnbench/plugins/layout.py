@@ -512,11 +512,7 @@ class PluginFactory:
         return replace(spec, window=spec.window - 1)
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
-        spec = self.own_spec(spec)
-        lacking = [f for f in self.requires if getattr(spec, f, None) is None]
-        if lacking:
-            raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} always applies "
-                                   f"{' and '.join(_ALWAYS[f] for f in lacking)}; the spec has none ({', '.join(lacking)}=None)")
+        spec = self.own_spec(spec)  # what the class always applies is filled in: no spec lacks it any more
         refused = [f for f in self.refuses if getattr(spec, f) != _SPEC_DEFAULTS[f]]
         if refused:
             raise UnavailableError(f"{getattr(self.binding.target, '__qualname__', 'the class')} takes no "
@@ -579,7 +575,6 @@ def _first_of_tuple(module: nn.Module, args, output):
     return output
 
 
-_ALWAYS = {"rope_theta": "its own rotary embeddings", "qk_norm": "QK-norm"}
 
 
 OWN_CONSTRAINT = "the class's own constraint"
