@@ -575,8 +575,6 @@ def _first_of_tuple(module: nn.Module, args, output):
     return output
 
 
-
-
 OWN_CONSTRAINT = "the class's own constraint"
 """In the reason of a case skipped because of what the class always does (``check``'s coverage line counts them)."""
 
