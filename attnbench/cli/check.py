@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import click
 from rich.table import Table
@@ -110,13 +111,12 @@ def likely_causes(rows) -> list[str]:
     cause once (:mod:`attnbench.correctness.diagnose`), with how many failed cases it explains."""
     causes = [m.split("likely cause: ", 1)[1] for m in rows.message if "likely cause: " in m]
     keys = [c.split(" (here", 1)[0].split("; the output", 1)[0] for c in causes]
-    counts = {k: keys.count(k) for k in dict.fromkeys(keys)}
     return [f"likely cause ({n} failed case{'s' * (n != 1)}): {k}; the output matches the reference computed that "
-            "way (attnbench checked)" for k, n in counts.items()]
+            "way (attnbench checked)" for k, n in Counter(keys).items()]
 
 
 def coverage_line(rows) -> str:
-    """``ran 78 of the 82 cases this class can take (4 skipped: even head dim only)``: the cases a class's own
+    """``ran 78 of the 82 cases this class can take (4 skipped: odd head dim)``: the cases a class's own
     constraints or the machine rule out count; those needing a variant it does not have do not."""
     from attnbench.plugins.layout import OWN_CONSTRAINT
 
