@@ -198,3 +198,29 @@ def test_run_says_a_plugin_fails_the_correctness_probe_on_its_rows_and_in_the_co
     assert not any("Baseline" in line and "fails check" in line for line in rows)
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert list(read_meta(run_dir)["failed_correctness_probe"]) == [buggy]
+
+
+def test_plugin_files_are_shown_by_their_shortest_distinct_tail_in_the_console():
+    """An absolute plug-in path took a whole 80-column table, and cut `fails check` to `fa…` (CI, 2026-12-02)."""
+    from attnbench.results.text import short_names
+
+    names = short_names(["/a/b/buggy.py:NoScale", "/a/b/buggy.py:Baseline", "/a/c/buggy.py:NoScale", "sdpa",
+                         "pkg.mod:Attn"])
+    assert names == {"/a/b/buggy.py:NoScale": "b/buggy.py:NoScale", "/a/b/buggy.py:Baseline": "buggy.py:Baseline",
+                     "/a/c/buggy.py:NoScale": "c/buggy.py:NoScale", "sdpa": "sdpa", "pkg.mod:Attn": "pkg.mod:Attn"}
+
+
+def test_a_long_plugin_path_keeps_the_fails_check_flag_whole_on_an_80_column_console(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from attnbench.cli.app import console
+
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 3) / "plugins"
+    deep.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "plugins" / "buggy.py", deep / "buggy.py")
+    monkeypatch.setattr(console, "width", 80)
+    buggy, right = f"{deep / 'buggy.py'}:NoScale", f"{deep / 'buggy.py'}:Baseline"
+    code, out, err = _cli(["run", "--out", str(tmp_path / "out"), *TINY, "--impl", f"{right},{buggy}"], capsys)
+    assert code == 0, err
+    assert any("buggy.py:NoScale" in line and "fails check" in line for line in out.splitlines()), out
+    assert f"buggy.py:NoScale = {buggy}" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import signal
 import sys
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 import click
 import numpy as np
 import pandas as pd
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -22,18 +24,20 @@ from attnbench.cli.grouped import grouped
 from attnbench.results import accuracy as accuracy_view
 from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
-from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time
+from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time, short_names
 from attnbench.runner import interrupts
 
 SHARED = {"device": "", "dtype": "", "mode": "", "b": "b=", "T": "T=", "h": "h=", "d": "d="}
 """Columns said once in the title when every row has the same value (so that the table fits 80-100 columns)."""
-KEEP_WHOLE = ("impl", "median", "±CI")
+KEEP_WHOLE = ("impl", "median", "±CI", "flag")
 """Columns never cut: a name or an interval cut to ``s…`` says nothing (the others wrap when the terminal is narrow)."""
 
 
-def summary_table(df, title: str, failing: dict | None = None) -> Table:
+def summary_table(df, title: str, failing: dict | None = None, width: int | None = None) -> Table:
     """Ok cells with median ± CI, memory and throughput; then one line per failed status. Columns whose value is the
-    same on every row are said once in the title, so that the table fits a terminal of 80-100 columns."""
+    same on every row are said once in the title, so that the table fits a terminal of 80-100 columns. A plug-in
+    given as ``PATH:Class`` is shown by its shortest distinct tail (:func:`short_names`; ``failing`` keeps full names)."""
+    df, failing = _shortened(df, failing or {})
     # kv heads, window and causality only when the run has variants; the KV cache only for decode runs
     positional = df["positional"].fillna("").astype(str) if "positional" in df else pd.Series("", index=df.index)
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)
@@ -60,13 +64,50 @@ def summary_table(df, title: str, failing: dict | None = None) -> Table:
     if shared:
         title += "  (" + " ".join(SHARED[c] + rows[0][c] for c in shared) + ")"
     shown = [c for c in cols if c not in shared and not (c == "flag" and rows and not any(row["flag"] for row in rows))]
+    table, left_out = _table(title, shown, rows, sp_col), []
+    for col in [c for c in FIT_DROP_ORDER + errors if c in shown] if width else []:
+        if _fits(table, width):
+            break
+        left_out.append(col)
+        table = _table(title, [c for c in shown if c not in left_out], rows, sp_col)
+    if left_out:
+        table.caption = f"left out to fit {width} columns: {', '.join(left_out)} (a wider terminal or the report shows them)"
+    return table
+
+
+FIT_DROP_ORDER = ["% peak", "GFLOP/s", "% BW", "GB/s", "attn share (p10–p90)", "peak mem", "KV cache"]
+"""What a narrow terminal loses first (the run's error columns after these); never the name, the time, its interval,
+the speed-up or the flag."""
+
+
+def _fits(table: Table, width: int) -> bool:
+    """Whether ``table`` prints at ``width`` with no cell cut to ``…`` and no column squeezed to nothing."""
+    probe = Console(width=width, file=io.StringIO(), record=True, color_system=None)
+    probe.print(table)
+    text = probe.export_text()
+    return "…" not in text and "┳┳" not in text and "┳━━┳" not in text
+
+
+def _table(title: str, shown: list[str], rows: list[dict], sp_col: str) -> Table:
     table = Table(title=title)
     for col in shown:
         table.add_column(col, justify="right" if col not in ("impl", "device", "dtype", "inputs", "mode", "flag")
-                         else "left", no_wrap=col in KEEP_WHOLE or col == sp_col)
+                         else "left", no_wrap=col in KEEP_WHOLE)
     for row in rows:
         table.add_row(*(row[c] for c in shown))
     return table
+
+
+def _shortened(df, failing: dict) -> tuple[pd.DataFrame, dict]:
+    """``df`` and ``failing`` with plug-in file names shortened for the console (the results keep the full names)."""
+    names = short_names(list(df["impl"].astype(str)) + [str(b) for b in df.get("baseline", pd.Series()).dropna()])
+    if all(k == v for k, v in names.items()):
+        return df, failing
+    df = df.copy()
+    df["impl"] = df["impl"].astype(str).map(names)
+    if "baseline" in df:
+        df["baseline"] = df["baseline"].map(lambda b: names.get(str(b), b) if isinstance(b, str) else b)
+    return df, {names.get(k, k): v for k, v in failing.items()}
 
 
 def _row_values(r, shape: dict) -> list[str]:
@@ -429,7 +470,10 @@ def _status_counts(df) -> dict[str, int]:
 
 def print_summary(df, run_dir: Path, report_path: Path | None, time_line: str, failing: dict | None = None) -> None:
     """The console's account of a finished run: the table, failures, where the files are, and the notes."""
-    console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}", failing))
+    console.print(summary_table(df, f"attnbench run {df.attrs['run_id']}", failing, width=console.width))
+    for full, short in short_names(df["impl"].astype(str)).items():
+        if full != short:
+            console.print(f"{short} = {full}", markup=False, soft_wrap=True)
     for name, why in (failing or {}).items():
         console.print(f"warning: {name} {why}: its rows are flagged `fails check`", markup=False)
     _print_model_views(df)

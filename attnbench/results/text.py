@@ -148,3 +148,22 @@ def fmt_lead(ratio, other: str) -> str:
     if value < 1.01:
         return f"level with {other} (within 1%)"
     return f"{value:.2f}× as fast as {other}"
+
+
+def short_names(names) -> dict[str, str]:
+    """Console names for implementations given as ``PATH:Class`` (a plug-in file): the fewest trailing path parts that
+    still tell the names apart (``buggy.py:NoScale``), so that an absolute path does not take the whole table; other
+    names are kept. The full names stay in the results and in every warning."""
+    names = sorted({str(n) for n in names})
+    out = {n: n for n in names}
+    filed = [n for n in names if ":" in n and "/" in n.rsplit(":", 1)[0]]
+    for n in filed:
+        path, attr = n.rsplit(":", 1)
+        parts = path.split("/")
+        for k in range(1, len(parts) + 1):
+            candidate = "/".join(parts[-k:]) + ":" + attr
+            if not any(m != n and m.rsplit(":", 1)[0].endswith("/".join(parts[-k:])) and m.endswith(":" + attr)
+                       for m in filed) and candidate not in names:
+                out[n] = candidate
+                break
+    return out
