@@ -355,3 +355,16 @@ def test_speedups_of_a_run_without_paired_columns_are_untested(paired_runs, tmp_
     assert not (out / "figures" / "latency_overlay.svg").exists()  # PNG only under ATTNBENCH_REPORT_FORMATS=png
     main(["compare", str(a), str(a), "--speedups", "-o", str(tmp_path / "same")])
     assert "OK: no significant slowdown beyond 10% relative to the baselines" in capsys.readouterr().out
+
+
+def test_identical_pairs_count_what_compare_calls_changed_in_unchanged_code():
+    """The evidence tool of issue 39 (item 3): runs compared 1 with 2, 3 with 4, as `attnbench compare` would."""
+    from attnbench.tools.identical_pairs import pair_verdicts, summarise_pairs
+
+    same_a, same_b = _pair(1.0)
+    slow_a, slow_b = _pair(1.5, seed=7)
+    verdicts = pair_verdicts([same_a, same_b, slow_a, slow_b])
+    assert list(verdicts["pair"]) == [1, 2] and list(verdicts["false_alarm"]) == [False, True]
+    summary = summarise_pairs(verdicts)
+    assert summary["pairs"] == 2 and summary["false_alarms"] == 1 and summary["pairs_with_alarm"] == 1
+    assert summary["gate_failures"] == 1 and 0.4 < summary["max_ratio_dev"] < 0.6

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -305,3 +306,45 @@ def test_a_member_known_well_enough_leaves_the_cycles_while_the_baseline_stays(s
     gone = next(i for i, order in enumerate(t.orders) if "b" not in order)
     assert all(math.isnan(v) for v in t.cycle_s["b"][gone:])  # its later cycles are empty, paired pairwise
     assert t.speedup("b")[0] > 0
+
+
+# ---------------------------------------------------------------- long calls (issue 39, item 5)
+
+def _sleeper(seconds_of_call):
+    def call():
+        time.sleep(0.02)  # the warm-up times real calls; the synthetic bursts report the returned figure
+        return seconds_of_call()
+    return call
+
+
+def test_a_long_call_is_warmed_once_and_leaves_when_two_calls_agree(synthetic_bursts, monkeypatch):
+    from attnbench.measure import interleave
+
+    monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
+    fns = {"short": lambda: 1e-3, "long": _sleeper(lambda: 0.0201)}
+    t = time_interleaved(fns, warmup_calls=3, warmup_s=0.0, min_cycles=6, max_cycles=40, budget_s=60,
+                         burst_s=1e-3, min_block_s=0.0, min_samples=1, baseline="short", target_rel_ci=10.0)
+    assert t.warmup_calls["long"] == 1 and t.warmup_calls["short"] == 3
+    assert t.member_stopped_by["long"] == "long_call" and t.member_cycles["long"] == 1
+    assert t.member_stopped_by["short"] == "target" and t.cycles == 6  # the short member keeps the usual rule
+
+
+def test_long_calls_that_disagree_are_timed_again_and_all_long_members_stop_together(synthetic_bursts, monkeypatch):
+    from attnbench.measure import interleave
+
+    monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
+    calls = iter([0.0, 0.040, 0.020, 0.0202])  # (warm-up: ~0.02 s real); 2x off it, then two that agree within 5%
+    t = time_interleaved({"long": _sleeper(lambda: next(calls))}, warmup_calls=3, warmup_s=0.0, min_cycles=6,
+                         max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, target_rel_ci=0.0)
+    assert t.stopped_by == "long_call" and t.cycles == 3 and t.member_stopped_by["long"] == "long_call"
+
+
+def test_a_member_whose_first_call_was_long_gets_no_more_warm_up(synthetic_bursts, monkeypatch):
+    from attnbench.measure import interleave
+
+    monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
+    calls = []
+    t = time_interleaved({"long": lambda: calls.append(1) or 0.0202}, warmup_calls=3, warmup_s=0.0, min_cycles=6,
+                         max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, warmed={"long": 0.0200})
+    assert t.warmup_calls["long"] == 0 and len(calls) == 1  # the one timed call, agreeing with the first within 5%
+    assert t.stopped_by == "long_call"

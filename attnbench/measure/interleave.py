@@ -53,9 +53,9 @@ class InterleavedTiming:
     warmup_calls: Mapping[str, int]
     failures: Mapping[str, BaseException]  # members dropped (in warm-up or a burst), with what they raised
     timer: str  # perf_counter_ns | cuda_event
-    stopped_by: str  # ci | budget | max_cycles | failed (no member left)
+    stopped_by: str  # ci | long_call (every member a long call, known: LONG_CALL_S) | budget | max_cycles | failed
     baseline: str | None
-    member_stopped_by: Mapping[str, str] = None  # per member: target (known within it) | budget | max_cycles | failed
+    member_stopped_by: Mapping[str, str] = None  # per member: target (known within it) | long_call | budget | max_cycles | failed
     member_cycles: Mapping[str, int] = None  # per member: the cycles it ran in
     warmup_s_spent: Mapping[str, float] = None  # per member: seconds of warm-up (the rest of the wall time is cycles)
     pair_base_s: Mapping[str, tuple[float, ...]] = None  # pairing "adjacent": per member and cycle, the baseline's
@@ -95,6 +95,17 @@ ms, the adjacent pairs see one state of the machine where a cycle of 12 members 
 about half of the cycles' time."""
 
 
+LONG_CALL_S = 10.0
+"""A call at least this long (a whole generation without a cache, say) is known without repetition: its warm-up is
+one call (the cell's first call already ran it once), and it leaves the cycles as soon as one timed call agrees with
+the warm-up call within :data:`LONG_CALL_AGREE` (``stopped_by`` ``long_call``). Within one call of that length the
+machine's short-term noise averages out; what is left between two such calls is the between-run drift, which every
+CI carries anyway (:mod:`attnbench.measure.drift`). Issue 39: a 90-second call, repeated for warm-up, samples and
+cycles, made ``--preset gpt2-124m-generate --threads 1`` take over 25 minutes."""
+LONG_CALL_AGREE = 0.05
+"""Two long calls within this fraction of each other: the member's time is known."""
+
+
 @dataclass(frozen=True)
 class InterleaveSettings:
     """How :func:`time_interleaved` samples a group (each knob is described in its docstring)."""
@@ -124,12 +135,14 @@ class _Cycles:
     orders: list[tuple[str, ...]] = field(default_factory=list)
     stopped_by: str = "max_cycles"
     known: set[str] = field(default_factory=set)
+    long: set[str] = field(default_factory=set)  # members that left as long calls (:data:`LONG_CALL_S`)
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu",
                      settings: InterleaveSettings | None = None, *, on_burst: Callable[[str], None] | None = None,
                      guard: Callable[[str], contextlib.AbstractContextManager] | None = None,
-                     between: dict[str, Callable[[], object]] | None = None, **knobs) -> InterleavedTiming:
+                     between: dict[str, Callable[[], object]] | None = None,
+                     warmed: dict[str, float] | None = None, **knobs) -> InterleavedTiming:
     """Time the members of ``fns`` (one call = one iteration of a member's workload) in alternation.
 
     ``settings`` (:class:`InterleaveSettings`), with any of its fields given as keywords (``knobs``) replacing its own:
@@ -153,7 +166,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     ``failures``; the others carry on. ``on_burst(name)`` is called before each member's warm-up and each
     burst, and ``guard(name)`` (a context manager, e.g. a deadline) is entered around them: both outside
     the timed region. ``between[name]`` (a decode step's cache restore) runs after each of that member's calls,
-    outside the timed region: its calls are then timed one by one.
+    outside the timed region: its calls are then timed one by one. ``warmed[name]``: the seconds of a call the member
+    already made (untimed here) that was a long call (:data:`LONG_CALL_S`): it gets no further warm-up and that call
+    stands for its warm-up call.
     """
     s = replace(settings or InterleaveSettings(), **knobs)  # an unknown knob: TypeError naming it
     device = torch.device(device)
@@ -163,9 +178,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         raise ValueError(f"pairing {s.pairing!r}: use one of {', '.join(PAIRINGS)}")
     names = tuple(fns)
     run = _Bursts(fns, device, between or {}, guard or (lambda name: contextlib.nullcontext()), on_burst)
-    per_call_s, warm, warm_s = run.warm_all(s.warmup_calls, s.warmup_s)
+    per_call_s, warm, warm_s = run.warm_all(s.warmup_calls, s.warmup_s, warmed or {})
     run.plan(per_call_s, s.burst_s, s.min_block_s, s.l2_flush, s.pairing == "adjacent" and s.baseline is not None)
-    c = _run_cycles(run, names, s)
+    c = _run_cycles(run, names, s, per_call_s)
     failures = run.failures
     return InterleavedTiming(
         members=names, samples_s={n: tuple(x) for n, x in run.samples.items()},
@@ -174,14 +189,16 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
         calls_per_burst={n: run.block_calls[n] * run.blocks[n] if n in run.blocks else 0 for n in names},
         warmup_calls=warm, failures=failures, timer="cuda_event" if device.type == "cuda" else "perf_counter_ns",
         stopped_by=c.stopped_by, baseline=s.baseline,
-        member_stopped_by={n: "failed" if n in failures else "target" if n in c.known else c.stopped_by for n in names},
+        member_stopped_by={n: "failed" if n in failures else "long_call" if n in c.long else "target" if n in c.known
+                           else c.stopped_by for n in names},
         member_cycles={n: sum(1 for x in c.cycles[n] if x == x) for n in names}, warmup_s_spent=warm_s,
         pair_base_s={n: tuple(p) for n, p in c.pairs.items()} if s.pairing == "adjacent" else None, pairing=s.pairing)
 
 
-def _run_cycles(run: _Bursts, names: tuple[str, ...], s: InterleaveSettings) -> _Cycles:
-    """Run cycles until every member is known within the target, the budget is spent, every member failed, or
-    ``max_cycles`` (see :func:`time_interleaved`)."""
+def _run_cycles(run: _Bursts, names: tuple[str, ...], s: InterleaveSettings,
+                per_call_s: dict[str, float] | None = None) -> _Cycles:
+    """Run cycles until every member is known within the target (or, a long call, by :func:`_long_known`), the budget
+    is spent, every member failed, or ``max_cycles`` (see :func:`time_interleaved`)."""
     c = _Cycles(cycles={name: [] for name in names}, pairs={name: [] for name in names})
     rng = random.Random(s.seed)
     active = [n for n in names if n not in run.failures]
@@ -199,24 +216,42 @@ def _run_cycles(run: _Bursts, names: tuple[str, ...], s: InterleaveSettings) -> 
         if not active:
             c.stopped_by = "failed"
             break
+        long = _long_known(run.samples, per_call_s or {}, active)
+        settled = set(long)
         if len(c.orders) >= s.min_cycles:
             paired_to = c.pairs if s.pairing == "adjacent" else None
-            settled = _settled(run.samples, c.cycles, active, s.baseline, s.min_samples, s.target_rel_ci, paired_to)
-            if settled == set(active):
-                c.known |= settled
-                c.stopped_by = "ci"
-                break
-            c.known |= settled - {s.baseline}
-            # a member known well enough (its median, and its speed-up against the baseline) leaves the cycles,
-            # so the group's time goes to the members still short of the target; the baseline stays while any
-            # other member is timed, since every paired ratio needs it in the same cycle
-            active[:] = [n for n in active if n not in settled or n == s.baseline]
+            settled |= _settled(run.samples, c.cycles, active, s.baseline, s.min_samples, s.target_rel_ci, paired_to)
+        if settled and settled == set(active):
+            c.known |= settled
+            c.long |= long
+            c.stopped_by = "long_call" if long == settled else "ci"
+            break
+        # a member known well enough (its median, and its speed-up against the baseline) leaves the cycles,
+        # so the group's time goes to the members still short of the target; the baseline stays while any
+        # other member is timed, since every paired ratio needs it in the same cycle
+        leaving = settled - {s.baseline}
+        c.known |= leaving
+        c.long |= long & leaving
+        active[:] = [n for n in active if n not in leaving]
         now = _clock()
         share_s, last = share_s + (now - last) / in_cycle, now
         if share_s > per_member_s and len(c.orders) >= min(3, s.max_cycles):
             c.stopped_by = "budget"
             break
     return c
+
+
+def _long_known(samples: dict[str, list[float]], per_call_s: dict[str, float], active: list[str]) -> set[str]:
+    """The active members whose calls are long (:data:`LONG_CALL_S`) and whose last timed call agrees with the call
+    before it (the warm-up's, for the first) within :data:`LONG_CALL_AGREE`."""
+    known = set()
+    for name in active:
+        warm, timed = per_call_s.get(name, 0.0), samples[name]
+        if warm >= LONG_CALL_S and timed:
+            before = timed[-2] if len(timed) > 1 else warm
+            if abs(timed[-1] - before) <= LONG_CALL_AGREE * timed[-1]:
+                known.add(name)
+    return known
 
 
 _clock = time.perf_counter
@@ -264,12 +299,13 @@ class _Bursts:
         self.blocks: dict[str, int] = {}
         self.flush = None
 
-    def warm_all(self, warmup_calls: int, warmup_s: float):
-        """Warm every member up in turn: per-call times, calls made and seconds spent, per member."""
-        per_call_s: dict[str, float] = {}
+    def warm_all(self, warmup_calls: int, warmup_s: float, warmed: dict[str, float]):
+        """Warm every member up in turn (a long call ``warmed`` already made stands for it): per-call times, calls
+        made and seconds spent, per member."""
+        per_call_s = {name: t for name, t in warmed.items() if name in self.fns and t >= LONG_CALL_S}
         warm = {name: 0 for name in self.fns}
         warm_s = {name: 0.0 for name in self.fns}
-        for name in self.fns:
+        for name in [n for n in self.fns if n not in per_call_s]:
             t_warm = time.perf_counter()
             try:
                 if self.on_burst:
@@ -336,6 +372,12 @@ def _warm_up(fn: Callable[[], object], device: torch.device, warmup_calls: int, 
         fn()
         synchronize(device)
         spent += time.perf_counter() - t0
+        if calls == 0 and spent >= LONG_CALL_S:  # a long call: one is warm-up enough (LONG_CALL_S)
+            calls = warmup_calls = 1
+            warmup_s = 0.0
+            if between is not None:
+                between()
+            break
         if between is not None:
             between()
         calls += 1

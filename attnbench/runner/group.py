@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.measure import accuracy, contention
-from attnbench.measure.interleave import InterleavedTiming, InterleaveSettings, time_interleaved
+from attnbench.measure.interleave import LONG_CALL_AGREE, LONG_CALL_S, InterleavedTiming, InterleaveSettings, time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
 from attnbench.results.schema import Cell, display_name
@@ -143,6 +143,13 @@ def _step(row: dict, settings: Settings, step: Callable[[], object]) -> tuple[bo
         return False, None
 
 
+def _long_first_calls(built: dict[int, Built], ids: list[str], fns: dict) -> dict[str, float]:
+    """Members whose first call (made when the cell was built) was a long call (:data:`LONG_CALL_S`) and compiled
+    nothing: that call was their warm-up. A ``compiled:`` member's first call is its compile, never a warm-up."""
+    return {ids[i]: b.first_call_s for i, b in built.items()
+            if ids[i] in fns and not b.compiled and b.first_call_s >= LONG_CALL_S}
+
+
 def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built: dict[int, Built], ids: list[str],
                   baseline: str, notify: Callable[[str], None], seed: int | None) -> float:
     """Time the built members in alternation and record their timing columns (members that fail there leave
@@ -198,7 +205,8 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
             max_cycles=settings.max_samples, budget_s=settings.budget_s * len(fns),
             seed=_default_seed(cell, settings) if seed is None else seed, l2_flush=cell.cache == "cold",
             baseline=base, pairing=settings.pairing)
-        timing = time_interleaved(fns, device, sampling, on_burst=on_burst, guard=guard, between=between)
+        timing = time_interleaved(fns, device, sampling, on_burst=on_burst, guard=guard, between=between,
+                                  warmed=_long_first_calls(built, ids, fns))
     charge()
     share_s = (time.perf_counter() - t0) / len(fns)
     record_phases(rows, ids, timing, time.perf_counter() - t0)
@@ -215,7 +223,10 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         recompiled = graphs[cid] if counting and b.graphs_after_first is not None and last["count"] is not None else None
         record_timing(b, rows[i], timing.samples_s[cid], calls_per_sample=timing.calls_per_sample[cid],
                       warmup_calls=timing.warmup_calls[cid], timer="cuda_graph" if graph else timing.timer,
-                      stopped_by=timing.stopped_by, recompiled=recompiled)
+                      stopped_by=timing.member_stopped_by[cid], recompiled=recompiled)
+        if timing.member_stopped_by[cid] == "long_call":
+            b.notes.append(f"a long call ({timing.samples_s[cid][-1]:.1f} s >= {LONG_CALL_S:.0f} s): warmed up once "
+                           f"and timed until two calls agreed within {LONG_CALL_AGREE:.0%} (no more repetition)")
         record_contention(b, rows[i], load.result)
         if others:
             dropped = [display_name(cells[j].impl) for j in range(len(cells)) if ids[j] in timing.failures]

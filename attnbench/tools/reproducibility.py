@@ -47,6 +47,7 @@ from attnbench.devices import parse_device_type
 from attnbench.measure import drift, machine_lock, speedup_spread
 from attnbench.results.schema import AXES
 from attnbench.results.store import load_run
+from attnbench.tools import identical_pairs
 from attnbench.tools import load as contention_load
 
 CONFIG = [a for a in AXES if a != "impl"]
@@ -243,6 +244,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", help="--baseline of each run: the comparison groups' baseline implementation")
     parser.add_argument("--speedups", action="store_true",
                         help="also report how each speed-up against the baseline agrees across the runs")
+    parser.add_argument("--pairs", action="store_true",
+                        help="also compare run 1 with run 2, 3 with 4, ... as `attnbench compare` does, and count the "
+                             "cells it reads significant (identical code: each one is a false alarm)")
     parser.add_argument("--load", choices=contention_load.KINDS,
                         help="run a contention generator on the spare core during the runs (memory: a copy loop over "
                              "a buffer larger than the LLC, 3 s on / 2 s off; cpu: a busy loop)")
@@ -312,6 +316,10 @@ def _summarise(args, allocator: str, dirs: list[Path], load) -> dict:
         if summary["speedup_run_sd"] is not None:
             print(f"speed-ups' run-level SD estimated from these runs (beyond their rounds' spread): "
                   f"{100 * summary['speedup_run_sd']:.2f}%")
+    if args.pairs:
+        verdicts = identical_pairs.pair_verdicts(dirs)
+        summary["identical_pairs"] = identical_pairs.summarise_pairs(verdicts)
+        identical_pairs.print_pairs(verdicts, summary["identical_pairs"])
     if load is not None:
         summary["load"] = load.describe()
     est = summary["drift_estimate"]
