@@ -310,7 +310,9 @@ def paired_runs(tmp_path_factory):
 def test_speedups_ignore_a_uniform_drift_and_flag_a_real_change(paired_runs):
     a, drifted, changed = paired_runs
 
-    assert compare_runs(a, drifted).has_regression  # the medians all moved: compare by times flags them
+    assert compare_runs(a, drifted, run_shift=False).has_regression  # the medians all moved: tested against 1
+    shifted = compare_runs(a, drifted)  # against the runs' common shift: the machine's speed, not a regression
+    assert not shifted.has_regression and any("alike" in n and "--no-run-shift" in n for n in shifted.notes)
     res = compare_runs(a, drifted, speedups=True)
     assert res.kind == "speedups" and not res.has_regression and not len(res.improvements)
     assert set(res.cells["impl"]) == {"weight_split", "fused_qkv"}  # the baseline's speed-up is 1: not compared
@@ -368,3 +370,29 @@ def test_identical_pairs_count_what_compare_calls_changed_in_unchanged_code():
     summary = summarise_pairs(verdicts)
     assert summary["pairs"] == 2 and summary["false_alarms"] == 1 and summary["pairs_with_alarm"] == 1
     assert summary["gate_failures"] == 1 and 0.4 < summary["max_ratio_dev"] < 0.6
+
+
+def _runs(factors: dict[int, float], shift: float = 1.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Eight cells; run B is the machine ``shift`` times slower on every cell, and ``factors[t]`` more on cell ``t``."""
+    cells = [Cell(impl=i, seq_len=t) for i in ("sdpa", "weight_split") for t in (32, 64, 128, 256)]
+    da = pd.DataFrame([ok_row(c, lognormal(1e-3, seed=k), drift_rel=0.022) for k, c in enumerate(cells)])
+    db = pd.DataFrame([ok_row(c, lognormal(1e-3 * shift * (factors.get(c.seq_len, 1.0) if c.impl == "sdpa" else 1.0),
+                                           seed=100 + k), drift_rel=0.022) for k, c in enumerate(cells)])
+    return da, db
+
+
+def test_a_machine_that_got_faster_between_identical_runs_is_not_a_change():
+    """Issue 39: two identical runs 11 s apart read `weight_split T=128: 0.837x, p=0.0005, faster`."""
+    res = compare_runs(*_runs({}, shift=0.837))
+    assert not res.has_regression and not len(res.improvements), res.cells[["impl", "seq_len", "ratio", "change"]]
+    assert (res.cells["change"] == "no significant change").all()
+    assert any("8 cells moved by -1" in n and "alike" in n for n in res.notes), res.notes  # about -16%, drawn
+    assert len(compare_runs(*_runs({}, shift=0.837), run_shift=False).improvements) == 8  # tested against 1
+
+
+def test_a_cell_that_moved_apart_from_the_shift_is_still_caught_and_disagreeing_cells_have_no_shift():
+    res = compare_runs(*_runs({128: 1.6}, shift=0.85))
+    assert list(res.regressions["impl"]) == ["sdpa"] and list(res.regressions["seq_len"]) == [128]
+    assert res.regressions["ratio"].iloc[0] == pytest.approx(1.6 * 0.85, rel=0.1)  # the ratio shown is B/A itself
+    half = compare_runs(*_runs({32: 2.0, 64: 2.0, 128: 2.0, 256: 2.0}))  # half the cells changed: no common shift
+    assert len(half.regressions) == 4 and not any("alike" in n for n in half.notes)

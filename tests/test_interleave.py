@@ -221,7 +221,9 @@ def memory_pass_ready():
 def test_a_failing_member_is_its_own_row_and_the_others_get_speedups(fault, status, words, memory_pass_ready):
     cells = [Cell("sdpa", **TINY), Cell(f"{PLUGINS / fault}", **TINY), Cell("weight_split", **TINY)]
     seen: list[str] = []
-    settings = dataclasses.replace(FAST, cell_timeout_s=2.0)
+    # a budget of 0.3 s a member: enough cycles for the faulty member to reach its 40th call even on a loaded machine
+    # (at 0.05 s, CI once stopped after 3 cycles, before it failed)
+    settings = dataclasses.replace(FAST, cell_timeout_s=2.0, budget_s=0.3)
     rows = run_group(cells, settings, "run", baseline="sdpa", on_member=seen.append, peak_gflops_per_s=100.0)
     assert [r["cell_id"] for r in rows] == [c.cell_id for c in cells]
     assert [r["status"] for r in rows] == ["ok", status, "ok"], [r["error"] for r in rows]

@@ -64,12 +64,16 @@ def _default_compare_dir(label_a: str, label_b: str) -> Path:
 @click.option("--error-ratio-limit", "error_ratio_limit", default=2.0, show_default=True, type=float,
               help="A cell whose error ratio (error against float64 over the plain math's in the same dtype) was at "
                    "most this in A and is above it in B is an accuracy regression: it fails the comparison too.")
+@click.option("--no-run-shift", "no_run_shift", is_flag=True,
+              help="Test each cell's ratio against 1, not against the shift every cell of the runs shares (the "
+                   "machine's speed between the runs; estimated from 4 or more cells).")
 # --- issue 39: the instruction layer (attnbench.cli.instructions.compare_counted) ---
 @click.option("--instr-threshold", "instr_threshold", default=0.01, show_default=True, type=float,
               help="Runs counted with --metric instructions: the increase in instructions per call that fails (0.01 = 1%).")
 # --- end issue 39 ---
 def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path | None, show_all: bool,
-                speedups: bool, error_ratio_limit: float = 2.0, instr_threshold: float = 0.01) -> None:
+                speedups: bool, error_ratio_limit: float = 2.0, instr_threshold: float = 0.01,
+                no_run_shift: bool = False) -> None:
     """Compare run B against run A cell by cell; exit 1 on a significant slowdown beyond --threshold.
 
     A and B are run folders or results.parquet files. Each cell gets the ratio of medians B/A with a
@@ -86,7 +90,7 @@ def compare_cmd(a: Path, b: Path, threshold: float, alpha: float, out_dir: Path 
     if counted is not None:
         sys.exit(counted)
     with console.status("comparing ..."):
-        result = compare_runs(a, b, threshold=threshold, alpha=alpha, speedups=speedups)
+        result = compare_runs(a, b, threshold=threshold, alpha=alpha, speedups=speedups, run_shift=not no_run_shift)
         page = write_compare_html(result, out_dir or _default_compare_dir(result.label_a, result.label_b))
     cells = result.cells
     shown = cells if show_all else cells[cells["change"] != "no significant change"]

@@ -7,8 +7,12 @@ processes: ``sample_groups``) first and within them second, the model of ``attnb
 so drift between rounds and processes counts as uncertainty rather than as evidence; and, as in that CI,
 the between-run term (``drift_rel``, :mod:`attnbench.measure.drift`) that two runs differ by even when
 nothing changed is added on the log scale (the larger of the two runs' values). Seeded: the same
-inputs give the same answer. A cell is a **significant slowdown** when
-``p < alpha`` and the ratio exceeds ``1 + threshold`` and the interval's lower bound exceeds 1;
+inputs give the same answer. Between two runs on a shared machine every cell moves together as well (issue 39: two
+identical runs 11 s apart read 0.837x): when four or more cells are compared and more than half of them moved alike,
+that **common shift** (:func:`common_shift`) is the null each cell is tested against, its standard error joins the
+between-run term, and a note says how far the runs moved (``run_shift=False``, ``--no-run-shift``: tested against 1).
+A cell is a **significant slowdown** when
+``p < alpha`` and the ratio over the shift exceeds ``1 + threshold`` and the interval's lower bound over it exceeds 1;
 ``attnbench compare`` exits 1 when any cell is one. Cells present in only one run, cells whose
 status differs, and axes whose value sets differ are reported, never silently dropped. A cell flagged
 ``unstable`` (two modes) or ``contended`` (timed under other load) in either run says so in ``change`` when its
@@ -301,6 +305,8 @@ class _Rule:
     resamples: int
     seed: int
     speedups: bool
+    shift: float = 0.0  # log of the run's common shift (RunShift.log_ratio), the null every cell is tested against
+    shift_se: float = 0.0  # its standard error, added in quadrature to the between-run term
 
 
 CELL_COLUMNS = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
@@ -309,12 +315,13 @@ CELL_COLUMNS = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_
 
 
 def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: int = 2000,
-                 seed: int = 0, speedups: bool = False) -> CompareResult:
+                 seed: int = 0, speedups: bool = False, run_shift: bool = True) -> CompareResult:
     """Compare run ``b`` against run ``a`` (each a run folder, a ``results.parquet``, or a DataFrame).
 
     See :class:`CompareResult` for what comes back and the module docstring for the decision rule;
     ``speedups``: compare the paired speed-ups instead of the medians (``ratio`` is then
-    ``speedup_B / speedup_A`` and the cells carry :data:`SPEEDUP_COLUMNS`).
+    ``speedup_B / speedup_A`` and the cells carry :data:`SPEEDUP_COLUMNS`); ``run_shift``: test each cell's ratio
+    against the shift every cell of the two runs shares (:func:`common_shift`; False: against 1).
     """
     if threshold < 0:
         raise ResultsError(f"--threshold must be >= 0 (a fraction: 0.10 means 10%), got {threshold}")
@@ -327,6 +334,11 @@ def compare_runs(a, b, threshold: float = 0.10, alpha: float = 0.05, resamples: 
     ia = {r["_key"]: r for r in dfa.to_dict("records")}  # the last row of a duplicated cell wins
     ib = {r["_key"]: r for r in dfb.to_dict("records")}
     common = [k for k in ia if k in ib]
+    if run_shift and not speedups:
+        shift = common_shift([(ia[k], ib[k]) for k in common], threshold)
+        if shift is not None:
+            rule = _Rule(threshold, alpha, resamples, seed, speedups, shift.log_ratio, shift.se)
+            notes.append(shift.describe())
     rows, changed = [], []
     for key in common:
         ra, rb = ia[key], ib[key]
@@ -405,23 +417,69 @@ def _time_ratio(key: tuple, ra: dict, rb: dict, row: dict, rule: _Rule) -> None:
     row["median_a"], row["median_b"] = group_median(ga), group_median(gb)  # as `attnbench run` reports them
     row["ratio"] = row["median_b"] / row["median_a"]
     cell_seed = rule.seed ^ zlib.crc32("|".join(map(str, key)).encode())
-    draws = _ratio_draws(ga, gb, rule.resamples, cell_seed, _row_drift(ra, rb))
+    draws = _ratio_draws(ga, gb, rule.resamples, cell_seed, math.hypot(_row_drift(ra, rb), rule.shift_se))
     lo, hi = np.quantile(draws, [rule.alpha / 2, 1 - rule.alpha / 2])
     row["ci_low"], row["ci_high"] = float(lo), float(hi)
-    row["p_value"] = ratio_p_value(draws)
+    # against the runs' common shift (1 without one): a cell is changed when it moved apart from the others
+    own, own_lo, own_hi = (v / math.exp(rule.shift) for v in (row["ratio"], lo, hi))
+    row["p_value"] = ratio_p_value(draws / math.exp(rule.shift))
     significant = row["p_value"] < rule.alpha
-    row["regression"] = bool(significant and row["ratio"] > 1 + rule.threshold and row["ci_low"] > 1)
-    row["improvement"] = bool(significant and row["ratio"] < 1 / (1 + rule.threshold) and row["ci_high"] < 1)
+    row["regression"] = bool(significant and own > 1 + rule.threshold and own_lo > 1)
+    row["improvement"] = bool(significant and own < 1 / (1 + rule.threshold) and own_hi < 1)
     if row["regression"]:
         row["change"] = "slower"
     elif row["improvement"]:
         row["change"] = "faster"
-    elif significant and row["ci_low"] > 1:
+    elif significant and own_lo > 1:
         row["change"] = "slower, within threshold"
-    elif significant and row["ci_high"] < 1:
+    elif significant and own_hi < 1:
         row["change"] = "faster, within threshold"
     else:
         row["change"] = "no significant change"
+
+
+SHIFT_MIN_CELLS = 4
+"""Cells two runs must share before their common shift is estimated (fewer cannot tell a shift from one cell's change)."""
+
+
+@dataclass(frozen=True)
+class RunShift:
+    """What every cell of run B moved by against run A alike: the median of their log ratios of medians."""
+
+    log_ratio: float
+    se: float  # its standard error (1.253 x the MAD-based SD / sqrt(cells): the median's)
+    cells: int  # the cells of the cluster it was estimated from (more than half of those timed in both runs)
+
+    def describe(self) -> str:
+        pct = 100 * (math.exp(self.log_ratio) - 1)
+        return (f"{self.cells} cells moved by {pct:+.1f}% alike (the median of their ratios): the machine's speed "
+                "between the runs (issue 39: two identical runs 11 s apart read 0.837x); each cell is tested against "
+                "that shift, not against 1, so a change that slows every cell alike is not seen here (the "
+                "instruction-count layer sees it); --no-run-shift tests against 1")
+
+
+def common_shift(pairs: list[tuple[dict, dict]], threshold: float = 0.10) -> RunShift | None:
+    """The shift shared by most cells timed ok in both runs (``(row_a, row_b)`` pairs): between two runs on a shared
+    machine every cell moves together (frequency, other tenants), and a cell whose code changed moves apart from the
+    others. The estimate is the median of the largest cluster of log ratios within ``log(1 + threshold / 2)`` of one
+    cell's (ties: the cluster nearest no shift); None when fewer than :data:`SHIFT_MIN_CELLS` cells or when no
+    cluster holds more than half of them (the cells disagree: no shift is common to them)."""
+    logs = np.asarray([math.log(float(rb["median_s"]) / float(ra["median_s"])) for ra, rb in pairs
+                       if ra.get("status") == "ok" and rb.get("status") == "ok"
+                       and _finite(ra.get("median_s"), rb.get("median_s")) and float(ra["median_s"]) > 0
+                       and float(rb["median_s"]) > 0])
+    if len(logs) < SHIFT_MIN_CELLS:
+        return None
+    width = math.log1p(threshold / 2)
+    near = np.abs(logs[:, None] - logs[None, :]) <= width  # near[i, j]: cell j within the width of cell i
+    counts = near.sum(axis=1)
+    best = max(range(len(logs)), key=lambda i: (counts[i], -abs(logs[i])))
+    if 2 * counts[best] <= len(logs):
+        return None
+    members = logs[near[best]]
+    median = float(np.median(members))
+    sd = 1.4826 * float(np.median(np.abs(members - median)))
+    return RunShift(median, 1.2533 * sd / math.sqrt(len(members)), len(members))
 
 
 def _cells_frame(rows: list[dict], rule: _Rule, any_common: bool, notes: list[str]) -> pd.DataFrame:
