@@ -396,3 +396,13 @@ def test_a_cell_that_moved_apart_from_the_shift_is_still_caught_and_disagreeing_
     assert res.regressions["ratio"].iloc[0] == pytest.approx(1.6 * 0.85, rel=0.1)  # the ratio shown is B/A itself
     half = compare_runs(*_runs({32: 2.0, 64: 2.0, 128: 2.0, 256: 2.0}))  # half the cells changed: no common shift
     assert len(half.regressions) == 4 and not any("alike" in n for n in half.notes)
+
+
+def test_a_difference_timed_under_other_load_is_inconclusive_and_fails_no_gate():
+    da, db = _pair(1.5)
+    db["contended"], db["other_cpu_frac"], db["steal_frac"] = "yes", 0.6, 0.0
+    res = compare_runs(da, db)
+    cell = res.cells.iloc[0]
+    assert cell["change"].startswith("inconclusive: read slower while other load") and not cell["regression"]
+    assert not res.has_regression and "1 cell(s) differed while other load took the CPUs" in res.summary()
+    assert compare_runs(*_pair(1.5)).has_regression  # the same samples, timed on a quiet machine
