@@ -350,3 +350,19 @@ def test_a_member_whose_first_call_was_long_gets_no_more_warm_up(synthetic_burst
                          max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, warmed={"long": 0.0200})
     assert t.warmup_calls["long"] == 0 and len(calls) == 1  # the one timed call, agreeing with the first within 5%
     assert t.stopped_by == "long_call"
+
+
+def test_a_group_row_says_its_long_call_stopped_it(monkeypatch):
+    from attnbench.measure import interleave
+    from attnbench.runner import group
+
+    for module in (interleave, group):
+        monkeypatch.setattr(module, "LONG_CALL_S", 0.04)
+    monkeypatch.setattr(interleave, "LONG_CALL_AGREE", 0.5)  # a sleep's call time wanders more on a loaded machine
+    cells = [Cell("sdpa", **TINY), Cell(f"{PLUGINS / 'long_call.py'}:SleepsPerCall", **TINY)]
+    rows = run_group(cells, dataclasses.replace(FAST, warmup_calls=3), "run", baseline="sdpa",
+                     peak_gflops_per_s=100.0)
+    long = rows[1]
+    assert long["status"] == "ok" and long["stopped_by"] == "long_call", (long["stopped_by"], long["error"])
+    assert long["warmup_calls"] == 1 and long["n"] == 1  # its first call was its warm-up; one timed call agreed
+    assert "a long call" in long["notes"] and rows[0]["stopped_by"] != "long_call"
