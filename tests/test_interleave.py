@@ -323,6 +323,7 @@ def test_a_long_call_is_warmed_once_and_leaves_when_two_calls_agree(synthetic_bu
     from attnbench.measure import interleave
 
     monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
+    monkeypatch.setattr(interleave, "LONG_CALL_AGREE", 0.9)  # the warm-up's real sleep wanders on a loaded machine
     fns = {"short": lambda: 1e-3, "long": _sleeper(lambda: 0.0201)}
     t = time_interleaved(fns, warmup_calls=3, warmup_s=0.0, min_cycles=6, max_cycles=40, budget_s=60,
                          burst_s=1e-3, min_block_s=0.0, min_samples=1, baseline="short", target_rel_ci=10.0)
@@ -335,9 +336,10 @@ def test_long_calls_that_disagree_are_timed_again_and_all_long_members_stop_toge
     from attnbench.measure import interleave
 
     monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
-    calls = iter([0.0, 0.040, 0.020, 0.0202])  # (warm-up: ~0.02 s real); 2x off it, then two that agree within 5%
-    t = time_interleaved({"long": _sleeper(lambda: next(calls))}, warmup_calls=3, warmup_s=0.0, min_cycles=6,
-                         max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, target_rel_ci=0.0)
+    calls = iter([0.040, 0.020, 0.0202])  # 2x off the first call's 0.02 s, 2x off that, then two that agree within 5%
+    t = time_interleaved({"long": lambda: next(calls)}, warmup_calls=3, warmup_s=0.0, min_cycles=6,
+                         max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, target_rel_ci=0.0,
+                         warmed={"long": 0.0200})
     assert t.stopped_by == "long_call" and t.cycles == 3 and t.member_stopped_by["long"] == "long_call"
 
 
