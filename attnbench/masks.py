@@ -154,7 +154,8 @@ def extra_text(fields: dict) -> str:
     """The canonical text of the :data:`KINDS` among ``fields`` (``alibi+prefix:16+document:4+sink``; ``""``: none) —
     what a cell's ``mask`` axis holds (causal, window and softcap live in their own axes)."""
     parts = ["alibi"] * bool(fields.get("alibi"))
-    parts += [f"prefix:{fields['prefix']}"] * (fields.get("prefix") is not None)
+    if fields.get("prefix") is not None:
+        parts.append(f"prefix:{fields['prefix']}")
     if fields.get("documents_count") is not None:
         parts.append(f"document:{fields['documents_count']}")
     elif fields.get("documents"):
@@ -165,8 +166,8 @@ def extra_text(fields: dict) -> str:
 
 def label(causal: bool = True, window: int | None = None, softcap: float | None = None, extra: str = "") -> str:
     """The whole mask as one text (``causal+window:64+alibi``): what a figure or a table names a row's mask by."""
-    parts = ["causal" if causal else "full"] + [f"window:{window}"] * (window is not None)
-    parts += [f"softcap:{softcap:g}"] * (softcap is not None)
+    parts = ["causal" if causal else "full"] + ([f"window:{window}"] if window is not None else [])
+    parts += [f"softcap:{softcap:g}"] if softcap is not None else []
     return "+".join(parts + ([extra] if extra else []))
 
 
