@@ -37,9 +37,9 @@ from collections.abc import Callable
 import torch
 from packaging.version import Version
 
+from attnbench import masks
 from attnbench.devices import cuda_available, dtype_name, parse_device, parse_device_type, to_dtype
 from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
-from attnbench import masks
 from attnbench.spec import positional_from_text
 
 

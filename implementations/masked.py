@@ -159,9 +159,19 @@ class MaskFlex(MaskedAttention):
                   enable_gqa=self.group > 1)
         if not self.spec.sinks:
             return flex_attention(q, k, v, **kw)
-        out, lse = flex_attention(q, k, v, return_lse=True, **kw)  # lse (b, nh, T)
+        out, lse = _with_lse(flex_attention, q, k, v, kw)  # lse (b, nh, T)
         keep = torch.sigmoid(lse - self.sinks.to(lse.dtype).view(1, -1, 1))  # Z / (Z + exp(sink))
         return out * keep.unsqueeze(-1).to(out.dtype)
+
+
+def _with_lse(flex_attention, q, k, v, kw):
+    """Flex's output and log-sum-exp: ``return_aux=AuxRequest(lse=True)`` where this torch has it, else ``return_lse``."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:
+        return flex_attention(q, k, v, return_lse=True, **kw)
+    out, aux = flex_attention(q, k, v, return_aux=AuxRequest(lse=True), **kw)
+    return out, aux.lse
 
 
 def _factory(cls):

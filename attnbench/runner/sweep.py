@@ -19,8 +19,8 @@ from pathlib import Path
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
 from attnbench.results.schema import AXES, CACHE_STATES, INPUTS, INT_AXES, MODEL_AXES, MODES, Cell, display_name
-from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.masks import apply_mask, parse_masks
+from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.positional import compose, parse_positional
 
 
