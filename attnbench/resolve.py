@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 from packaging.version import Version
 
-from attnbench import masks
+from attnbench.correctness import masks
 from attnbench.devices import cuda_available, dtype_name, parse_device, parse_device_type, to_dtype
 from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
 from attnbench.spec import positional_from_text
@@ -66,7 +66,7 @@ class Request:
     qk_norm: str | None = None
     scale: float | None = None
     softcap: float | None = None
-    masks: tuple[str, ...] = ()  # issue 37: the kinds of attnbench.masks.KINDS asked for (alibi, prefix, ...)
+    masks: tuple[str, ...] = ()  # issue 37: the kinds of attnbench.correctness.masks.KINDS asked for (alibi, prefix, ...)
 
     @property
     def train(self) -> bool:
@@ -229,7 +229,7 @@ def variant_skip_reason(impl, spec, mode: str = "inference") -> str | None:
         missing.append("non-causal attention")
     lacking = [k for k in getattr(spec, "mask_kinds", ()) if k not in getattr(impl, "masks", ())]
     if lacking:
-        missing.append(f"the {'+'.join(lacking)} mask{'s' * (len(lacking) > 1)} (attnbench.masks; declare masks=)")
+        missing.append(f"the {'+'.join(lacking)} mask{'s' * (len(lacking) > 1)} (attnbench.correctness.masks; declare masks=)")
     if mode == "decode":
         if not impl.kv_cache:
             missing.append("a KV cache (decode mode)")
@@ -280,7 +280,7 @@ POSITIONAL_FIELDS = ("rope_theta", "rope_style", "qk_norm", "scale", "softcap")
 
 
 def _mask_kinds(text: str) -> tuple[str, ...]:
-    """The :data:`attnbench.masks.KINDS` a cell's ``mask`` text asks for."""
+    """The :data:`attnbench.correctness.masks.KINDS` a cell's ``mask`` text asks for."""
     fields = masks.parse(text if text == text else "")  # NaN read back from a row: none
     fields["documents"] = (1,) if fields.pop("documents_count", None) else None
     return masks.kinds_of(types.SimpleNamespace(**fields))

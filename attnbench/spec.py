@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench import masks
+from attnbench.correctness import masks
 from attnbench.errors import InputShapeError, InvalidSpecError
 
 ROPE_STYLES = ("half", "interleaved")
@@ -107,7 +107,7 @@ class AttnSpec:
     norm_eps: float = 1e-6
     scale: float | None = None  # score scale; None = head_dim ** -0.5
     softcap: float | None = None  # tanh soft-capping of the scores; None = off
-    # Masks and score modifiers (issue 37, attnbench.masks): ALiBi biases, a bidirectional prefix of this many tokens,
+    # Masks and score modifiers (issue 37, attnbench.correctness.masks): ALiBi biases, a bidirectional prefix of this many tokens,
     # document starts (block-diagonal attention), a learned per-head sink logit (canonical weights' ``sinks``)
     alibi: bool = False
     prefix: int | None = None

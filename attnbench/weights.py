@@ -47,7 +47,7 @@ class CanonicalWeights:
     # (head_dim,) each for qk_norm="head"; (d_out,) resp. (kv_dim,) for "full"; None without QK-norm.
     g_q: torch.Tensor | None = None
     g_k: torch.Tensor | None = None
-    # Issue 37: the per-head attention-sink logits (num_heads,) when spec.sinks (attnbench.masks), else None.
+    # Issue 37: the per-head attention-sink logits (num_heads,) when spec.sinks (attnbench.correctness.masks), else None.
     sinks: torch.Tensor | None = None
 
     def items(self) -> list[tuple[str, torch.Tensor]]:

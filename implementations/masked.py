@@ -1,7 +1,7 @@
 """The mask and score-modifier collection (issue 37) in three forms: eager math, SDPA with an explicit bias, and
 FlexAttention with a mask_mod and a score_mod (``compiled:mask_flex`` is its fused kernel).
 
-Every class computes every mask of :mod:`attnbench.masks` (ALiBi, prefix-LM, documents, attention sinks) and the
+Every class computes every mask of :mod:`attnbench.correctness.masks` (ALiBi, prefix-LM, documents, attention sinks) and the
 spec's variants (GQA/MQA, windows, non-causal, score scale, soft-capping), in the order the module docstring there
 gives. What each builds before attending (a bool mask and the ALiBi biases; an additive float bias; a Flex
 ``BlockMask``) is its **setup step**: ``prepare(x) -> state``, and ``forward(x, prepared=state)`` uses a state built
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from attnbench import masks
+from attnbench.correctness import masks
 from attnbench.errors import InvalidSpecError
 from attnbench.implementations._common import AttentionModule, add_book_projections, merge_heads, split_heads
 from attnbench.implementations.flex import _flex_available
@@ -33,7 +33,7 @@ CAPABILITIES = dict(gqa=True, sliding_window=True, non_causal=True, score_scale=
 
 
 class MaskedAttention(AttentionModule):
-    """Book projections sized for ``num_kv_heads``, every mask of :mod:`attnbench.masks`; subclasses attend."""
+    """Book projections sized for ``num_kv_heads``, every mask of :mod:`attnbench.correctness.masks`; subclasses attend."""
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None,
                  window=None, causal=True, scale=None, softcap=None, alibi=False, prefix=None, documents=None,
@@ -185,7 +185,7 @@ def _factory(cls):
 
 
 register("mask_math", _factory(MaskMath), **CAPABILITIES,
-         source="eager math: masked_fill of attnbench.masks's mask, ALiBi bias, a sink column in the softmax",
+         source="eager math: masked_fill of attnbench.correctness.masks's mask, ALiBi bias, a sink column in the softmax",
          description="eager math with every mask and score modifier (ALiBi, prefix, documents, sinks, softcap)")
 register("mask_sdpa", _factory(MaskSDPA), **{**CAPABILITIES, "softcap": False}, min_torch="2.1",
          source="torch.nn.functional.scaled_dot_product_attention(attn_mask=float bias: -inf masked, + ALiBi, sink key)",

@@ -10,7 +10,7 @@ import torch
 
 from attnbench import masks, registry
 from attnbench.correctness.cases import Case, rel_error
-from attnbench.correctness.masked import MASK_SHAPES
+from attnbench.correctness.mask_cases import MASK_SHAPES
 from attnbench.correctness.matrix import run_case
 from attnbench.correctness.reference import reference_forward
 from attnbench.errors import InvalidSpecError, PluginLoadError, SweepError
@@ -147,7 +147,7 @@ def test_flex_passes_every_mask_case():
 
 def test_builtins_without_masks_are_skipped_with_the_reason():
     reason = registry.variant_skip_reason(registry.get("sdpa"), AttnSpec(8, 8, 8, 0.0, 2, alibi=True, prefix=2))
-    assert reason == "does not support the alibi+prefix masks (attnbench.masks; declare masks=)"
+    assert reason == "does not support the alibi+prefix masks (attnbench.correctness.masks; declare masks=)"
     assert registry.variant_skip_reason(registry.get("mask_math"), AttnSpec(8, 8, 8, 0.0, 2, sinks=True)) is None
     assert registry.get("mask_math").masks == masks.KINDS
 

@@ -55,7 +55,7 @@ def _alternatives(spec, w):
 
 
 def _mask_alternatives(spec, w):
-    """The masks of issue 37 (:mod:`attnbench.masks`) left out, one at a time."""
+    """The masks of issue 37 (:mod:`attnbench.correctness.masks`) left out, one at a time."""
     if spec.prefix is not None:
         yield "the prefix attended causally, not both ways (prefix-LM)", replace(spec, prefix=None), w
     if spec.alibi:

@@ -15,7 +15,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from attnbench import masks
+from attnbench.correctness import masks
 from attnbench.correctness.rope import apply_rope, rms_norm, rope_tables
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
@@ -45,7 +45,7 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
     apply in this order: QK-norm (gains ``w.g_q``, ``w.g_k``) -> RoPE at the absolute positions
     ``start_pos + i`` -> scores * ``spec.score_scale`` -> soft-capping -> mask -> softmax.
 
-    Masks and score modifiers (issue 37, :mod:`attnbench.masks`) of ``spec``: ALiBi's ``-slope_h * |i - j|`` is
+    Masks and score modifiers (issue 37, :mod:`attnbench.correctness.masks`) of ``spec``: ALiBi's ``-slope_h * |i - j|`` is
     added after the soft-cap, a prefix and documents join the mask, and the sink logit ``w.sinks[h]`` joins each
     softmax's denominator (as one more score whose probability multiplies no value).
 

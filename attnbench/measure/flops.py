@@ -11,7 +11,7 @@ The analytic model (``analytic_flops``), per forward pass, 2 FLOPs per multiply-
   only pairs with ``0 <= i - j < w`` (causal) or ``|i - j| < w`` (a kernel that computes the masked
   pairs too does more work, but that is not useful work, so the same number is credited to every
   implementation);
-* masks of issue 37 (:mod:`attnbench.masks`): a prefix and documents count the pairs they keep as well
+* masks of issue 37 (:mod:`attnbench.correctness.masks`): a prefix and documents count the pairs they keep as well
   (:func:`masked_pairs`, counted exactly); ALiBi, soft-capping and sinks change no pair. Every row says which count
   it uses in ``flops_count``: ``masked`` (only the pairs the mask keeps, as above), and the kept fraction of the
   ``T²`` pairs in ``mask_density``;
@@ -58,11 +58,11 @@ def attention_pairs(seq_len: int, window: int | None = None, causal: bool = True
 
 def masked_pairs(seq_len: int, window: int | None = None, causal: bool = True, prefix: int | None = None,
                  documents: tuple[int, ...] | None = None) -> float:
-    """Query-key pairs the mask keeps (:func:`attnbench.masks.keep`): :func:`attention_pairs` without a prefix or
+    """Query-key pairs the mask keeps (:func:`attnbench.correctness.masks.keep`): :func:`attention_pairs` without a prefix or
     documents, else counted row block by row block (exact, memory bounded)."""
     if prefix is None and not documents:
         return attention_pairs(seq_len, window, causal)
-    from attnbench.masks import keep
+    from attnbench.correctness.masks import keep
 
     T, total = seq_len, 0
     rows = max(1, (1 << 22) // T)

@@ -45,7 +45,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "norm_eps": ("norm_eps", "rms_norm_eps", "qk_norm_eps"),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
     "softcap": ("softcap", "attn_logit_softcapping", "logit_softcapping", "softcapping"),
-    # issue 37 (attnbench.masks): what a class that declares masks= is built with
+    # issue 37 (attnbench.correctness.masks): what a class that declares masks= is built with
     "alibi": ("alibi", "use_alibi"),
     "prefix": ("prefix", "prefix_len", "prefix_length"),
     "documents": ("documents", "document_starts"),

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from attnbench.correctness.masks import KINDS as MASK_KINDS
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError, PluginLoadError
-from attnbench.masks import KINDS as MASK_KINDS
 from attnbench.plugins.exits import plugin_exits
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.spec import QK_NORMS, ROPE_STYLES, AttnSpec
@@ -46,7 +46,7 @@ class Implementation:
     qk_norm: bool | tuple[str, ...] = False  # spec.qk_norm in these placements ("head", "full")
     score_scale: bool = False  # spec.scale (a score scale other than head_dim ** -0.5)
     softcap: bool = False  # spec.softcap (tanh soft-capping of the scores)
-    # Issue 37: the masks of attnbench.masks.KINDS it computes (alibi, prefix, document, sink); True = all of them
+    # Issue 37: the masks of attnbench.correctness.masks.KINDS it computes (alibi, prefix, document, sink); True = all of them
     masks: bool | tuple[str, ...] = ()
     min_torch: str = "2.0"
     sdpa_backend: str | None = None  # flash | efficient | cudnn: the SDPA backend it forces (asked of PyTorch on CUDA)

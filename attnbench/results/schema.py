@@ -134,7 +134,7 @@ COLUMNS: dict[str, str] = {
     "instructions": "float64", "instructions_baseline": "float64", "instr_calls": "int64", "instr_count_s": "float64",
     "instr_call_s": "float64", "cpu_capability": "string", "instr_functions": "string", "instr_settings": "string",
     # --- end issue 39 ---
-    # --- issue 37 (masks: attnbench.masks) ---
+    # --- issue 37 (masks: attnbench.correctness.masks) ---
     # mask: the cell's masks beyond causal/window/softcap ("alibi+prefix:16+document:4+sink"; "" = none);
     # mask_label: the whole mask as one text ("causal+window:64+alibi"); flops_count: which FLOP count "flops" is
     # ("masked": only the query-key pairs the mask keeps; runs before it counted the same way); mask_density: the kept
@@ -171,7 +171,7 @@ class Cell:
     vocab: int = 0  # model scope: vocabulary size (0 elsewhere)
     new_tokens: int = 0  # generate modes: tokens generated after the prompt of seq_len (0 elsewhere)
     inputs: str = "normal"  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
-    mask: str = ""  # issue 37: alibi / prefix:N / document:D / sink (attnbench.masks.extra_text); "" = none
+    mask: str = ""  # issue 37: alibi / prefix:N / document:D / sink (attnbench.correctness.masks.extra_text); "" = none
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -295,8 +295,8 @@ def display_name(impl: str) -> str:
 
 
 def mask_label(cell: Cell) -> str:
-    """The cell's whole mask as one text, ``causal+window:64+softcap:30+alibi`` (:func:`attnbench.masks.label`)."""
-    from attnbench.masks import label
+    """The cell's whole mask as one text, ``causal+window:64+softcap:30+alibi`` (:func:`attnbench.correctness.masks.label`)."""
+    from attnbench.correctness.masks import label
 
     softcap = next((float(p.split("=", 1)[1]) for p in str(cell.positional or "").split(";")
                     if p.startswith("softcap=")), None)

@@ -1,8 +1,8 @@
-"""The sweep's ``mask`` axis (issue 37): ``--mask causal,alibi+window:64,document:8`` (:mod:`attnbench.masks`).
+"""The sweep's ``mask`` axis (issue 37): ``--mask causal,alibi+window:64,document:8`` (:mod:`attnbench.correctness.masks`).
 
 A mask value sets the cell fields its parts name, and only those: ``window:N`` the cell's window, ``causal`` / ``full``
 its causality, ``softcap:C`` the softcap in its ``positional`` text, and ``alibi`` / ``prefix:N`` / ``document[:D]`` /
-``sink`` its ``mask`` axis (:func:`attnbench.masks.extra_text`). What a value leaves out keeps the sweep's other axes
+``sink`` its ``mask`` axis (:func:`attnbench.correctness.masks.extra_text`). What a value leaves out keeps the sweep's other axes
 (``--mask alibi --window none,64`` sweeps ALiBi with and without a window). Each row records its mask in ``mask``
 (the extra kinds; an axis of the cell) and ``mask_label`` (the whole mask: ``causal+window:64+alibi``).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from attnbench import masks
+from attnbench.correctness import masks
 from attnbench.errors import InvalidSpecError, SweepError
 from attnbench.spec import AttnSpec, positional_from_text
 

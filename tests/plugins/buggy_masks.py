@@ -26,7 +26,7 @@ def slopes(n: int) -> list[float]:
 
 
 class MaskBaseline(nn.Module):
-    """Correct attention with every mask of attnbench.masks."""
+    """Correct attention with every mask of attnbench.correctness.masks."""
 
     attnbench_capabilities = {"gqa": True, "sliding_window": True, "non_causal": True, "softcap": True,
                               "masks": True}

@@ -1,5 +1,5 @@
 """The mask cases of the correctness matrix (issue 37): ALiBi, prefix-LM, documents, attention sinks, and their
-compositions with windows, soft-capping, GQA and non-causal attention (:mod:`attnbench.masks`).
+compositions with windows, soft-capping, GQA and non-causal attention (:mod:`attnbench.correctness.masks`).
 
 Each shape runs ``forward`` (float64, float32) and ``backward`` (float64: the gradients of the input and of every
 canonical parameter, the sink logits included) against the float64 reference, where an implementation declares the
