@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from attnbench import masks, registry
+from attnbench import registry
+from attnbench.correctness import masks
 from attnbench.correctness.cases import Case, rel_error
 from attnbench.correctness.mask_cases import MASK_SHAPES
 from attnbench.correctness.matrix import run_case

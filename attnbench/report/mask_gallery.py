@@ -73,7 +73,8 @@ def gallery(df: pd.DataFrame, out_dir: Path) -> list[figs.Figure]:
         ax.set_xlabel("\n".join(_caption_lines(group)), fontsize=8)
     png, svg, uri = figs._save(fig, out_dir, "mask-gallery")
     caption = ("Each mask of the run as the pairs it keeps (rows: queries, columns: keys; black: attended; with ALiBi "
-               "the shade is exp(bias) of the head with the gentlest slope), with each implementation's median at that mask (the fastest shape "
-               "measured at the first row's T); skipped: the implementation does not declare that mask.")
+               "the shade is exp(bias) of the head with the gentlest slope), with each implementation's median at "
+               "that mask (the fastest shape measured at the first row's T); skipped: the implementation does not "
+               "declare that mask.")
     return [figs.Figure("mask-gallery", "Mask gallery", caption=caption, png=png, svg=svg, data_uri=uri,
                         kind="heatmap")]
