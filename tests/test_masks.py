@@ -244,11 +244,24 @@ def test_a_masked_row_records_its_mask_and_flop_count():
     assert math.isnan(skipped.get("mask_density", float("nan")))
 
 
+COMPILED_SHAPES = ("alibi_6heads_window", "document", "softcap_alibi_sink_doc")
+
+
 @pytest.mark.slow
-def test_compiled_flex_passes_the_masks():
-    for shape in (s for s in MASK_SHAPES if s.id in ("alibi_6heads_window", "document", "softcap_alibi_sink_doc")):
+@pytest.mark.xfail(reason="torch 2.13's CPU Inductor fails to lower a module around flex_attention (LoweringException; "
+                          "the existing compiled:flex fails the same way on CPU here)", strict=False)
+def test_compiled_flex_passes_the_masks_on_cpu():
+    for shape in (s for s in MASK_SHAPES if s.id in COMPILED_SHAPES):
         result = run_case("compiled:mask_flex", Case("forward", shape, "float32"))
         assert result.status == "pass", (shape.id, result.message)
+
+
+@pytest.mark.cuda
+def test_compiled_flex_passes_the_masks_on_cuda(cuda_device):
+    for shape in (s for s in MASK_SHAPES if s.id in COMPILED_SHAPES):
+        for impl, kind in (("compiled:mask_flex", "forward"), ("mask_flex", "backward")):
+            result = run_case(impl, Case(kind, shape, "float32"), device=cuda_device)
+            assert result.status == "pass", (impl, kind, shape.id, result.message)
 
 
 def test_mask_gallery_draws_each_mask_beside_its_timings(tmp_path):
