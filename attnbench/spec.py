@@ -89,6 +89,11 @@ class AttnSpec:
     projection -> ``qk_norm`` (RMSNorm with eps ``norm_eps`` and its own gains for q and k) -> RoPE of base
     ``rope_theta`` in ``rope_style`` at absolute positions (with ``rope_scaling``) -> scores * ``score_scale``
     (``scale``, or ``head_dim ** -0.5``) -> ``softcap * tanh(s / softcap)`` -> mask -> softmax.
+
+    Masks and score modifiers (issue 37, :mod:`attnbench.correctness.masks`; every default means "off"): ``alibi``
+    adds ``-slope_h * |i - j|`` after the soft-cap; ``prefix`` lets the first ``prefix`` tokens see each other both
+    ways (causal only); ``documents`` (start positions of documents 2, 3, ...) keeps each token inside its document;
+    ``sinks`` puts a learned per-head logit (the canonical weights' ``sinks``) in each softmax's denominator.
     """
 
     d_in: int
