@@ -37,6 +37,7 @@ from collections.abc import Callable
 import torch
 from packaging.version import Version
 
+from attnbench.correctness import masks
 from attnbench.devices import cuda_available, dtype_name, parse_device, parse_device_type, to_dtype
 from attnbench.errors import AttnbenchError, InvalidSpecError, SweepError, UnavailableError
 from attnbench.spec import positional_from_text
@@ -65,6 +66,7 @@ class Request:
     qk_norm: str | None = None
     scale: float | None = None
     softcap: float | None = None
+    masks: tuple[str, ...] = ()  # issue 37: the kinds of attnbench.correctness.masks.KINDS asked for (alibi, prefix, ...)
 
     @property
     def train(self) -> bool:
@@ -225,6 +227,9 @@ def variant_skip_reason(impl, spec, mode: str = "inference") -> str | None:
         missing.append(f"sliding windows (window={spec.window})")
     if not spec.causal and not impl.non_causal:
         missing.append("non-causal attention")
+    lacking = [k for k in getattr(spec, "mask_kinds", ()) if k not in getattr(impl, "masks", ())]
+    if lacking:
+        missing.append(f"the {'+'.join(lacking)} mask{'s' * (len(lacking) > 1)} (attnbench.correctness.masks; declare masks=)")
     if mode == "decode":
         if not impl.kv_cache:
             missing.append("a KV cache (decode mode)")
@@ -255,7 +260,7 @@ def variant_rule(impl, req: Request) -> str | None:
     heads = req.num_heads or 1
     asked = types.SimpleNamespace(num_heads=heads, kv_heads=req.num_kv_heads or heads, window=req.window,
                                   causal=req.causal, rope_theta=req.rope_theta, rope_style=req.rope_style,
-                                  qk_norm=req.qk_norm, scale=req.scale, softcap=req.softcap)
+                                  qk_norm=req.qk_norm, scale=req.scale, softcap=req.softcap, mask_kinds=req.masks)
     return variant_skip_reason(impl, asked, req.mode or "inference")
 
 
@@ -272,6 +277,13 @@ _ERRORS = {sizes_rule: InvalidSpecError, kv_heads_rule: InvalidSpecError}
 
 POSITIONAL_FIELDS = ("rope_theta", "rope_style", "qk_norm", "scale", "softcap")
 """The positional fields a :class:`Request` carries from a spec or a cell (issue 26)."""
+
+
+def _mask_kinds(text: str) -> tuple[str, ...]:
+    """The :data:`attnbench.correctness.masks.KINDS` a cell's ``mask`` text asks for."""
+    fields = masks.parse(text if text == text else "")  # NaN read back from a row: none
+    fields["documents"] = (1,) if fields.pop("documents_count", None) else None
+    return masks.kinds_of(types.SimpleNamespace(**fields))
 
 
 def _positional_fields(text: str) -> dict:
@@ -294,11 +306,11 @@ def request_for(target=None, **given) -> Request:
                       d_in=target.d_model,
                       d_out=target.d_model, num_heads=target.num_heads, batch=target.batch, seq_len=target.seq_len,
                       cache=target.cache, num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
-                      **_positional_fields(getattr(target, "positional", "")))
+                      masks=_mask_kinds(getattr(target, "mask", "")), **_positional_fields(getattr(target, "positional", "")))
     elif target is not None:  # attnbench.spec.AttnSpec
         fields = dict(d_in=target.d_in, d_out=target.d_out, num_heads=target.num_heads, dropout=float(target.dropout),
                       num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
-                      **{k: getattr(target, k) for k in POSITIONAL_FIELDS})
+                      masks=masks.kinds_of(target), **{k: getattr(target, k) for k in POSITIONAL_FIELDS})
     fields.update({k: v for k, v in given.items() if v is not None})
     if "device" in fields:
         fields["device"] = str(fields["device"]).strip().lower()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.correctness import masks
 from attnbench.errors import InputShapeError, InvalidSpecError
 
 ROPE_STYLES = ("half", "interleaved")
@@ -88,6 +89,11 @@ class AttnSpec:
     projection -> ``qk_norm`` (RMSNorm with eps ``norm_eps`` and its own gains for q and k) -> RoPE of base
     ``rope_theta`` in ``rope_style`` at absolute positions (with ``rope_scaling``) -> scores * ``score_scale``
     (``scale``, or ``head_dim ** -0.5``) -> ``softcap * tanh(s / softcap)`` -> mask -> softmax.
+
+    Masks and score modifiers (issue 37, :mod:`attnbench.correctness.masks`; every default means "off"): ``alibi``
+    adds ``-slope_h * |i - j|`` after the soft-cap; ``prefix`` lets the first ``prefix`` tokens see each other both
+    ways (causal only); ``documents`` (start positions of documents 2, 3, ...) keeps each token inside its document;
+    ``sinks`` puts a learned per-head logit (the canonical weights' ``sinks``) in each softmax's denominator.
     """
 
     d_in: int
@@ -106,6 +112,12 @@ class AttnSpec:
     norm_eps: float = 1e-6
     scale: float | None = None  # score scale; None = head_dim ** -0.5
     softcap: float | None = None  # tanh soft-capping of the scores; None = off
+    # Masks and score modifiers (issue 37, attnbench.correctness.masks): ALiBi biases, a bidirectional prefix of this many tokens,
+    # document starts (block-diagonal attention), a learned per-head sink logit (canonical weights' ``sinks``)
+    alibi: bool = False
+    prefix: int | None = None
+    documents: tuple[int, ...] | None = None
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_out", "context_length", "num_heads"):
@@ -135,6 +147,7 @@ class AttnSpec:
         if not isinstance(self.causal, bool):
             raise InvalidSpecError(f"causal must be True or False, got {self.causal!r}")
         self._check_positional()
+        masks.check_fields(self)
 
     def _check_positional(self) -> None:
         def positive(name: str) -> None:
@@ -176,7 +189,13 @@ class AttnSpec:
     @property
     def is_variant(self) -> bool:
         """Whether this is anything but the book's causal multi-head attention (GQA/MQA, a window, non-causal)."""
-        return self.kv_heads != self.num_heads or self.window is not None or not self.causal
+        return (self.kv_heads != self.num_heads or self.window is not None or not self.causal
+                or bool(self.mask_kinds))
+
+    @property
+    def mask_kinds(self) -> tuple[str, ...]:
+        """The masks beyond causal / window / softcap it uses (``alibi``, ``prefix``, ``document``, ``sink``)."""
+        return masks.kinds_of(self)
 
     @property
     def score_scale(self) -> float:
@@ -227,6 +246,9 @@ class AttnSpec:
             out["window"] = self.window
         if not self.causal:
             out["causal"] = False
+        for name, off in (("alibi", False), ("prefix", None), ("documents", None), ("sinks", False)):
+            if getattr(self, name) != off:
+                out[name] = getattr(self, name)
         return out
 
     def kwargs(self) -> dict:

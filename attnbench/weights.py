@@ -47,6 +47,8 @@ class CanonicalWeights:
     # (head_dim,) each for qk_norm="head"; (d_out,) resp. (kv_dim,) for "full"; None without QK-norm.
     g_q: torch.Tensor | None = None
     g_k: torch.Tensor | None = None
+    # Issue 37: the per-head attention-sink logits (num_heads,) when spec.sinks (attnbench.correctness.masks), else None.
+    sinks: torch.Tensor | None = None
 
     def items(self) -> list[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` pairs of the parameters that exist, in canonical order."""
@@ -69,7 +71,8 @@ class CanonicalWeights:
         kv = spec.kv_dim
         want = {"W_q": (spec.d_out, spec.d_in), "W_k": (kv, spec.d_in), "W_v": (kv, spec.d_in),
                 "b_q": (spec.d_out,), "b_k": (kv,), "b_v": (kv,),
-                "W_o": (spec.d_out, spec.d_out), "b_o": (spec.d_out,), **gain_shapes(spec)}
+                "W_o": (spec.d_out, spec.d_out), "b_o": (spec.d_out,), **gain_shapes(spec),
+                "sinks": (spec.num_heads,)}
         for name, t in self.items():
             if tuple(t.shape) != want.get(name, ()):
                 raise ValueError(f"canonical {name} has shape {tuple(t.shape)}, expected {want.get(name)}")
@@ -78,6 +81,9 @@ class CanonicalWeights:
         if (self.g_q is None or self.g_k is None) == (spec.qk_norm is not None):
             raise ValueError(f"spec.qk_norm={spec.qk_norm!r} but the weights {'lack' if spec.qk_norm else 'have'} "
                              "QK-norm gains g_q/g_k")
+        if (self.sinks is None) == bool(getattr(spec, "sinks", False)):
+            raise ValueError(f"spec.sinks={getattr(spec, 'sinks', False)} but the weights "
+                             f"{'lack' if self.sinks is None else 'have'} sink logits")
 
 
 def gain_shapes(spec: AttnSpec) -> dict[str, tuple[int]]:
@@ -176,6 +182,8 @@ def _draw(spec: AttnSpec, seed: int, dtype: torch.dtype, scale: str) -> Canonica
     # QK-norm), never 1 and different for q and k: an order bug or a shared gain changes the output.
     gains = {n: (0.5 + torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
              for n, shape in gain_shapes(spec).items()}
+    if getattr(spec, "sinks", False):  # issue 37: sink logits in [-1, 2), distinct per head (a head mix-up shows)
+        gains["sinks"] = (3 * torch.rand(spec.num_heads, generator=g, dtype=torch.float64) - 1).to(dtype)
     return replace(w, **gains)
 
 
@@ -199,6 +207,8 @@ def _book_to_state(w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tenso
              "out_proj.weight": w.W_o, "out_proj.bias": w.b_o}
     if spec.qkv_bias:
         state.update({"W_query.bias": w.b_q, "W_key.bias": w.b_k, "W_value.bias": w.b_v})
+    if w.sinks is not None:  # issue 37: a module with attention sinks keeps them as its parameter ``sinks``
+        state["sinks"] = w.sinks
     return state
 
 
@@ -206,7 +216,7 @@ def _book_from_state(s: Mapping[str, torch.Tensor], spec: AttnSpec) -> Canonical
     return CanonicalWeights(
         W_q=s["W_query.weight"], W_k=s["W_key.weight"], W_v=s["W_value.weight"],
         b_q=s.get("W_query.bias"), b_k=s.get("W_key.bias"), b_v=s.get("W_value.bias"),
-        W_o=s["out_proj.weight"], b_o=s["out_proj.bias"],
+        W_o=s["out_proj.weight"], b_o=s["out_proj.bias"], sinks=s.get("sinks"),
     )
 
 

@@ -273,6 +273,25 @@ class Rope(_Timer):
 
 
 
+class Masks(_Timer):
+    """The mask collection (issue 37): ALiBi, and documents with attention sinks, in eager math and in SDPA with an
+    explicit bias (inference; the setup step, building the mask, is inside the timed forward as a model does it)."""
+
+    params = (["mask_math", "mask_sdpa"], ["alibi", "document:8+sink"], [256])
+    param_names = ("impl", "mask", "seq_len")
+
+    def setup(self, impl, mask, seq_len):
+        _set_threads()
+        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode="inference", mask=mask)
+        self._held = _lock_machine()
+
+    def teardown(self, impl, mask, seq_len):
+        _unlock_machine(getattr(self, "_held", None))
+
+    def time_step(self, impl, mask, seq_len):
+        _step(self.workload)
+
+
 class RopeCache:
     """The bytes of the rope family's KV cache after a prefill of ``seq_len`` tokens (the decode cell of :class:`Rope`;
     a class of its own, since asv counts a benchmark that raises for some parameters as failed)."""

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from attnbench import registry
+from attnbench.correctness.mask_cases import MASK_SHAPES
 from attnbench.correctness.matrix import RUNNERS, SHAPES, VARIANT_SHAPES, cases, run_case, run_matrix, summarize
 from attnbench.correctness.positional import POSITIONAL_SHAPES
 from attnbench.errors import UnknownImplementationError
@@ -40,7 +41,8 @@ def _describe(df: pd.DataFrame) -> str:
 def test_cases_cover_every_kind_and_filter():
     all_cases = cases()
     assert {c.kind for c in all_cases} == set(RUNNERS)
-    assert {c.shape.id for c in cases(["forward"])} == {s.id for s in SHAPES + VARIANT_SHAPES + POSITIONAL_SHAPES}
+    assert {c.shape.id for c in cases(["forward"])} == {s.id for s in SHAPES + VARIANT_SHAPES + POSITIONAL_SHAPES
+                                                        + MASK_SHAPES}
     assert any(s.spec.d_in != s.spec.d_out for s in SHAPES), "the grid must expose d_in != d_out bugs"
     assert any(s.spec.num_heads > 1 for s in SHAPES) and any(s.spec.num_heads == 1 for s in SHAPES)
     only = cases(kinds=["causality", "backward"])

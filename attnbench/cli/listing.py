@@ -12,7 +12,7 @@ from attnbench import registry
 from attnbench.cli.app import cli, console
 from attnbench.errors import AttnbenchError
 
-VARIANT_SHORT = {"gqa": "gqa", "sliding_window": "window", "non_causal": "bidir", "kv_cache": "kv"}
+VARIANT_SHORT = {"gqa": "gqa", "sliding_window": "window", "non_causal": "bidir", "kv_cache": "kv", "masks": "masks"}
 """The compact table's names of the variants (``--wide`` and ``--json``: the fields' own)."""
 COMPACT_WIDTH = 100
 """The compact table fits this many columns (or the terminal, when narrower)."""
@@ -40,7 +40,8 @@ def list_cmd(device: str, wide: bool, as_json: bool) -> None:
                      "devices": list(impl.devices), "dtypes": list(impl.dtypes), "backward": list(impl.backward),
                      "dropout": list(impl.dropout), "min_torch": impl.min_torch,
                      "same_width_only": impl.same_width_only,
-                     "variants": [v for v in ("gqa", "sliding_window", "non_causal", "kv_cache") if getattr(impl, v)]})
+                     "variants": [v for v in ("gqa", "sliding_window", "non_causal", "kv_cache", "masks")
+                                  if getattr(impl, v, None)]})
     if as_json:
         import json
 

@@ -41,7 +41,7 @@ def summary_table(df, title: str, failing: dict | None = None, width: int | None
     # kv heads, window and causality only when the run has variants; the KV cache only for decode runs
     positional = df["positional"].fillna("").astype(str) if "positional" in df else pd.Series("", index=df.index)
     variants = bool(((df.num_kv_heads != df.num_heads) | df.window.notna() | ~df.causal.astype(bool)
-                     | (positional != "")).any())
+                     | (positional != "") | (df.get("mask", pd.Series("", index=df.index)).fillna("") != "")).any())
     decode = bool((df["mode"] == "decode").any())
     stressed = "inputs" in df and bool((df["inputs"].fillna("normal") != "normal").any())  # issue 38
     cols = ["impl", "device", "dtype"] + (["inputs"] if stressed else []) + ["mode", "b", "T", "h", "d"] \
@@ -116,6 +116,7 @@ def _row_values(r, shape: dict) -> list[str]:
     positional = shape["positional"][r.Index]
     window = ("full" if r.window != r.window else str(int(r.window))) + ("" if r.causal else " non-causal")
     window += f" {positional}" if positional else ""  # RoPE / QK-norm / scale / softcap
+    window += f" {r.mask}" if isinstance(getattr(r, "mask", ""), str) and r.mask else ""  # issue 37
     kv = [fmt_bytes(r.kv_cache_bytes), f"{r.gbytes_per_s:.1f}", _pct_of_peak(r.frac_peak_bw)] if shape["decode"] else []
     if shape["decode"] and r.mode != "decode":
         kv = ["-", "-", "-"]
@@ -224,7 +225,7 @@ RUN_SECTIONS = (
     ("What to run", ("preset", "impls", "device", "dtype", "mode")),
     ("The grid", ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window", "causal", "scope", "layers",
                   "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
-                  "score_scale", "softcap", "inputs")),
+                  "score_scale", "softcap", "mask", "inputs")),
     ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
                      "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "metric", "cpu_capability", "profile")),
     ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
@@ -249,6 +250,9 @@ RUN_SECTIONS = (
 @click.option("--kv-heads", "num_kv_heads", help="Key/value heads: 1 (MQA), a divisor of --heads (GQA), mha (= heads).")
 @click.option("--window", help="Sliding windows: none (full attention) or w >= 1 (the token and the previous w-1), e.g. none,64.")
 @click.option("--causal/--no-causal", "causal", default=None, help="Causal (default) or bidirectional attention.")
+@click.option("--mask", help="Masks and score modifiers (comma-separated; parts joined by +): causal, full, window:N, "
+              "softcap:C, prefix:N, document[:D], alibi, sink, e.g. causal,alibi+window:64,document:8+sink "
+              "(docs/masks.md).")
 @click.option("--rope-theta", "rope_theta", type=float, help="Rotary position embeddings of this base (e.g. 500000); "
               "only implementations declaring rope run (the rope family).")
 @click.option("--rope-style", "rope_style", type=click.Choice(["half", "interleaved"]), help="RoPE pairs: half (Llama/HF, "
@@ -426,7 +430,7 @@ def _axes(o: SimpleNamespace, flags: dict) -> dict:
                 seq_len=o.seq_len, num_heads=o.num_heads, d_model=o.d_model, mode=o.mode, cache=o.cache,
                 num_kv_heads=o.num_kv_heads, window=o.window, causal=None if o.causal is None else (o.causal,),
                 positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens,
-                inputs=o.inputs)
+                inputs=o.inputs, mask=o.mask)
 
 
 def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:

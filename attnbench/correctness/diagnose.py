@@ -43,13 +43,27 @@ def _alternatives(spec, w):
     for words, s in _scale_candidates(spec):
         yield words, replace(spec, scale=s), w
     if spec.causal:
-        yield "no causal mask: each token also attends to later tokens", replace(spec, causal=False, window=None), w
+        yield "no causal mask: each token also attends to later tokens", replace(spec, causal=False, window=None,
+                                                                                 prefix=None), w
+    yield from _mask_alternatives(spec, w)
     if spec.d_in == spec.d_out and spec.kv_dim == spec.d_out:
         t = replace(w, W_q=w.W_q.T, W_k=w.W_k.T, W_v=w.W_v.T, W_o=w.W_o.T)
         yield "weights used untransposed (x @ W instead of x @ W.T, as nn.Linear stores them)", spec, t
     if spec.kv_dim == spec.d_out:
         swapped = replace(w, W_q=w.W_k, W_k=w.W_q, b_q=w.b_k, b_k=w.b_q, g_q=w.g_k, g_k=w.g_q)
         yield "queries and keys swapped (scores k.q^T: each key attends over the queries)", spec, swapped
+
+
+def _mask_alternatives(spec, w):
+    """The masks of issue 37 (:mod:`attnbench.correctness.masks`) left out, one at a time."""
+    if spec.prefix is not None:
+        yield "the prefix attended causally, not both ways (prefix-LM)", replace(spec, prefix=None), w
+    if spec.alibi:
+        yield "no ALiBi bias", replace(spec, alibi=False), w
+    if spec.documents:
+        yield "no document mask: tokens attend across document starts", replace(spec, documents=None), w
+    if spec.sinks:
+        yield "the sink logits left out of the softmax's denominator", replace(spec, sinks=False), replace(w, sinks=None)
 
 
 def likely_cause(reference, built, x_low: torch.Tensor, out: torch.Tensor, tol: float) -> str | None:

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.correctness import basic, decode, positional, precision, properties, watchdog
+from attnbench.correctness import basic, decode, mask_cases, positional, precision, properties, watchdog
 from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
     GRAD_TOLERANCE,
     SEED,
@@ -73,7 +73,8 @@ VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped w
 
 def shape_specs() -> dict[str, AttnSpec]:
     """Every shape id of the matrix and its spec (for what ``check -v`` says was exercised)."""
-    shapes = SHAPES + VARIANT_SHAPES + DECODE_SHAPES + positional.POSITIONAL_SHAPES + positional.START_SHAPES
+    shapes = (SHAPES + VARIANT_SHAPES + DECODE_SHAPES + positional.POSITIONAL_SHAPES + positional.START_SHAPES
+              + mask_cases.MASK_SHAPES)
     return {s.id: s.spec for s in shapes}
 
 
@@ -99,6 +100,7 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
             Case("golden", SHAPES[0], "float32")]
     out += properties.cases()
     out += positional.cases()
+    out += mask_cases.cases()  # issue 37: ALiBi, prefix-LM, documents, sinks
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 

@@ -15,6 +15,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from attnbench.correctness import masks
 from attnbench.correctness.rope import apply_rope, rms_norm, rope_tables
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
@@ -44,6 +45,10 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
     apply in this order: QK-norm (gains ``w.g_q``, ``w.g_k``) -> RoPE at the absolute positions
     ``start_pos + i`` -> scores * ``spec.score_scale`` -> soft-capping -> mask -> softmax.
 
+    Masks and score modifiers (issue 37, :mod:`attnbench.correctness.masks`) of ``spec``: ALiBi's ``-slope_h * |i - j|`` is
+    added after the soft-cap, a prefix and documents join the mask, and the sink logit ``w.sinks[h]`` joins each
+    softmax's denominator (as one more score whose probability multiplies no value).
+
     ``lowp`` names the parts computed in float32 whatever the inputs' dtype (``norm``, ``rope``, ``softmax``), as
     many real classes do (:mod:`attnbench.correctness.precision`): the error of that math is the floor a class
     working in float32 there is judged against.
@@ -53,6 +58,11 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
     hd = d_out // num_heads
     group = num_heads // (w.W_k.shape[0] // hd)  # query heads per kv head
     allowed = allowed_pairs(T, T, window, causal, device=x.device)
+    if spec is not None and (spec.prefix is not None or spec.documents):
+        pos = torch.arange(start_pos, start_pos + T, device=x.device)
+        allowed = masks.keep(pos[:, None], pos[None, :], causal=causal, window=window, prefix=spec.prefix,
+                             documents=spec.documents)
+    alibi = masks.alibi_bias(num_heads, T, device=x.device, dtype=x.dtype) if spec is not None and spec.alibi else None
     q, k = _queries_keys(x, w, hd, spec, start_pos, lowp)  # (b, T, heads, hd) each, normed and rotated
     v = F.linear(x, w.W_v, w.b_v).unflatten(-1, (-1, hd))
     scale = spec.score_scale if spec is not None else 1 / math.sqrt(hd)
@@ -62,8 +72,13 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
         scores = torch.einsum("bid,bjd->bij", q[:, :, h], k[:, :, kv]) * scale  # (b, T, T)
         if spec is not None and spec.softcap is not None:
             scores = spec.softcap * torch.tanh(scores / spec.softcap)
+        if alibi is not None:
+            scores = scores + alibi[h]
         scores = scores.masked_fill(~allowed, float("-inf"))
+        if w.sinks is not None:  # one more logit per query row, dropped after the softmax
+            scores = torch.cat([scores, w.sinks[h].to(scores.dtype).expand(b, T, 1)], dim=-1)
         probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype) if "softmax" in lowp else torch.softmax(scores, dim=-1)
+        probs = probs[..., :T]
         heads.append(probs @ v[:, :, kv])  # (b, T, hd)
     context = torch.cat(heads, dim=-1)  # (b, T, d_out), head h in columns h*hd:(h+1)*hd
     return F.linear(context, w.W_o, w.b_o)

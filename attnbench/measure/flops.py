@@ -11,6 +11,10 @@ The analytic model (``analytic_flops``), per forward pass, 2 FLOPs per multiply-
   only pairs with ``0 <= i - j < w`` (causal) or ``|i - j| < w`` (a kernel that computes the masked
   pairs too does more work, but that is not useful work, so the same number is credited to every
   implementation);
+* masks of issue 37 (:mod:`attnbench.correctness.masks`): a prefix and documents count the pairs they keep as well
+  (:func:`masked_pairs`, counted exactly); ALiBi, soft-capping and sinks change no pair. Every row says which count
+  it uses in ``flops_count``: ``masked`` (only the pairs the mask keeps, as above), and the kept fraction of the
+  ``T²`` pairs in ``mask_density``;
 * decode: one new token (``T = 1`` in the projections) against ``min(seq_len + 1, w)`` keys (the
   cached tokens it can see and itself);
 * softmax, scaling and masking are not counted (O(B·H·T²), not matmul work);
@@ -52,6 +56,23 @@ def attention_pairs(seq_len: int, window: int | None = None, causal: bool = True
     return float(T + one_side if causal else T + 2 * one_side)
 
 
+def masked_pairs(seq_len: int, window: int | None = None, causal: bool = True, prefix: int | None = None,
+                 documents: tuple[int, ...] | None = None) -> float:
+    """Query-key pairs the mask keeps (:func:`attnbench.correctness.masks.keep`): :func:`attention_pairs` without a prefix or
+    documents, else counted row block by row block (exact, memory bounded)."""
+    if prefix is None and not documents:
+        return attention_pairs(seq_len, window, causal)
+    from attnbench.correctness.masks import keep
+
+    T, total = seq_len, 0
+    rows = max(1, (1 << 22) // T)
+    j = torch.arange(T)[None, :]
+    for start in range(0, T, rows):
+        i = torch.arange(start, min(T, start + rows))[:, None]
+        total += int(keep(i, j, causal=causal, window=window, prefix=prefix, documents=documents).sum())
+    return float(total)
+
+
 def _flops(batch: int, tokens: int, d_in: int, d_out: int, kv_dim: int, mode: str, pairs: float) -> float:
     projections = 2 * batch * tokens * d_in * (d_out + 2 * kv_dim) + 2 * batch * tokens * d_out * d_out
     attention = 2 * 2 * batch * d_out * pairs  # H·head_dim == d_out
@@ -63,13 +84,14 @@ def _kv_dim(d_out: int, num_heads: int, num_kv_heads: int | None) -> int:
 
 
 def analytic_flops(batch: int, seq_len: int, d_in: int, d_out: int, mode: str = "forward", *, num_heads: int = 1,
-                   num_kv_heads: int | None = None, window: int | None = None, causal: bool = True) -> float:
+                   num_kv_heads: int | None = None, window: int | None = None, causal: bool = True,
+                   prefix: int | None = None, documents: tuple[int, ...] | None = None) -> float:
     """Useful FLOPs of one call of ``mode`` (only the query-key pairs the mask keeps count; see the module)."""
     kv_dim = _kv_dim(d_out, num_heads, num_kv_heads)
     if mode == "decode":
         keys = seq_len + 1 if window is None else min(seq_len + 1, window)
         return _flops(batch, 1, d_in, d_out, kv_dim, mode, keys)
-    return _flops(batch, seq_len, d_in, d_out, kv_dim, mode, attention_pairs(seq_len, window, causal))
+    return _flops(batch, seq_len, d_in, d_out, kv_dim, mode, masked_pairs(seq_len, window, causal, prefix, documents))
 
 
 def decode_bytes(batch: int, seq_len: int, d_in: int, d_out: int, *, num_heads: int = 1, num_kv_heads: int | None = None,

@@ -45,6 +45,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "norm_eps": ("norm_eps", "rms_norm_eps", "qk_norm_eps"),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
     "softcap": ("softcap", "attn_logit_softcapping", "logit_softcapping", "softcapping"),
+    # issue 37 (attnbench.correctness.masks): what a class that declares masks= is built with
+    "alibi": ("alibi", "use_alibi"),
+    "prefix": ("prefix", "prefix_len", "prefix_length"),
+    "documents": ("documents", "document_starts"),
+    "sinks": ("sinks", "use_sinks", "attention_sinks"),
     # MLA: the width of the key/value latent, d_out // 4 (plugins.mla)
     "latent_dim": ("latent_dim", "kv_lora_rank", "d_latent", "latent_size", "kv_latent_dim"),
 }
@@ -62,7 +67,7 @@ CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "model_arg
 _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
                     "min_torch", "gqa", "sliding_window", "non_causal", "kv_cache",
-                    "rope", "qk_norm", "score_scale", "softcap")
+                    "rope", "qk_norm", "score_scale", "softcap", "masks")
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
 """Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from attnbench.correctness.masks import KINDS as MASK_KINDS
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError, PluginLoadError
 from attnbench.plugins.exits import plugin_exits
@@ -45,6 +46,8 @@ class Implementation:
     qk_norm: bool | tuple[str, ...] = False  # spec.qk_norm in these placements ("head", "full")
     score_scale: bool = False  # spec.scale (a score scale other than head_dim ** -0.5)
     softcap: bool = False  # spec.softcap (tanh soft-capping of the scores)
+    # Issue 37: the masks of attnbench.correctness.masks.KINDS it computes (alibi, prefix, document, sink); True = all of them
+    masks: bool | tuple[str, ...] = ()
     min_torch: str = "2.0"
     sdpa_backend: str | None = None  # flash | efficient | cudnn: the SDPA backend it forces (asked of PyTorch on CUDA)
     probe: Callable[[torch.device], str | None] | None = field(default=None, compare=False)
@@ -56,11 +59,15 @@ class Implementation:
             value = getattr(self, name)
             if isinstance(value, bool):
                 object.__setattr__(self, name, tuple(self.devices) if value else ())
-        for name, every in (("rope", ROPE_STYLES), ("qk_norm", QK_NORMS)):
+        for name, every in (("rope", ROPE_STYLES), ("qk_norm", QK_NORMS), ("masks", MASK_KINDS)):
             value = getattr(self, name)
             if isinstance(value, bool):
                 value = tuple(every) if value else ()
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        unknown = sorted(set(self.masks) - set(MASK_KINDS))
+        if unknown:
+            raise PluginLoadError(f"{self.name} declares masks {unknown}; the masks are {', '.join(MASK_KINDS)} "
+                                  "(causal, window and softcap have their own capabilities)")
 
     def supports_backward(self, device: str | torch.device) -> bool:
         """Whether gradients can be taken on ``device``'s type."""

@@ -110,6 +110,7 @@ class Layout:
     same_width_reason: str = ""  # why the module needs d_in == d_out (found only once built)
     gains: tuple[Gain, ...] = ()  # q/k norms holding the canonical g_q/g_k (plugins.qk_norm)
     low_rank: LowRank | None = None  # MLA: keys and values through a latent (plugins.mla)
+    sinks: str = ""  # issue 37: the (num_heads,) parameter holding the canonical attention-sink logits
 
     @property
     def composed(self) -> bool:
@@ -142,6 +143,8 @@ class Layout:
             state[g.param] = g.to_param(gain)
         if self.low_rank is not None:
             state.update(self.low_rank.to_state(w, spec, latent_dim(spec)))
+        if self.sinks and w.sinks is not None:
+            state[self.sinks] = w.sinks
         return state
 
     def from_state(self, state, spec: AttnSpec) -> CanonicalWeights:
@@ -169,6 +172,8 @@ class Layout:
         if self.low_rank is not None:
             composed = self.low_rank.compose(state)
             values.update(composed if spec.qkv_bias else {k: v for k, v in composed.items() if k.startswith("W")})
+        if self.sinks and self.sinks in state:
+            gains["sinks"] = state[self.sinks]
         return CanonicalWeights(**{n: values.get(n) for n in NAMES}, **gains)
 
     def adapter(self) -> Adapter:
@@ -271,6 +276,8 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
         gains = []
         problems.append(str(exc))
     gain_params = {g.param for g in gains}
+    sinks = _find_sinks(params, spec)
+    gain_params |= {sinks} - {""}
     low_rank = find_low_rank(modules, spec)
     if low_rank is not None:
         gain_params |= low_rank.params()
@@ -288,7 +295,19 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
     if problems:
         raise MappingError(_mapping_error(module, params, spec, problems), problems)
     held, missing = _held_and_missing(claims, spec, has_qkv_bias)
-    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank)
+    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank, sinks=sinks)
+
+
+SINK_NAMES = ("sinks", "sink", "attention_sinks", "attn_sinks", "sink_logits")
+"""Parameter names (their last part) that hold the per-head attention-sink logits (issue 37; gpt-oss: ``sinks``)."""
+
+
+def _find_sinks(params: dict, spec: AttnSpec) -> str:
+    """The ``(num_heads,)`` parameter named like :data:`SINK_NAMES` when ``spec`` has sinks, else ``""``."""
+    if not getattr(spec, "sinks", False):
+        return ""
+    found = [n for n, p in params.items() if n.rsplit(".", 1)[-1] in SINK_NAMES and tuple(p.shape) == (spec.num_heads,)]
+    return found[0] if len(found) == 1 else ""
 
 
 def _claim_group(g, spec: AttnSpec, shapes: dict, claim, orient: dict[str, bool | None], problems: list[str]) -> None:
@@ -532,10 +551,11 @@ class PluginFactory:
         specs, whose keys and values are narrower) on the probe spec."""
         gqa = spec.num_kv_heads not in (None, spec.num_heads)  # keys and values narrower than queries
         qk_norm = getattr(spec, "qk_norm", None)
-        key = (spec.qkv_bias, gqa, qk_norm)
+        sinks = bool(getattr(spec, "sinks", False))  # issue 37: a (num_heads,) sink parameter exists only then
+        key = (spec.qkv_bias, gqa, qk_norm, sinks)
         if key not in self._layouts:
             probe = replace(SQUARE_PROBE if self.binding.same_width_only else PROBE, qkv_bias=spec.qkv_bias,
-                            num_kv_heads=GQA_PROBE_KV_HEADS if gqa else None, qk_norm=qk_norm)
+                            num_kv_heads=GQA_PROBE_KV_HEADS if gqa else None, qk_norm=qk_norm, sinks=sinks)
             try:
                 probe_module = self.binding(probe)
             except Exception:  # the class refuses the probe's sizes: read the layout off the module itself

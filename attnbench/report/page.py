@@ -16,7 +16,7 @@ from attnbench.models import views as model_views
 from attnbench.report import accuracy as accuracy_view
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
-from attnbench.report import model_figures, variants
+from attnbench.report import mask_gallery, model_figures, variants
 from attnbench.report.forked import Forked
 from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
@@ -281,6 +281,9 @@ def _figures(df, ok, chosen, styles, fig_dir: Path) -> tuple[list, pd.DataFrame]
     accuracy_figs = accuracy_view.figures(df, styles, fig_dir)  # issue 38: accuracy against latency, per dtype
     if accuracy_figs:
         figure_sections.append(("accuracy", "Accuracy vs latency", accuracy_figs))
+    gallery = mask_gallery.gallery(df, fig_dir)  # issue 37: each mask drawn beside its timings
+    if gallery:
+        figure_sections.append(("mask-gallery", "Mask gallery", gallery))
     model_figs = model_figures.model_figures(df, styles, fig_dir)  # issue 27: block and model rows
     if model_figs:
         figure_sections.append(("in-the-model", "In the model", model_figs))

@@ -40,7 +40,7 @@ INPUTS = ("normal", "outliers", "large-logits")
 """``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
 
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache", "num_kv_heads", "window",
-        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs")
+        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs", "mask")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
 INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
@@ -134,6 +134,12 @@ COLUMNS: dict[str, str] = {
     "instructions": "float64", "instructions_baseline": "float64", "instr_calls": "int64", "instr_count_s": "float64",
     "instr_call_s": "float64", "cpu_capability": "string", "instr_functions": "string", "instr_settings": "string",
     # --- end issue 39 ---
+    # --- issue 37 (masks: attnbench.correctness.masks) ---
+    # mask: the cell's masks beyond causal/window/softcap ("alibi+prefix:16+document:4+sink"; "" = none);
+    # mask_label: the whole mask as one text ("causal+window:64+alibi"); flops_count: which FLOP count "flops" is
+    # ("masked": only the query-key pairs the mask keeps; runs before it counted the same way); mask_density: the kept
+    # fraction of the T x T pairs
+    "mask": "string", "mask_label": "string", "flops_count": "string", "mask_density": "float64",
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -165,6 +171,7 @@ class Cell:
     vocab: int = 0  # model scope: vocabulary size (0 elsewhere)
     new_tokens: int = 0  # generate modes: tokens generated after the prompt of seq_len (0 elsewhere)
     inputs: str = "normal"  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
+    mask: str = ""  # issue 37: alibi / prefix:N / document:D / sink (attnbench.correctness.masks.extra_text); "" = none
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -182,6 +189,8 @@ class Cell:
         object.__setattr__(self, "inputs", str(self.inputs or "normal") if self.inputs == self.inputs else "normal")
         for name in MODEL_AXES:
             object.__setattr__(self, name, int(getattr(self, name) or 0))
+        if self.mask is None or self.mask != self.mask:  # None / NaN read back from a row
+            object.__setattr__(self, "mask", "")
 
     @property
     def attention_mode(self) -> str:
@@ -214,6 +223,7 @@ class Cell:
             variant += f"|{self.scope}" + (f"|L{self.layers}|V{self.vocab}" if self.scope == "model" else "")
             variant += f"|M{self.new_tokens}" if self.new_tokens else ""
         variant += f"|inputs={self.inputs}" if self.inputs != "normal" else ""  # normal cells keep their keys
+        variant += f"|mask={self.mask}" if self.mask else ""  # issue 37; cells without one keep their keys
         return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
@@ -284,12 +294,22 @@ def display_name(impl: str) -> str:
     return split_display_name(impl)[0] or impl
 
 
+def mask_label(cell: Cell) -> str:
+    """The cell's whole mask as one text, ``causal+window:64+softcap:30+alibi`` (:func:`attnbench.correctness.masks.label`)."""
+    from attnbench.correctness.masks import label
+
+    softcap = next((float(p.split("=", 1)[1]) for p in str(cell.positional or "").split(";")
+                    if p.startswith("softcap=")), None)
+    return label(cell.causal, cell.window, softcap, cell.mask)
+
+
 def empty_row(cell: Cell, run_id: str = "") -> dict:
     """A row for ``cell`` with every column present and measurement columns NaN/empty (status ``error`` until the
     cell says otherwise)."""
     row = Row(**cell.as_dict()).as_dict()
     row.update(num_kv_heads=cell.kv_heads, window=float("nan") if cell.window is None else cell.window)
     row["impl"] = display_name(cell.impl)  # NAME=target: tables and figures show NAME
+    row["mask_label"] = mask_label(cell)  # issue 37: the whole mask as one text
     row.update(run_id=run_id, cell_id=cell.cell_id, group_id=cell.group_id, head_dim=cell.head_dim, n=0, calls_per_sample=0,
                warmup_calls=0, threads=0, status="error", error="", notes="")
     return row
@@ -299,7 +319,7 @@ KEPT_ON_FAILURE = frozenset({
     "run_id", "cell_id", "group_id", "impl", "device", "device_name", "dtype", "batch", "seq_len", "num_heads",
     "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
-    "cpu_affinity", "scope", "layers", "vocab", "new_tokens", "inputs",
+    "cpu_affinity", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "mask_label",
     "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
     "phase_accuracy_s",  # issue 38: the accuracy pass's time, spent either way
     "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out
@@ -346,6 +366,10 @@ def fill_added_columns(df):
             df[name] = "layer"
         elif name == "inputs":  # runs before issue 38 drew normal inputs only
             df[name] = "normal"
+        elif name == "mask":  # runs before issue 37 had no masks beyond causal / window / softcap
+            df[name] = ""
+        elif name == "flops_count" and "flops" in df.columns:  # they counted the pairs the mask keeps too
+            df[name] = "masked"
         elif kind == "object":
             df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)
         else:

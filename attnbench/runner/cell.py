@@ -45,6 +45,7 @@ from attnbench.resolve import Ready, Skip
 from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
 from attnbench.results.text import fmt_time
 from attnbench.runner import budget, compile_cache, phases
+from attnbench.runner.masks import mask_columns
 from attnbench.runner.sweep import Settings
 
 if TYPE_CHECKING:
@@ -274,6 +275,7 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
     cell, workload = built.cell, built.workload
     flops = workload.analytic_flops()
     row["flops"] = flops
+    row.update(mask_columns(cell))  # issue 37: which FLOP count, and the mask's density
     if cell.mode == "decode":
         row["kv_cache_bytes"] = workload.kv_cache_bytes
         row["kv_cache_bytes_analytic"] = kv_cache_bytes_analytic(cell.batch, cell.seq_len, cell.kv_heads, cell.head_dim,

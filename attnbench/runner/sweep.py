@@ -19,6 +19,7 @@ from pathlib import Path
 from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
 from attnbench.results.schema import AXES, CACHE_STATES, INPUTS, INT_AXES, MODEL_AXES, MODES, Cell, display_name
+from attnbench.runner.masks import apply_mask, parse_masks
 from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.positional import compose, parse_positional
 
@@ -92,6 +93,7 @@ class Sweep:
     vocab: tuple[int, ...] = (512,)  # model scope: vocabulary
     new_tokens: tuple[int, ...] = (16,)  # generate modes: tokens generated after the prompt
     inputs: tuple[str, ...] = ("normal",)  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
+    mask: tuple[str, ...] = ("",)  # issue 37: masks (attnbench.runner.masks); "" = the window / causal axes alone
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -130,6 +132,7 @@ class Sweep:
         object.__setattr__(self, "window", parse_windows(self.window))
         object.__setattr__(self, "causal", parse_bools(self.causal))
         object.__setattr__(self, "positional", parse_positional(self.positional))
+        object.__setattr__(self, "mask", parse_masks(self.mask))
         if not any(d % h == 0 for h in self.num_heads for d in self.d_model):
             # no cell could run: a usage error before anything runs (a grid where only some pairs fit keeps the others
             # and records the rest as skipped rows that say why)
@@ -156,12 +159,14 @@ class Sweep:
         seen: set[str] = set()
         from attnbench.models.scope import scope_cells
 
-        for impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos, scope in itertools.product(
-                self.impl, self.device, self.dtype, self.batch, self.seq_len, self.num_heads, self.d_model,
-                self.mode, self.cache, self.num_kv_heads, self.window, self.causal, self.positional, self.scope):
+        for impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos, scope, mask in \
+                itertools.product(self.impl, self.device, self.dtype, self.batch, self.seq_len, self.num_heads,
+                                  self.d_model, self.mode, self.cache, self.num_kv_heads, self.window, self.causal,
+                                  self.positional, self.scope, self.mask):
             if device == "cpu":
                 cache = "warm"
-            layer = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos)
+            layer = apply_mask(Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal,
+                                    pos), mask)
             for cell in (replace(c, inputs=kind) for c in scope_cells(layer, scope, self.layers, self.vocab,
                                                                           self.new_tokens) for kind in self.inputs):
                 if cell.cell_id not in seen:
@@ -288,7 +293,7 @@ def parse_axis(axis: str, value) -> tuple:
     if axis in INT_AXES or axis in MODEL_AXES:
         return parse_ints(value, axis)
     parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools,
-               "positional": parse_positional}
+               "positional": parse_positional, "mask": parse_masks}
     return parsers[axis](value) if axis in parsers else parse_strs(value)
 
 
@@ -298,7 +303,7 @@ AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "bat
              "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal",
              "positional": "positional",
              "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens",
-             "inputs": "inputs"}
+             "inputs": "inputs", "mask": "mask"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:

@@ -21,6 +21,7 @@ from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
 from attnbench.runner import stress
+from attnbench.runner.masks import mask_fields
 from attnbench.spec import AttnSpec, positional_from_text
 
 
@@ -60,7 +61,8 @@ class Workload:
         """The useful FLOPs of one step (:func:`attnbench.measure.flops.analytic_flops` of the layer)."""
         c = self.cell
         return analytic_flops(c.batch, c.seq_len, c.d_model, c.d_model, c.mode, num_heads=c.num_heads,
-                              num_kv_heads=c.num_kv_heads, window=c.window, causal=c.causal)
+                              num_kv_heads=c.num_kv_heads, window=c.window, causal=c.causal,
+                              **{k: v for k, v in mask_fields(c).items() if k in ("prefix", "documents")})
 
     def extra_columns(self, median_s: float) -> dict:
         """Columns this kind of workload adds to an ok row after timing (none for a layer)."""
@@ -72,7 +74,8 @@ def spec_for(cell: Cell) -> AttnSpec:
     decode: the cache holds ``seq_len`` tokens and the new one), no dropout, the cell's variant."""
     context = cell.seq_len + 1 if cell.mode == "decode" else cell.seq_len
     return AttnSpec(cell.d_model, cell.d_model, context, 0.0, cell.num_heads, num_kv_heads=cell.num_kv_heads,
-                    window=cell.window, causal=cell.causal, **positional_from_text(cell.positional))
+                    window=cell.window, causal=cell.causal, **positional_from_text(cell.positional),
+                    **mask_fields(cell))
 
 
 def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Workload:
