@@ -224,7 +224,7 @@ RUN_SECTIONS = (
     ("What to run", ("preset", "impls", "device", "dtype", "mode")),
     ("The grid", ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window", "causal", "scope", "layers",
                   "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
-                  "score_scale", "softcap", "inputs")),
+                  "score_scale", "softcap", "inputs", "page_size")),
     ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
                      "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "metric", "cpu_capability", "profile")),
     ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
@@ -311,6 +311,9 @@ RUN_SECTIONS = (
 @click.option("--inputs", help="Stress inputs (comma-separated): normal (default), outliers (0.1% of the input's entries "
               "x10, FlashAttention-3's protocol), large-logits (scores up to the correctness matrix's extreme logits); "
               "docs/accuracy.md.")
+@click.option("--page-size", "page_size", help="Decode through paged KV caches (paged_sdpa, paged_flex) of pages of "
+              "these many tokens, e.g. 16,64,256 (contiguous caches run in each page size's group as the baseline); "
+              "docs/paged.md.")
 @click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
               "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
 # --- issue 39: --metric instructions (attnbench.cli.instructions) ---
@@ -426,7 +429,7 @@ def _axes(o: SimpleNamespace, flags: dict) -> dict:
                 seq_len=o.seq_len, num_heads=o.num_heads, d_model=o.d_model, mode=o.mode, cache=o.cache,
                 num_kv_heads=o.num_kv_heads, window=o.window, causal=None if o.causal is None else (o.causal,),
                 positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens,
-                inputs=o.inputs)
+                inputs=o.inputs, page_size=o.page_size)
 
 
 def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:
