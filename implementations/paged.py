@@ -20,10 +20,12 @@ Two ways to attend through the block tables:
 
 * ``paged_sdpa``: gather the sequence's pages through the block table into ``(b, n_kv, L, hd)``, then
   ``F.scaled_dot_product_attention`` with a mask of the positions each slot holds (padding, causality, the window);
-* ``paged_flex``: no gather: FlexAttention over the whole pool, with a block-table-aware ``mask_mod`` (a slot is
+* ``flex_paged``: no gather: FlexAttention over the whole pool, with a block-table-aware ``mask_mod`` (a slot is
   visible when its page belongs to the query's sequence and its logical position is causal and in the window) and a
   ``BlockMask`` whose KV blocks are the pages. Run eagerly, FlexAttention scores every slot of the pool
-  for every sequence (``compiled:paged_flex`` visits only the sequence's blocks).
+  for every sequence (``compiled:flex_paged`` visits only the sequence's blocks). A prefill into an empty cache
+  attends over the call's own keys (causal, no pages read), as serving systems run prefills; decode steps and
+  chunks appended to a non-empty cache read the pages.
 
 A plan (:meth:`PagedCache.prepare`: the pages for the new tokens reserved, the gather index and mask, or the block
 mask) is built by every cached call; ``prepare(x, lengths=...)`` builds it apart and ``forward(..., prepared=plan)``
@@ -194,7 +196,7 @@ class PagedCache(CachedAttention):
         rows, toks, pages, slots = plan.dest
         self.pool_k[pages, slots] = k[rows, :, toks]  # (n, n_kv, hd) into the pages' slots
         self.pool_v[pages, slots] = v[rows, :, toks]
-        context = self._attend_paged(q, plan)  # (b, nh, t, hd)
+        context = self._attend_paged(q, k, v, plan)  # (b, nh, t, hd)
         self._trim()
         self.pos = max(self.lens)
         out = self.out_proj(merge_heads(context))  # (b, t, d_out)
@@ -211,7 +213,8 @@ class PagedCache(CachedAttention):
                 for s in range(0, t, w)]
         return torch.cat(outs, dim=1)
 
-    def _attend_paged(self, q: torch.Tensor, plan: Plan) -> torch.Tensor:
+    def _attend_paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """``q`` ``(b, nh, t, hd)`` through the pages (``k``/``v``: the call's own keys and values, already stored)."""
         raise NotImplementedError
 
     def rewind_cache(self, n: int = 1) -> None:
@@ -229,6 +232,8 @@ class PagedCache(CachedAttention):
 class PagedSDPA(PagedCache):
     """Gather each sequence's pages through its block table, then SDPA with a position mask."""
 
+    use_sdpa = True  # the full forward (no cache) too
+
     def _plan_attend(self, plan: Plan, device: torch.device):
         table, first = self._block_table(device)
         P = self.page_size
@@ -239,7 +244,7 @@ class PagedSDPA(PagedCache):
             ok &= plan.q_pos[:, :, None] - key_pos[:, None, :] < self.window
         return table, ok[:, None]  # (b, pages), (b, 1, t, L)
 
-    def _attend_paged(self, q, plan):
+    def _attend_paged(self, q, k, v, plan):
         table, mask = plan.attend
         b, n_kv, hd = table.shape[0], self.num_kv_heads, self.head_dim
         keys = self.pool_k[table].view(b, -1, n_kv, hd).transpose(1, 2)  # (b, n_kv, L, hd): the gather
@@ -262,6 +267,13 @@ class PagedFlex(PagedCache):
             logical[table] = torch.arange(self.first[i], self.first[i] + len(table))
         owner, logical = owner.to(device), logical.to(device)
         lens, q_pos, window = torch.tensor(self.lens, device=device), plan.q_pos, self.window
+        t = q_pos.shape[1]
+        if not any(plan.starts):  # a prefill into an empty cache: causal over the call's own keys, no pages read
+            def own_mask(b, h, q_idx, kv_idx):
+                seen = (kv_idx < lens[b]) & (kv_idx <= q_pos[b, q_idx])
+                return seen & (q_pos[b, q_idx] - kv_idx < window) if window is not None else seen
+
+            return create_block_mask(own_mask, len(self.lens), None, t, t, device=device, BLOCK_SIZE=128), True
 
         def paged_mask(b, h, q_idx, kv_idx):
             page = kv_idx // P
@@ -269,16 +281,19 @@ class PagedFlex(PagedCache):
             seen = (owner[page] == b) & (pos < lens[b]) & (pos <= q_pos[b, q_idx])
             return seen & (q_pos[b, q_idx] - pos < window) if window is not None else seen
 
-        t = q_pos.shape[1]
-        return create_block_mask(paged_mask, len(self.lens), None, t, n_pages * P, device=device, BLOCK_SIZE=(128, P))
+        return create_block_mask(paged_mask, len(self.lens), None, t, n_pages * P, device=device,
+                                 BLOCK_SIZE=(128, P)), False
 
-    def _attend_paged(self, q, plan):
+    def _attend_paged(self, q, k, v, plan):
         from torch.nn.attention.flex_attention import flex_attention
 
+        block_mask, own = plan.attend
+        if own:
+            return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=self.group > 1)
         n, P = self.pool_k.shape[0], self.page_size
         keys = self.pool_k.view(1, n * P, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (1, n_kv, slots, hd)
         values = self.pool_v.view(1, n * P, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return flex_attention(q, keys, values, block_mask=plan.attend, enable_gqa=self.group > 1)
+        return flex_attention(q, keys, values, block_mask=block_mask, enable_gqa=self.group > 1)
 
 
 def _flex_available(device) -> str | None:
@@ -294,6 +309,6 @@ PAGED_HOW = (f"paged KV cache: a pool of shuffled pages and a block table per se
              f"forward(x, use_cache=True, lengths=...), page_stats() (implementations/paged.py); {HOW}")
 register("paged_sdpa", _factory(PagedSDPA), **PAGED, min_torch="2.5",
          source=f"gather through the block table, then F.scaled_dot_product_attention with a position mask; {PAGED_HOW}")
-register("paged_flex", _factory(PagedFlex), **PAGED, dropout=False, backward=("cuda",), min_torch="2.5",
+register("flex_paged", _factory(PagedFlex), **PAGED, dropout=False, backward=("cuda",), min_torch="2.5",
          probe=_flex_available,
          source=f"flex_attention over the page pool with a block-table-aware mask_mod and a BlockMask of pages; {PAGED_HOW}")

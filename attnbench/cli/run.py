@@ -311,7 +311,7 @@ RUN_SECTIONS = (
 @click.option("--inputs", help="Stress inputs (comma-separated): normal (default), outliers (0.1% of the input's entries "
               "x10, FlashAttention-3's protocol), large-logits (scores up to the correctness matrix's extreme logits); "
               "docs/accuracy.md.")
-@click.option("--page-size", "page_size", help="Decode through paged KV caches (paged_sdpa, paged_flex) of pages of "
+@click.option("--page-size", "page_size", help="Decode through paged KV caches (paged_sdpa, flex_paged) of pages of "
               "these many tokens, e.g. 16,64,256 (contiguous caches run in each page size's group as the baseline); "
               "docs/paged.md.")
 @click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
