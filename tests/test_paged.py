@@ -158,3 +158,33 @@ def test_paged_decode_preset_has_paged_and_contiguous_in_every_page_size():
     for page in (16, 64, 256):
         assert {c.impl for c in cells if c.page_size == page} == {"sdpa_cache", "kv_prealloc", "paged_sdpa", "flex_paged"}
     assert sweep.baseline == "sdpa_cache"
+
+
+def _row(impl: str, page_size: int, median: float, pages=float("nan"), speedup=float("nan"), lo=float("nan"),
+         hi=float("nan")) -> dict:
+    from attnbench.results.schema import empty_row
+
+    cell = Cell(impl, batch=2, seq_len=300, num_heads=4, d_model=64, mode="decode", page_size=page_size)
+    return {**empty_row(cell, "r"), "status": "ok", "median_s": median, "baseline": "sdpa_cache", "speedup": speedup,
+            "speedup_ci_low": lo, "speedup_ci_high": hi, "pages": pages, "page_fragmentation": 0.25,
+            "kv_cache_bytes": 1000.0 if pages != pages else 1200.0}
+
+
+def test_report_sets_each_paged_row_against_the_contiguous_baseline_of_its_page_size():
+    import pandas as pd
+
+    from attnbench.report import analysis as an
+    from attnbench.report import paged as paged_view
+    from attnbench.report import variants
+
+    df = an.prepare(pd.DataFrame([_row("sdpa_cache", 16, 1e-3, speedup=1.0, lo=1.0, hi=1.0),
+                       _row("paged_sdpa", 16, 2e-3, pages=8.0, speedup=0.5, lo=0.4, hi=0.625),
+                       _row("sdpa_cache", 64, 1.1e-3, speedup=1.0, lo=1.0, hi=1.0),
+                       _row("paged_sdpa", 64, 3e-3, pages=2.0, speedup=0.25, lo=0.2, hi=0.5)]))
+    t = paged_view.table(df).set_index("page_size")
+    assert t.loc[16, "cost"] == pytest.approx(2.0) and (t.loc[16, "cost_low"], t.loc[16, "cost_high"]) == (1.6, 2.5)
+    assert t.loc[64, "cost"] == pytest.approx(4.0) and t.loc[64, "contiguous"] == "sdpa_cache"
+    shown = paged_view.display(paged_view.table(df))
+    assert shown["paged / contiguous"].tolist() == ["2.00× (1.60–2.50)", "4.00× (2.00–5.00)"]
+    lines = variants._decode(df)  # a line per page size for the paged cache, one line for the contiguous one
+    assert sorted(lines["variant"]) == ["MHA", "MHA p16", "MHA p64"]

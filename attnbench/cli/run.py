@@ -44,8 +44,9 @@ def summary_table(df, title: str, failing: dict | None = None, width: int | None
                      | (positional != "")).any())
     decode = bool((df["mode"] == "decode").any())
     stressed = "inputs" in df and bool((df["inputs"].fillna("normal") != "normal").any())  # issue 38
+    paged = "page_size" in df and bool((pd.to_numeric(df["page_size"], errors="coerce").fillna(0) > 0).any())
     cols = ["impl", "device", "dtype"] + (["inputs"] if stressed else []) + ["mode", "b", "T", "h", "d"] \
-        + (["kv", "window"] if variants else [])
+        + (["kv", "window"] if variants else []) + (["page"] if paged else [])  # issue 37: the page-size groups
     # paired speed-ups (comparison groups timed interleaved) when the run has them
     paired = "speedup" in df and bool(np.isfinite(pd.to_numeric(df["speedup"], errors="coerce")).any())
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
@@ -57,7 +58,7 @@ def summary_table(df, title: str, failing: dict | None = None, width: int | None
     cols[cols.index("mode") + 1:cols.index("mode") + 1] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
-    shape = dict(positional=positional, variants=variants, decode=decode, stressed=stressed, paired=paired,
+    shape = dict(positional=positional, variants=variants, decode=decode, stressed=stressed, paired=paired, paged=paged,
                  named_bases=len(bases) > 1, errors=errors, scoped=scoped, gen_cols=gen_cols, failing=failing or {})
     rows = [dict(zip(cols, _row_values(r, shape), strict=True)) for r in ok.itertuples()]
     shared = [c for c in SHARED if rows and len({row[c] for row in rows}) == 1]
@@ -122,6 +123,7 @@ def _row_values(r, shape: dict) -> list[str]:
     return [r.impl, r.device, r.dtype, *([r.inputs] if shape["stressed"] else []), r.mode,
             *([_scope_text(r)] if shape["scoped"] else []), str(r.batch), str(r.seq_len), str(r.num_heads),
             str(r.d_model), *([str(r.num_kv_heads), window] if shape["variants"] else []),
+            *([str(int(r.page_size)) if r.page_size else "-"] if shape["paged"] else []),
             fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
             *([_speedup_text(r, shape["named_bases"])] if shape["paired"] else []),
             *([accuracy_view.error_text(r)] if shape["errors"] else []), fmt_bytes(r.peak_bytes), *kv,
