@@ -188,3 +188,19 @@ def test_report_sets_each_paged_row_against_the_contiguous_baseline_of_its_page_
     assert shown["paged / contiguous"].tolist() == ["2.00× (1.60–2.50)", "4.00× (2.00–5.00)"]
     lines = variants._decode(df)  # a line per page size for the paged cache, one line for the contiguous one
     assert sorted(lines["variant"]) == ["MHA", "MHA p16", "MHA p64"]
+
+
+def test_asv_suite_times_a_paged_decode_cell(single_thread, repo_cwd, monkeypatch):
+    import importlib
+
+    monkeypatch.syspath_prepend(str(repo_cwd))
+    suite = importlib.import_module("benchmarks.bench_attention")
+    monkeypatch.setattr(suite, "_lock_machine", lambda: None)  # not timed here: no need to wait for the machine's lock
+    bench = suite.PagedDecode()
+    bench.setup("paged_sdpa", 16, 512)
+    try:
+        bench.time_step("paged_sdpa", 16, 512)
+        assert bench.workload.cell.page_size == 16 and bench.workload.columns["pages"] == 2 * 32
+        assert bench.track_kv_cache_bytes("paged_sdpa", 16, 512) == 2 * 2 * 32 * 16 * 2 * 64 * 4
+    finally:
+        bench.teardown("paged_sdpa", 16, 512)
