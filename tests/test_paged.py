@@ -123,6 +123,8 @@ def test_page_size_is_a_decode_axis_of_the_cell_and_its_group():
     assert parse_page_sizes("none,16") == (0, 16) and parse_page_sizes([16, 64]) == (16, 64)
     with pytest.raises(SweepError, match="page-size"):
         parse_page_sizes("sixteen")
+    with pytest.raises(SweepError, match="add decode to --mode"):
+        Sweep(impl=("paged_sdpa",), mode=("inference",), page_size=(16,))
 
 
 def test_a_paged_decode_cell_records_pages_and_fragmentation():

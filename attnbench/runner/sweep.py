@@ -132,6 +132,9 @@ class Sweep:
         object.__setattr__(self, "causal", parse_bools(self.causal))
         object.__setattr__(self, "positional", parse_positional(self.positional))
         object.__setattr__(self, "page_size", parse_page_sizes(self.page_size))
+        if any(self.page_size) and "decode" not in self.mode:  # issue 37: pages are a decode cache's
+            raise SweepError(f"--page-size {','.join(map(str, self.page_size))} applies to decode cells (a paged KV "
+                             "cache), and the sweep has none: add decode to --mode (docs/paged.md)")
         if not any(d % h == 0 for h in self.num_heads for d in self.d_model):
             # no cell could run: a usage error before anything runs (a grid where only some pairs fit keeps the others
             # and records the rest as skipped rows that say why)
