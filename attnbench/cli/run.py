@@ -314,7 +314,7 @@ RUN_SECTIONS = (
               "x10, FlashAttention-3's protocol), large-logits (scores up to the correctness matrix's extreme logits); "
               "docs/accuracy.md.")
 @click.option("--page-size", "page_size", help="Decode through paged KV caches (paged_sdpa, flex_paged) of pages of "
-              "these many tokens, e.g. 16,64,256 (contiguous caches run in each page size's group as the baseline); "
+              "this many tokens, e.g. 16,64,256 (contiguous caches run in each page size's group as the baseline); "
               "docs/paged.md.")
 @click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
               "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
