@@ -23,8 +23,8 @@ Two ways to attend through the block tables:
 * ``flex_paged``: no gather: FlexAttention over the whole pool, with a block-table-aware ``mask_mod`` (a slot is
   visible when its page belongs to the query's sequence and its logical position is causal and in the window) and a
   ``BlockMask`` whose KV blocks are the pages. Run eagerly, FlexAttention scores every slot of the pool
-  for every sequence (compiled, FlexAttention would visit only the blocks the BlockMask keeps; not tried here). A prefill into an empty cache
-  attends over the call's own keys (causal, no pages read), as serving systems run prefills; decode steps and
+  for every sequence (compiled, it would visit only the blocks the BlockMask keeps; not tried here). A prefill into an
+  empty cache attends over the call's own keys (causal, no pages read), as serving systems run prefills; decode steps and
   chunks appended to a non-empty cache read the pages.
 
 A plan (:meth:`PagedCache.prepare`: the pages for the new tokens reserved, the gather index and mask, or the block
