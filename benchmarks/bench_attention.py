@@ -251,6 +251,31 @@ class Decode(GQA):
     track_frac_peak_bw.unit = "fraction"
 
 
+class PagedDecode(_Timer):
+    """Issue 37: one decode step through a paged KV cache (pages shuffled in one pool, a block table per sequence)
+    beside the contiguous sdpa_cache at the same shape, per page size; the cache's bytes and pages tracked too."""
+
+    params = (["sdpa_cache", "paged_sdpa"], [16, 256], [512])
+    param_names = ("impl", "page_size", "seq_len")
+
+    def setup(self, impl, page_size, seq_len):
+        _set_threads()
+        self.workload = _prepare(impl=impl, seq_len=seq_len, d_model=256, mode="decode", num_kv_heads=2,
+                                 page_size=page_size)
+        self._held = _lock_machine()
+
+    def teardown(self, impl, page_size, seq_len):
+        _unlock_machine(getattr(self, "_held", None))
+
+    def time_step(self, impl, page_size, seq_len):
+        _step(self.workload)
+
+    def track_kv_cache_bytes(self, impl, page_size, seq_len):
+        return self.workload.kv_cache_bytes
+
+    track_kv_cache_bytes.unit = "bytes"
+
+
 class Rope(_Timer):
     """The rope family (issue 26) as a Llama-3-style layer: GQA with RoPE (base 500000, Llama-3 scaling) and per-head
     QK-norm, a prefill (inference) and one decode step; the decode cell also tracks its cache's bytes."""

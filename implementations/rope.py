@@ -10,6 +10,9 @@ at positions ``p ..``. Without positional fields set it is plain grouped-query a
 
 * ``rope_sdpa``: ``F.scaled_dot_product_attention(scale=..., enable_gqa=True)`` (no soft-capping: SDPA has none);
 * ``rope_math``: the book's explicit math with the scale and the cap (Gemma 2's ``attn_logit_softcapping``).
+
+The cache is preallocated for ``context_length`` tokens; under a sliding window it is a ring of ``window`` slots (the
+``kv_rolling`` storage of ``implementations/kv_cache.py``), so it holds what a later token can see, no more (issue 37).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch.nn import functional as F
 from attnbench.correctness.rope import inv_freq
 from attnbench.errors import InputShapeError, InvalidSpecError
 from attnbench.implementations._common import merge_heads, split_heads
-from attnbench.implementations.kv_cache import HOW, PreallocatedCache
+from attnbench.implementations.kv_cache import HOW, CachedAttention, PreallocatedCache, RollingCache
 from attnbench.plugins.catalog import register
 from attnbench.spec import AttnSpec
 from attnbench.weights import BOOK_ADAPTER, Adapter, CanonicalWeights
@@ -40,8 +43,9 @@ def _from_state(s, spec: AttnSpec) -> CanonicalWeights:
     return replace(BOOK_ADAPTER.from_state(s, spec), g_q=s.get("q_norm.weight"), g_k=s.get("k_norm.weight"))
 
 
-class RopeAttention(PreallocatedCache):
-    """GQA with QK-norm -> RoPE at absolute positions -> scaled (capped) scores, and a cache of rotated keys."""
+class RopeAttention(CachedAttention):
+    """GQA with QK-norm -> RoPE at absolute positions -> scaled (capped) scores, and a cache of rotated keys (its
+    storage from the subclass: preallocated, or a ring of window slots)."""
 
     weight_adapter = Adapter(_to_state, _from_state)
 
@@ -113,19 +117,33 @@ class RopeAttention(PreallocatedCache):
         return self.out_proj(merge_heads(self.attend(*self.project(x, start_pos))))  # (b, T, d_out)
 
 
-class RopeSDPA(RopeAttention):
+class RopeSDPA(RopeAttention, PreallocatedCache):
     """RoPE + QK-norm GQA attending with F.scaled_dot_product_attention(scale=..., enable_gqa=True)."""
 
     use_sdpa = True
 
 
-class RopeMath(RopeAttention):
+class RopeMath(RopeAttention, PreallocatedCache):
     """RoPE + QK-norm GQA in the book's explicit math, with a score scale and tanh soft-capping."""
+
+
+class RopeSDPAWindow(RopeAttention, RollingCache):
+    """``RopeSDPA`` under a sliding window: its cache a ring of ``window`` slots of rotated keys."""
+
+    use_sdpa = True
+
+
+class RopeMathWindow(RopeAttention, RollingCache):
+    """``RopeMath`` under a sliding window: its cache a ring of ``window`` slots of rotated keys."""
+
+
+WINDOWED = {RopeSDPA: RopeSDPAWindow, RopeMath: RopeMathWindow}
+"""The class each implementation builds under a sliding window (a cache trimmed to the window)."""
 
 
 def _factory(cls):
     def factory(spec: AttnSpec) -> nn.Module:
-        return cls(**spec.kwargs())
+        return (cls if spec.window is None else WINDOWED[cls])(**spec.kwargs())
 
     factory.__name__ = f"{cls.__name__}_factory"
     factory.__doc__ = cls.__doc__

@@ -44,8 +44,9 @@ def summary_table(df, title: str, failing: dict | None = None, width: int | None
                      | (positional != "") | (df.get("mask", pd.Series("", index=df.index)).fillna("") != "")).any())
     decode = bool((df["mode"] == "decode").any())
     stressed = "inputs" in df and bool((df["inputs"].fillna("normal") != "normal").any())  # issue 38
+    paged = "page_size" in df and bool((pd.to_numeric(df["page_size"], errors="coerce").fillna(0) > 0).any())
     cols = ["impl", "device", "dtype"] + (["inputs"] if stressed else []) + ["mode", "b", "T", "h", "d"] \
-        + (["kv", "window"] if variants else [])
+        + (["kv", "window"] if variants else []) + (["page"] if paged else [])  # issue 37: the page-size groups
     # paired speed-ups (comparison groups timed interleaved) when the run has them
     paired = "speedup" in df and bool(np.isfinite(pd.to_numeric(df["speedup"], errors="coerce")).any())
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
@@ -57,7 +58,7 @@ def summary_table(df, title: str, failing: dict | None = None, width: int | None
     cols[cols.index("mode") + 1:cols.index("mode") + 1] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
     ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
-    shape = dict(positional=positional, variants=variants, decode=decode, stressed=stressed, paired=paired,
+    shape = dict(positional=positional, variants=variants, decode=decode, stressed=stressed, paired=paired, paged=paged,
                  named_bases=len(bases) > 1, errors=errors, scoped=scoped, gen_cols=gen_cols, failing=failing or {})
     rows = [dict(zip(cols, _row_values(r, shape), strict=True)) for r in ok.itertuples()]
     shared = [c for c in SHARED if rows and len({row[c] for row in rows}) == 1]
@@ -123,6 +124,7 @@ def _row_values(r, shape: dict) -> list[str]:
     return [r.impl, r.device, r.dtype, *([r.inputs] if shape["stressed"] else []), r.mode,
             *([_scope_text(r)] if shape["scoped"] else []), str(r.batch), str(r.seq_len), str(r.num_heads),
             str(r.d_model), *([str(r.num_kv_heads), window] if shape["variants"] else []),
+            *([str(int(r.page_size)) if r.page_size else "-"] if shape["paged"] else []),
             fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
             *([_speedup_text(r, shape["named_bases"])] if shape["paired"] else []),
             *([accuracy_view.error_text(r)] if shape["errors"] else []), fmt_bytes(r.peak_bytes), *kv,
@@ -225,7 +227,7 @@ RUN_SECTIONS = (
     ("What to run", ("preset", "impls", "device", "dtype", "mode")),
     ("The grid", ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window", "causal", "scope", "layers",
                   "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
-                  "score_scale", "softcap", "mask", "inputs")),
+                  "score_scale", "softcap", "mask", "inputs", "page_size")),
     ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
                      "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "metric", "cpu_capability", "profile")),
     ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
@@ -315,6 +317,9 @@ RUN_SECTIONS = (
 @click.option("--inputs", help="Stress inputs (comma-separated): normal (default), outliers (0.1% of the input's entries "
               "x10, FlashAttention-3's protocol), large-logits (scores up to the correctness matrix's extreme logits); "
               "docs/accuracy.md.")
+@click.option("--page-size", "page_size", help="Decode through paged KV caches (paged_sdpa, flex_paged) of pages of "
+              "this many tokens, e.g. 16,64,256 (contiguous caches run in each page size's group as the baseline); "
+              "docs/paged.md.")
 @click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
               "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
 # --- issue 39: --metric instructions (attnbench.cli.instructions) ---
@@ -430,7 +435,7 @@ def _axes(o: SimpleNamespace, flags: dict) -> dict:
                 seq_len=o.seq_len, num_heads=o.num_heads, d_model=o.d_model, mode=o.mode, cache=o.cache,
                 num_kv_heads=o.num_kv_heads, window=o.window, causal=None if o.causal is None else (o.causal,),
                 positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens,
-                inputs=o.inputs, mask=o.mask)
+                inputs=o.inputs, mask=o.mask, page_size=o.page_size)
 
 
 def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:

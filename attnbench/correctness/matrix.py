@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.correctness import basic, decode, mask_cases, positional, precision, properties, watchdog
+from attnbench.correctness import basic, decode, mask_cases, paged, positional, precision, properties, watchdog
 from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
     GRAD_TOLERANCE,
     SEED,
@@ -73,8 +73,8 @@ VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped w
 
 def shape_specs() -> dict[str, AttnSpec]:
     """Every shape id of the matrix and its spec (for what ``check -v`` says was exercised)."""
-    shapes = (SHAPES + VARIANT_SHAPES + DECODE_SHAPES + positional.POSITIONAL_SHAPES + positional.START_SHAPES
-              + mask_cases.MASK_SHAPES)
+    shapes = (SHAPES + VARIANT_SHAPES + DECODE_SHAPES + paged.PAGED_SHAPES + positional.POSITIONAL_SHAPES
+              + positional.START_SHAPES + mask_cases.MASK_SHAPES)
     return {s.id: s.spec for s in shapes}
 
 
@@ -95,6 +95,7 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     for shape in VARIANT_SHAPES:
         out += [Case("forward", shape, "float64"), Case("forward", shape, "float32"), Case("backward", shape, "float64")]
     out += [Case("decode", shape, dtype) for shape in DECODE_SHAPES for dtype in ("float64", "float32")]
+    out += [Case("paged_decode", shape, dtype) for shape in paged.PAGED_SHAPES for dtype in ("float64", "float32")]
     out += [Case("causality", PROPERTY_SHAPE, "float64"), Case("batch_independence", PROPERTY_SHAPE, "float64"),
             Case("eval_deterministic", PROPERTY_SHAPE, "float64"), Case("dropout_train", PROPERTY_SHAPE, "float32"),
             Case("golden", SHAPES[0], "float32")]
@@ -105,9 +106,10 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
 
 
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
-    **basic.RUNNERS, "decode": decode.run_decode, **properties.RUNNERS, **positional.RUNNERS}
+    **basic.RUNNERS, "decode": decode.run_decode, "paged_decode": paged.run_paged_decode, **properties.RUNNERS,
+    **positional.RUNNERS}
 """Case kind -> runner: the plain kinds, the decode property, the round-2 properties, then the start positions."""
-CASE_MODES = {**basic.CASE_MODES, "decode": "decode", **properties.CASE_MODES, **positional.CASE_MODES}
+CASE_MODES = {**basic.CASE_MODES, "decode": "decode", "paged_decode": "decode", **properties.CASE_MODES, **positional.CASE_MODES}
 """How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
 CASE_DROPOUT = {**basic.CASE_DROPOUT, **properties.CASE_DROPOUT}
 """The dropout each case kind builds with (the others: none)."""

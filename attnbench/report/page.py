@@ -17,6 +17,7 @@ from attnbench.report import accuracy as accuracy_view
 from attnbench.report import analysis as an
 from attnbench.report import figures as figs
 from attnbench.report import mask_gallery, model_figures, variants
+from attnbench.report import paged as paged_view
 from attnbench.report.forked import Forked
 from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
@@ -354,6 +355,9 @@ def _detail_tables(df, meta: dict, bar_table: pd.DataFrame, tables: Tables, t: d
     per_token = variants.cache_per_token(df)
     if len(per_token):
         t["cache_per_token"] = tables.add("cache_per_token", variants.cache_per_token_display(per_token), per_token)
+    paged = paged_view.table(df)  # issue 37: paged against contiguous KV caches, per page size
+    if len(paged):
+        t["paged"] = tables.add("paged", paged_view.display(paged), paged)
     time_df, sampling_df = phases.report_frames(meta, df)  # issue 30: where the run's time went
     t["phases"] = tables.add("phases", time_df)
     t["sampling"] = tables.add("sampling", sampling_df)

@@ -40,7 +40,20 @@ def _decode(df: pd.DataFrame) -> pd.DataFrame:
     if len(ok):
         ok["variant"] = [variant_label(h, kv, w, c) for h, kv, w, c in
                          zip(ok["num_heads"], ok["num_kv_heads"], ok["window"], ok["causal"], strict=True)]
+        ok = _one_line_per_page_size(ok)
     return ok
+
+
+def _one_line_per_page_size(ok: pd.DataFrame) -> pd.DataFrame:
+    """Issue 37: a paged cache's variant names its page size (``GQA(2) p16``: a line per page size); a contiguous
+    cache timed in several page-size groups (the same shape) keeps its first row, so that its line is one line."""
+    if "pages" not in ok.columns or "page_size" not in ok.columns:
+        return ok
+    paged = np.isfinite(pd.to_numeric(ok["pages"], errors="coerce").astype(float))
+    ok.loc[paged, "variant"] = [f"{v} p{int(p)}" for v, p in zip(ok.loc[paged, "variant"], ok.loc[paged, "page_size"],
+                                                                     strict=True)]
+    same = [c for c in (*CONFIG, "impl", "variant", "positional", "seq_len") if c in ok.columns]
+    return ok[paged | ~ok.duplicated(same)]
 
 
 def _config_label(values: dict) -> str:

@@ -40,7 +40,7 @@ INPUTS = ("normal", "outliers", "large-logits")
 """``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
 
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache", "num_kv_heads", "window",
-        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs", "mask")
+        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "page_size")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
 INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
@@ -140,6 +140,10 @@ COLUMNS: dict[str, str] = {
     # ("masked": only the query-key pairs the mask keeps; runs before it counted the same way); mask_density: the kept
     # fraction of the T x T pairs
     "mask": "string", "mask_label": "string", "flops_count": "string", "mask_density": "float64",
+    # issue 37, paged KV caches (decode rows; implementations/paged.py): page_size, the cell's tokens per page (0: not a
+    # paged group); pages in use after the prefill (every sequence's), and the share of their slots left unused (the
+    # last pages' tail); NaN on a contiguous cache's row
+    "page_size": "int64", "pages": "float64", "page_fragmentation": "float64",
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -172,6 +176,7 @@ class Cell:
     new_tokens: int = 0  # generate modes: tokens generated after the prompt of seq_len (0 elsewhere)
     inputs: str = "normal"  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
     mask: str = ""  # issue 37: alibi / prefix:N / document:D / sink (attnbench.correctness.masks.extra_text); "" = none
+    page_size: int = 0  # issue 37: decode through a paged KV cache of pages of this many tokens (0: not paged)
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -187,7 +192,7 @@ class Cell:
             object.__setattr__(self, "positional", "")
         object.__setattr__(self, "scope", str(self.scope or "layer"))
         object.__setattr__(self, "inputs", str(self.inputs or "normal") if self.inputs == self.inputs else "normal")
-        for name in MODEL_AXES:
+        for name in (*MODEL_AXES, "page_size"):
             object.__setattr__(self, name, int(getattr(self, name) or 0))
         if self.mask is None or self.mask != self.mask:  # None / NaN read back from a row
             object.__setattr__(self, "mask", "")
@@ -224,6 +229,7 @@ class Cell:
             variant += f"|M{self.new_tokens}" if self.new_tokens else ""
         variant += f"|inputs={self.inputs}" if self.inputs != "normal" else ""  # normal cells keep their keys
         variant += f"|mask={self.mask}" if self.mask else ""  # issue 37; cells without one keep their keys
+        variant += f"|page{self.page_size}" if self.page_size else ""  # issue 37: the paged groups
         return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
@@ -319,7 +325,7 @@ KEPT_ON_FAILURE = frozenset({
     "run_id", "cell_id", "group_id", "impl", "device", "device_name", "dtype", "batch", "seq_len", "num_heads",
     "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
-    "cpu_affinity", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "mask_label",
+    "cpu_affinity", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "mask_label", "page_size",
     "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
     "phase_accuracy_s",  # issue 38: the accuracy pass's time, spent either way
     "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out

@@ -94,6 +94,7 @@ class Sweep:
     new_tokens: tuple[int, ...] = (16,)  # generate modes: tokens generated after the prompt
     inputs: tuple[str, ...] = ("normal",)  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
     mask: tuple[str, ...] = ("",)  # issue 37: masks (attnbench.runner.masks); "" = the window / causal axes alone
+    page_size: tuple[int, ...] = (0,)  # issue 37: decode through paged KV caches of these page sizes (0: none)
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -133,6 +134,10 @@ class Sweep:
         object.__setattr__(self, "causal", parse_bools(self.causal))
         object.__setattr__(self, "positional", parse_positional(self.positional))
         object.__setattr__(self, "mask", parse_masks(self.mask))
+        object.__setattr__(self, "page_size", parse_page_sizes(self.page_size))
+        if any(self.page_size) and "decode" not in self.mode:  # issue 37: pages are a decode cache's
+            raise SweepError(f"--page-size {','.join(map(str, self.page_size))} applies to decode cells (a paged KV "
+                             "cache), and the sweep has none: add decode to --mode (docs/paged.md)")
         if not any(d % h == 0 for h in self.num_heads for d in self.d_model):
             # no cell could run: a usage error before anything runs (a grid where only some pairs fit keeps the others
             # and records the rest as skipped rows that say why)
@@ -167,8 +172,9 @@ class Sweep:
                 cache = "warm"
             layer = apply_mask(Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal,
                                     pos), mask)
-            for cell in (replace(c, inputs=kind) for c in scope_cells(layer, scope, self.layers, self.vocab,
-                                                                          self.new_tokens) for kind in self.inputs):
+            for cell in (replace(c, inputs=kind, page_size=page if c.mode == "decode" else 0)
+                         for c in scope_cells(layer, scope, self.layers, self.vocab, self.new_tokens)
+                         for kind in self.inputs for page in self.page_size):
                 if cell.cell_id not in seen:
                     seen.add(cell.cell_id)
                     out.append(cell)
@@ -176,7 +182,7 @@ class Sweep:
 
 
 FLAG_NAMES = {"seq_len": "seq", "num_heads": "heads", "d_model": "d-model", "num_kv_heads": "kv-heads",
-              "new_tokens": "new-tokens"}
+              "new_tokens": "new-tokens", "page_size": "page-size"}
 """The CLI flag of each integer axis, for error messages."""
 
 
@@ -275,6 +281,15 @@ def parse_windows(text) -> tuple[int | None, ...]:
     return tuple(dict.fromkeys(values)) or (None,)
 
 
+def parse_page_sizes(text) -> tuple[int, ...]:
+    """``--page-size``: ``16,64,256`` (``none``/``0``: no paging) -> a tuple of ints (0 = a contiguous cache only);
+    a page size applies to decode cells (other modes get 0)."""
+    values: list[int] = []
+    for item in _none_or(text, "0"):
+        values += [0] if item is None or item == 0 else list(parse_ints([item], "page_size"))
+    return tuple(dict.fromkeys(values)) or (0,)
+
+
 def parse_bools(text) -> tuple[bool, ...]:
     """``causal``: ``true``/``false`` (or a list of them) -> a tuple of bools."""
     items = list(text) if isinstance(text, list | tuple) else [t.strip() for t in str(text).split(",") if t.strip()]
@@ -293,7 +308,7 @@ def parse_axis(axis: str, value) -> tuple:
     if axis in INT_AXES or axis in MODEL_AXES:
         return parse_ints(value, axis)
     parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools,
-               "positional": parse_positional, "mask": parse_masks}
+               "positional": parse_positional, "mask": parse_masks, "page_size": parse_page_sizes}
     return parsers[axis](value) if axis in parsers else parse_strs(value)
 
 
@@ -303,7 +318,7 @@ AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "bat
              "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal",
              "positional": "positional",
              "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens",
-             "inputs": "inputs", "mask": "mask"}
+             "inputs": "inputs", "mask": "mask", "page_size": "page_size", "page-size": "page_size"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:

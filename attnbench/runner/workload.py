@@ -7,7 +7,7 @@ measured by the asv suite, so every view measures exactly the same work.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from attnbench.measure.memory import retained_bytes, storage_bytes
 from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
-from attnbench.runner import stress
+from attnbench.runner import paging, stress
 from attnbench.runner.masks import mask_fields
 from attnbench.spec import AttnSpec, positional_from_text
 
@@ -42,6 +42,7 @@ class Workload:
     timed_step: Callable[[], torch.Tensor] | None = None
     restore: Callable[[], None] | None = None
     notes: tuple[str, ...] = ()  # how the cache was measured and restored, for the row's notes
+    columns: dict = field(default_factory=dict)  # issue 37: a paged cache's pages and fragmentation after the prefill
 
     def check_output(self, out: torch.Tensor) -> str | None:
         """Why ``out`` is not a valid result (wrong shape, dtype or non-finite values), or ``None``."""
@@ -65,8 +66,8 @@ class Workload:
                               **{k: v for k, v in mask_fields(c).items() if k in ("prefix", "documents")})
 
     def extra_columns(self, median_s: float) -> dict:
-        """Columns this kind of workload adds to an ok row after timing (none for a layer)."""
-        return {}
+        """Columns this kind of workload adds to an ok row after timing (a layer: a paged cache's pages, if any)."""
+        return dict(self.columns)
 
 
 def spec_for(cell: Cell) -> AttnSpec:
@@ -108,15 +109,18 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
 
     timed_step = restore = None
     notes: list[str] = []
+    columns: dict = {}
     if cell.mode == "decode":
         module.eval()
         missing = missing_protocol(module)
         if missing:
             raise PluginLoadError(f"{impl.name} declares kv_cache but lacks {', '.join(missing)} (see implementations/kv_cache.py)")
         x_new = torch.randn(cell.batch, 1, cell.d_model, generator=g).to(device=device, dtype=dtype)
+        notes += filter(None, [paging.configure(module, cell)])  # issue 37: a paged cache's page size
         with cache_state.default_dtype(dtype):  # a cache allocated as torch.zeros(...) gets the cell's dtype
             kv_bytes, how = _prefill(module, x, device)
         notes.append(how)
+        columns = paging.columns(module)
         if callable(getattr(getattr(module, "_orig_mod", module), "rewind_cache", None)):
             def step() -> torch.Tensor:  # one token against seq_len cached ones; rewinding keeps the cache length fixed
                 with torch.inference_mode():
@@ -163,7 +167,8 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
             return out
 
     return Workload(cell=cell, spec=spec, module=module, x=x, grad_out=grad_out, device=device, step=step,
-                    kv_cache_bytes=kv_bytes, timed_step=timed_step, restore=restore, notes=tuple(notes))
+                    kv_cache_bytes=kv_bytes, timed_step=timed_step, restore=restore, notes=tuple(notes),
+                    columns=columns)
 
 
 def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, str]:
