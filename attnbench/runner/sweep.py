@@ -21,6 +21,8 @@ from attnbench.errors import SweepError
 from attnbench.results.schema import AXES, CACHE_STATES, INPUTS, INT_AXES, MODEL_AXES, MODES, Cell, display_name
 from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.positional import compose, parse_positional
+from attnbench.runner.setup import check_policy
+from attnbench.runner.varlen import parse_lengths
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Settings:
     pairing: str = "adjacent"
     work_pass: bool = True  # measure peak memory and count FLOPs (the first round does; later ones reuse it: for_round)
     accuracy: str = "on"  # issue 38: on | off, each ok row's error against the float64 reference (measure.accuracy)
+    setup: str = "per-call"  # issue 37: per-call | once, whether the timed call includes prepare() (runner.setup)
 
 
 def for_round(settings: Settings, round_index: int) -> Settings:
@@ -92,6 +95,7 @@ class Sweep:
     vocab: tuple[int, ...] = (512,)  # model scope: vocabulary
     new_tokens: tuple[int, ...] = (16,)  # generate modes: tokens generated after the prompt
     inputs: tuple[str, ...] = ("normal",)  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
+    lengths: tuple[str, ...] = ("",)  # issue 37: length distributions ("" = rectangular; attnbench.runner.varlen)
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -130,6 +134,8 @@ class Sweep:
         object.__setattr__(self, "window", parse_windows(self.window))
         object.__setattr__(self, "causal", parse_bools(self.causal))
         object.__setattr__(self, "positional", parse_positional(self.positional))
+        object.__setattr__(self, "lengths", parse_lengths(self.lengths))  # issue 37
+        check_policy(self.settings.setup)
         if not any(d % h == 0 for h in self.num_heads for d in self.d_model):
             # no cell could run: a usage error before anything runs (a grid where only some pairs fit keeps the others
             # and records the rest as skipped rows that say why)
@@ -162,8 +168,9 @@ class Sweep:
             if device == "cpu":
                 cache = "warm"
             layer = Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal, pos)
-            for cell in (replace(c, inputs=kind) for c in scope_cells(layer, scope, self.layers, self.vocab,
-                                                                          self.new_tokens) for kind in self.inputs):
+            for cell in (replace(c, inputs=kind, lengths=dist) for c in scope_cells(layer, scope, self.layers, self.vocab,
+                                                                                      self.new_tokens)
+                         for kind in self.inputs for dist in self.lengths):
                 if cell.cell_id not in seen:
                     seen.add(cell.cell_id)
                     out.append(cell)
@@ -288,7 +295,7 @@ def parse_axis(axis: str, value) -> tuple:
     if axis in INT_AXES or axis in MODEL_AXES:
         return parse_ints(value, axis)
     parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools,
-               "positional": parse_positional}
+               "positional": parse_positional, "lengths": parse_lengths}
     return parsers[axis](value) if axis in parsers else parse_strs(value)
 
 
@@ -298,7 +305,7 @@ AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "bat
              "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal",
              "positional": "positional",
              "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens",
-             "inputs": "inputs"}
+             "inputs": "inputs", "lengths": "lengths"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:
