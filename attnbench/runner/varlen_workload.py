@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 from attnbench import registry
+from attnbench.correctness.cases import reference
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
 from attnbench.runner import setup, varlen
 from attnbench.spec import AttnSpec, positional_from_text
-from attnbench.weights import random_weights
+from attnbench.weights import random_weights, zero_held
 
 
 @dataclass
@@ -53,6 +54,28 @@ class VarlenWorkload:
         """The lengths' columns, what the FLOPs count, and the setup measured apart."""
         return {**varlen.summary(self.parts.lengths), "flops_basis": varlen.FLOPS_BASIS,
                 **setup.columns(self.prepare, self.device, self.setup_policy)}
+
+    def accuracy_columns(self, seed: int, output: torch.Tensor | None = None) -> dict:
+        """Issue 38's error columns for a variable-length row (:mod:`attnbench.measure.accuracy`): the real tokens
+        against the float64 reference run on each sequence alone, and the harness's plain math in the cell's dtype
+        the same way (``error_base``). Gradients are not compared here (``attnbench check``'s varlen cases judge the
+        outputs; a forward+backward row says so in ``error_note``)."""
+        from attnbench.measure.accuracy import errors, ratio
+
+        if output is None:
+            with torch.no_grad():
+                output = self.step()
+        w = random_weights(self.spec, seed=seed, scale="linear").to(dtype=self.x.dtype)
+        w = zero_held(self.module, w)
+        pieces = torch.split(self.parts.packed, list(self.parts.lengths))
+        ref = torch.cat([reference(p[None].to(torch.float64), w.to(dtype=torch.float64), self.spec)[0] for p in pieces])
+        low = torch.cat([reference(p[None].to(self.device), w.to(device=self.device), self.spec)[0].cpu() for p in pieces])
+        rel, rms = errors(self.real_tokens(output.detach()).cpu(), ref)
+        base = errors(low, ref)[1]
+        dtype = str(self.x.dtype).removeprefix("torch.")
+        note = "gradients not compared for variable-length rows" if self.cell.mode == "forward+backward" else ""
+        return {"error_rel": rel, "error_rms": rms, "error_base": base, "error_ratio": ratio(rms, base, dtype),
+                "error_steps": 0, "error_note": note}
 
     def real_tokens(self, out: torch.Tensor) -> torch.Tensor:
         """The real tokens ``(tokens, d)`` of an output in this workload's layout."""
