@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.correctness.cases import Case, CaseResult, Shape, SEED, build, rel_error, row, seed_for, tolerance, verdict
+from attnbench.correctness.cases import SEED, Case, CaseResult, Shape, build, rel_error, row, seed_for, tolerance, verdict
 from attnbench.devices import DTYPES
 from attnbench.runner import varlen as layouts
 from attnbench.spec import AttnSpec
