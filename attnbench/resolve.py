@@ -267,7 +267,7 @@ def varlen_rule(impl, req: Request) -> str | None:
         return None
     takes = bool(getattr(impl, "varlen", False))
     if req.lengths and not takes:
-        return (f"does not take variable-length batches (lengths={req.lengths}); the varlen implementations do "
+        return (f"does not support variable-length batches (lengths={req.lengths}); the varlen implementations do "
                 "(varlen_padded, varlen_packed, varlen_loop, ...: docs/varlen.md)")
     if not req.lengths and takes:
         return ("a variable-length implementation: it runs cells with --lengths (constant, uniform:LO-HI, longtail, "

@@ -75,7 +75,7 @@ def test_the_lengths_axis_is_part_of_the_cell_and_the_group():
 
 def test_varlen_and_rectangular_implementations_skip_each_others_cells():
     cell = Cell("sdpa", lengths="longtail")
-    assert "does not take variable-length batches" in registry.resolve("sdpa", cell).reason
+    assert "does not support variable-length batches" in registry.resolve("sdpa", cell).reason
     assert "runs cells with --lengths" in registry.resolve("varlen_packed", Cell("varlen_packed")).reason
     assert registry.resolve("varlen_packed", Cell("varlen_packed", lengths="longtail")).reason is None
     assert "varlen_packed" in registry.available("cpu")

@@ -55,27 +55,18 @@ class VarlenWorkload:
         return {**varlen.summary(self.parts.lengths), "flops_basis": varlen.FLOPS_BASIS,
                 **setup.columns(self.prepare, self.device, self.setup_policy)}
 
-    def accuracy_columns(self, seed: int, output: torch.Tensor | None = None) -> dict:
-        """Issue 38's error columns for a variable-length row (:mod:`attnbench.measure.accuracy`): the real tokens
-        against the float64 reference run on each sequence alone, and the harness's plain math in the cell's dtype
-        the same way (``error_base``). Gradients are not compared here (``attnbench check``'s varlen cases judge the
-        outputs; a forward+backward row says so in ``error_note``)."""
-        from attnbench.measure.accuracy import errors, ratio
-
+    def accuracy_parts(self, seed: int, output: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """For issue 38's error columns (:func:`attnbench.measure.accuracy.measure`): the real tokens of ``output`` (one
+        more call when None), the float64 reference run on each sequence alone, and the harness's plain math in the
+        cell's dtype run the same way, each ``(tokens, d)`` on the CPU. Gradients are not compared for these rows."""
         if output is None:
             with torch.no_grad():
                 output = self.step()
-        w = random_weights(self.spec, seed=seed, scale="linear").to(dtype=self.x.dtype)
-        w = zero_held(self.module, w)
+        w = zero_held(self.module, random_weights(self.spec, seed=seed, scale="linear").to(dtype=self.x.dtype))
         pieces = torch.split(self.parts.packed, list(self.parts.lengths))
         ref = torch.cat([reference(p[None].to(torch.float64), w.to(dtype=torch.float64), self.spec)[0] for p in pieces])
         low = torch.cat([reference(p[None].to(self.device), w.to(device=self.device), self.spec)[0].cpu() for p in pieces])
-        rel, rms = errors(self.real_tokens(output.detach()).cpu(), ref)
-        base = errors(low, ref)[1]
-        dtype = str(self.x.dtype).removeprefix("torch.")
-        note = "gradients not compared for variable-length rows" if self.cell.mode == "forward+backward" else ""
-        return {"error_rel": rel, "error_rms": rms, "error_base": base, "error_ratio": ratio(rms, base, dtype),
-                "error_steps": 0, "error_note": note}
+        return self.real_tokens(output.detach()).cpu(), ref, low
 
     def real_tokens(self, out: torch.Tensor) -> torch.Tensor:
         """The real tokens ``(tokens, d)`` of an output in this workload's layout."""
