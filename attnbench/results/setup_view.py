@@ -70,3 +70,30 @@ def setup_note(df) -> str | None:
                                                  if "per-call" in policies else "")
             + ("once times exclude it, " if "once" in policies else "")
             + "~ marks the figure estimated from the setup measured apart")
+
+
+def report_table(df) -> pd.DataFrame:
+    """The report's table of variable-length rows and rows that measured a setup: per configuration (the length
+    distribution's shape and skew), each implementation's time, its setup measured apart, attention alone and attention
+    + setup (``~``: derived from ``setup_s``), the paired speed-up and GFLOP/s of the real tokens. Empty without any."""
+    if not len(df) or not (has_lengths(df) or has_setup(df)):
+        return pd.DataFrame()
+    keep = df["status"] == "ok"
+    lengths = df["lengths"].fillna("").astype(str) if "lengths" in df else pd.Series("", index=df.index)
+    setup = pd.to_numeric(df["setup_s"], errors="coerce") if "setup_s" in df else pd.Series(math.nan, index=df.index)
+    rows = df[keep & ((lengths != "") | setup.notna())]
+    rows = rows.sort_values(["group_id", "median_s"])
+    out = []
+    for r in rows.itertuples():
+        alone, total = setup_cells(r)[1:]
+        sp = getattr(r, "speedup", math.nan)
+        out.append({
+            "configuration": f"b={r.batch} T={r.seq_len} h={r.num_heads} d={r.d_model} {r.mode} {r.dtype}",
+            "lengths": lengths_text(r), "impl": r.impl,
+            "tokens": int(r.tokens) if getattr(r, "tokens", 0) else int(r.batch * r.seq_len),
+            "median": fmt_time(r.median_s), "setup": setup_cells(r)[0], "attention alone": alone,
+            "attention + setup": total,
+            "speed-up (95% CI)": "baseline" if r.impl == getattr(r, "baseline", None) else
+            ("–" if sp != sp else f"{sp:.2f}× ({r.speedup_ci_low:.2f}–{r.speedup_ci_high:.2f})"),
+            "GFLOP/s": f"{r.gflops_per_s:.1f}"})
+    return pd.DataFrame(out)
