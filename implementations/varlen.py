@@ -224,6 +224,6 @@ register("varlen_packed", PackedAttention, source=f"{API} (packed, attn_mask = b
 register("varlen_loop", LoopAttention, source=f"{API} (is_causal) once per sequence, on slices of the packed batch",
          **_COMMON)
 register("varlen_nested", NestedAttention, source=f"{API} on torch.nested jagged tensors (nested_tensor_from_jagged)",
-         min_torch="2.4", backward=(), **_COMMON)
+         min_torch="2.4", **_COMMON)
 register("varlen_flex", FlexVarlenAttention, source="torch.nn.attention.flex_attention (document mask_mod)",
          backward=("cuda",), min_torch="2.5", probe=_flex_available, **_COMMON)
