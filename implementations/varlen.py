@@ -62,16 +62,23 @@ class VarlenAttention(AttentionModule):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, causal=causal)
         add_book_projections(self, d_in, d_out, qkv_bias)
 
-    def check_input(self, x: torch.Tensor) -> None:
+    def check_input(self, x: torch.Tensor, lengths=None) -> None:
+        """A rectangle (``lengths`` None) is checked as every layer's input; a variable-length batch by its rank, width
+        and longest sequence (a packed batch is longer than ``context_length``; its documents are not)."""
+        if lengths is None:
+            return self.spec.check_input(x)
         if x.dim() != 3 or x.shape[-1] != self.spec.d_in:
             raise InputShapeError(f"input must be (batch, tokens, d_in={self.spec.d_in}); got {tuple(x.shape)}")
+        if max(lengths) > self.spec.context_length:
+            raise InputShapeError(f"a sequence of {max(lengths)} tokens is longer than context_length="
+                                  f"{self.spec.context_length}; build the layer with a larger context_length")
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(b, nh, T, hd)`` queries, keys and values of ``x``."""
         return tuple(split_heads(proj(x), self.num_heads) for proj in (self.W_query, self.W_key, self.W_value))
 
     def forward(self, x, lengths=None, prepared=None):
-        self.check_input(x)
+        self.check_input(x, lengths)
         flat = lengths is None and self.varlen_layout == "packed" and x.shape[0] > 1
         if flat:  # a rectangle given to a packed layout: each row one sequence
             b, T, _ = x.shape
@@ -128,7 +135,7 @@ class LoopAttention(VarlenAttention):
     prepare = None  # no prepare(): setup_s is NaN
 
     def forward(self, x, lengths=None, prepared=None):
-        self.check_input(x)
+        self.check_input(x, lengths)
         if lengths is None and x.shape[0] > 1:
             b, T, _ = x.shape
             return self.forward(x.reshape(1, b * T, -1), (T,) * b).reshape(b, T, -1)

@@ -28,7 +28,6 @@ from collections.abc import Callable
 import torch
 
 from attnbench.errors import SweepError
-from attnbench.measure.timing import time_fn
 
 POLICIES = ("per-call", "once")
 """``--setup``: whether the timed call includes the implementation's ``prepare`` (see the module)."""
@@ -75,6 +74,8 @@ def columns(setup: Callable[[], object] | None, device: torch.device, policy: st
     ``setup_policy``."""
     if setup is None:
         return {"setup_s": math.nan, "setup_policy": policy}
+    from attnbench.measure.timing import time_fn  # here: a measuring worker starts without the statistics (test_overheads)
+
     timing = time_fn(setup, device, warmup_calls=2, warmup_s=0.01, target_rel_ci=0.05, min_samples=5,
                      budget_s=SETUP_BUDGET_S)
     samples = sorted(timing.samples_s)
