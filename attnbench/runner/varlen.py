@@ -27,11 +27,10 @@ sequences one after another), built outside the timed region as a data loader wo
 
 from __future__ import annotations
 
-import math
 import re
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -180,7 +179,6 @@ class VarlenParts:
     lengths: tuple[int, ...]
     layout: str
     packed: torch.Tensor  # (tokens, d_model) on the CPU in the cell's dtype: the real tokens
-    columns: dict = field(default_factory=dict)
 
 
 def draw_inputs(cell, seed: int) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
@@ -240,7 +238,3 @@ def modes_allowed(cell) -> None:
     if cell.scope != "layer" or cell.mode not in ("inference", "forward", "forward+backward"):
         raise SweepError(f"--lengths {cell.lengths}: variable-length batches run at layer scope in inference, forward "
                          f"or forward+backward (not {cell.scope} scope, mode {cell.mode})")
-
-
-def nan_if_none(v) -> float:
-    return math.nan if v is None else float(v)
