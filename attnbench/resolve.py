@@ -67,6 +67,7 @@ class Request:
     scale: float | None = None
     softcap: float | None = None
     masks: tuple[str, ...] = ()  # issue 37: the kinds of attnbench.correctness.masks.KINDS asked for (alibi, prefix, ...)
+    lengths: str | None = None  # issue 37: a cell's length distribution ("" = a rectangle); None: not known here
 
     @property
     def train(self) -> bool:
@@ -264,8 +265,24 @@ def variant_rule(impl, req: Request) -> str | None:
     return variant_skip_reason(impl, asked, req.mode or "inference")
 
 
+def varlen_rule(impl, req: Request) -> str | None:
+    """Issue 37: a cell with ``lengths`` (a variable-length batch) needs an implementation that declares ``varlen``,
+    and a ``varlen`` implementation takes only such cells (``lengths`` unknown: not applied)."""
+    if req.lengths is None:
+        return None
+    takes = bool(getattr(impl, "varlen", False))
+    if req.lengths and not takes:
+        return (f"does not support variable-length batches (lengths={req.lengths}); the varlen implementations do "
+                "(varlen_padded, varlen_packed, varlen_loop, ...: docs/varlen.md)")
+    if not req.lengths and takes:
+        return ("a variable-length implementation: it runs cells with --lengths (constant, uniform:LO-HI, longtail, "
+                "bimodal or a file; docs/varlen.md)")
+    return None
+
+
 RULES: list[Rule] = [sizes_rule, kv_heads_rule, torch_version_rule, device_type_rule, device_present_rule, dtype_rule,
-                     same_width_rule, backward_rule, dropout_rule, cache_rule, variant_rule, probe_rule, sdpa_rule]
+                     same_width_rule, backward_rule, dropout_rule, cache_rule, variant_rule, varlen_rule, probe_rule,
+                     sdpa_rule]
 """Tried in order; the first reason wins. Append a function to add a capability."""
 
 _ERRORS = {sizes_rule: InvalidSpecError, kv_heads_rule: InvalidSpecError}
@@ -306,7 +323,8 @@ def request_for(target=None, **given) -> Request:
                       d_in=target.d_model,
                       d_out=target.d_model, num_heads=target.num_heads, batch=target.batch, seq_len=target.seq_len,
                       cache=target.cache, num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
-                      masks=_mask_kinds(getattr(target, "mask", "")), **_positional_fields(getattr(target, "positional", "")))
+                      masks=_mask_kinds(getattr(target, "mask", "")), lengths=getattr(target, "lengths", ""),
+                      **_positional_fields(getattr(target, "positional", "")))
     elif target is not None:  # attnbench.spec.AttnSpec
         fields = dict(d_in=target.d_in, d_out=target.d_out, num_heads=target.num_heads, dropout=float(target.dropout),
                       num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,

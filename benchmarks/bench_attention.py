@@ -110,12 +110,13 @@ def _set_threads() -> None:
 def _builtins(device: str) -> list[str]:
     """Built-in multi-head implementations that declare ``device`` (metadata only: probes run later, in setup).
 
-    The variant implementations (GQA, KV caches, the rope family) are tracked by :class:`GQA`, :class:`Decode` and
-    :class:`Rope` only,
+    The variant implementations (GQA, KV caches, the rope family, variable-length batches) are tracked by :class:`GQA`,
+    :class:`Decode`, :class:`Rope` and :class:`Varlen` only,
     which keeps this grid small."""
     kind = device.split(":")[0]
     return [n for n in registry.names() if registry.get(n).origin == "builtin" and kind in registry.get(n).devices
-            and not (getattr(registry.get(n), "gqa", False) or getattr(registry.get(n), "kv_cache", False))]
+            and not (getattr(registry.get(n), "gqa", False) or getattr(registry.get(n), "kv_cache", False)
+                     or getattr(registry.get(n), "varlen", False))]
 
 
 def _prepare(**cell_axes):
@@ -452,3 +453,34 @@ class Instructions:
         return count_cell(cell)["instructions"]
 
     track_instructions.unit = "instructions"
+
+
+class Varlen(_Timer):
+    """Issue 37: one long-tail batch of sequences of different lengths (mean 128 tokens) run padded, packed and per
+    sequence (inference), each with its setup in the call (``--setup per-call``); ``track_setup_s`` times the setup
+    alone (the implementation's ``prepare``; NaN for the loop, which has none)."""
+
+    params = (["varlen_padded", "varlen_packed", "varlen_loop"], ["longtail"])
+    param_names = ("impl", "lengths")
+
+    def setup(self, impl, lengths):
+        _set_threads()
+        self.workload = _prepare(impl=impl, seq_len=128, d_model=256, mode="inference", lengths=lengths)
+        self._held = _lock_machine()
+
+    def teardown(self, impl, lengths):
+        _unlock_machine(getattr(self, "_held", None))
+
+    def time_step(self, impl, lengths):
+        _step(self.workload)
+
+    def track_setup_s(self, impl, lengths):
+        """Seconds of the implementation's setup alone (its mask built from the lengths), median per call."""
+        prepare = getattr(self.workload, "prepare", None)
+        if prepare is None:
+            return float("nan")
+        timing = measure.time_fn(prepare, self.workload.device, warmup_calls=1, warmup_s=0.0, budget_s=0.2,
+                                 min_samples=5, target_rel_ci=0.05)
+        return timing.stats()["median_s"]
+
+    track_setup_s.unit = "seconds"

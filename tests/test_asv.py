@@ -261,3 +261,15 @@ def test_gate_fails_a_slowdown_and_passes_an_unchanged_commit(tmp_path):
     assert _install_state() == before  # the environment's install is untouched
     assert _git(repo, "status", "--porcelain") == ""
     assert _git(repo, "worktree", "list").count("\n") == 0
+
+
+def test_varlen_benchmark_times_one_longtail_batch_and_its_setup(suite, single_thread):
+    """Issue 37: the variable-length batch, padded vs packed vs per sequence; the setup alone tracked apart."""
+    assert not {"varlen_padded", "varlen_packed"} & set(suite.Attention.params[0])  # not in the rectangular grid
+    bench = suite.Varlen()
+    bench.setup("varlen_packed", "longtail")
+    try:
+        bench.time_step("varlen_packed", "longtail")
+        assert bench.track_setup_s("varlen_packed", "longtail") > 0 and suite.Varlen.track_setup_s.unit == "seconds"
+    finally:
+        bench.teardown("varlen_packed", "longtail")

@@ -90,7 +90,8 @@ and test_flex_forward_and_causality_on_cpu keeps a fast check of it. The rope fa
 def test_builtin_passes_matrix_on_cpu(matrix_results, name):
     df = matrix_results([name], device="cpu")
     assert _flagged(df).empty, _describe(df)
-    assert (_rows(df, "forward").status == "pass").any(), f"{name} skipped every forward case"
+    judged = "varlen" if registry.get(name).varlen else "forward"  # issue 37: varlen implementations take only varlen cases
+    assert (_rows(df, judged).status == "pass").any(), f"{name} skipped every {judged} case"
     for r in df[df.status == "skip"].itertuples():
         assert r.message, f"{name} skipped {r.kind} {r.shape} without a reason"
 

@@ -141,7 +141,7 @@ def test_a_new_rule_is_one_function(monkeypatch):
 def test_request_from_cell_spec_and_keywords():
     req = rs.request_for(Cell("x", device="cuda:1", dtype="bf16", batch=3, seq_len=9, num_heads=2, d_model=8,
                               mode="forward", cache="cold"))
-    assert req == Request("cuda:1", "bfloat16", "forward", 8, 8, 2, 3, 9, 0.0, "cold")
+    assert req == Request("cuda:1", "bfloat16", "forward", 8, 8, 2, 3, 9, 0.0, "cold", lengths="")  # a rectangle
     assert req.head_dim == 4 and req.train
     spec_req = rs.request_for(AttnSpec(6, 4, 5, 0.25, 2), device="cpu", mode="inference")
     assert (spec_req.d_in, spec_req.d_out, spec_req.dropout, spec_req.train) == (6, 4, 0.25, False)

@@ -29,7 +29,7 @@ def test_default_sweep_covers_every_mha_family():
     """Every available built-in that is not a GQA / sliding-window / KV-cache variant (those have presets)."""
     sweep = default_sweep()
     variants = {n for n in registry.available("cpu")
-                if (lambda i: i.gqa or i.sliding_window or i.kv_cache)(registry.get(n))}
+                if (lambda i: i.gqa or i.sliding_window or i.kv_cache or i.varlen)(registry.get(n))}
     assert variants, "the variant built-ins are registered"
     assert set(sweep.impl) == (set(registry.available("cpu")) - variants) | {"compiled:weight_split"}
     assert sweep.device == ("cpu",)

@@ -8,7 +8,7 @@ from torch.func import functional_call
 
 from attnbench import registry
 from attnbench.correctness.reference import reference_forward
-from attnbench.errors import PluginLoadError
+from attnbench.errors import PluginLoadError, UnavailableError
 from attnbench.spec import AttnSpec
 from attnbench.weights import (
     BOOK_ADAPTER,
@@ -60,7 +60,11 @@ def test_same_weights_same_output(name):
     a = load_weights(_module("weight_split", spec, seed=1), w, spec).eval()
     b = load_weights(_module(name, spec, seed=2), w, spec).eval()  # different initial weights, overwritten
     with torch.no_grad():
-        out_a, out_b = a(x), b(x)
+        out_a = a(x)
+        try:
+            out_b = b(x)
+        except UnavailableError as exc:  # varlen_nested: causal nested SDPA has no CPU kernel (PyTorch's reason)
+            pytest.skip(str(exc))
     torch.testing.assert_close(out_b, out_a, rtol=0, atol=1e-12)
     torch.testing.assert_close(out_a, reference_forward(x, w, spec.num_heads), rtol=0, atol=1e-12)
     with torch.no_grad():  # the comparison is meaningful: other weights give another function

@@ -22,6 +22,7 @@ from rich.table import Table
 from attnbench.cli.app import _split, cli, console, err_console
 from attnbench.cli.grouped import grouped
 from attnbench.results import accuracy as accuracy_view
+from attnbench.results import setup_view
 from attnbench.results.quality import NOISY_CI_REL, flag_counts
 from attnbench.results.schema import STATUSES
 from attnbench.results.text import fmt_bytes, fmt_speedup, fmt_time, short_names
@@ -45,20 +46,24 @@ def summary_table(df, title: str, failing: dict | None = None, width: int | None
     decode = bool((df["mode"] == "decode").any())
     stressed = "inputs" in df and bool((df["inputs"].fillna("normal") != "normal").any())  # issue 38
     paged = "page_size" in df and bool((pd.to_numeric(df["page_size"], errors="coerce").fillna(0) > 0).any())
+    varlen, setup = setup_view.has_lengths(df), setup_view.has_setup(df)  # issue 37
     cols = ["impl", "device", "dtype"] + (["inputs"] if stressed else []) + ["mode", "b", "T", "h", "d"] \
-        + (["kv", "window"] if variants else []) + (["page"] if paged else [])  # issue 37: the page-size groups
+        + (["kv", "window"] if variants else []) + (["page"] if paged else []) + (["lengths"] if varlen else [])
     # paired speed-ups (comparison groups timed interleaved) when the run has them
     paired = "speedup" in df and bool(np.isfinite(pd.to_numeric(df["speedup"], errors="coerce")).any())
     bases = sorted({str(b) for b in df["baseline"].dropna() if str(b)}) if paired and "baseline" in df else []
     sp_col = f"speed-up vs {bases[0]} (95% CI)" if len(bases) == 1 else "speed-up (95% CI)"
     errors = accuracy_view.error_columns(df)  # issue 38: the error against the float64 reference and its ratio
-    cols += ["median", "±CI"] + ([sp_col] if paired else []) + errors + ["peak mem"] \
+    cols += ["median", "±CI"] + (setup_view.SETUP_COLUMNS if setup else []) + ([sp_col] if paired else []) + errors \
+        + ["peak mem"] \
         + (["KV cache", "GB/s", "% BW"] if decode else [])
     scoped, gen_cols = _model_columns(df)
     cols[cols.index("mode") + 1:cols.index("mode") + 1] = ["scope"] if scoped else []
     cols += gen_cols + ["GFLOP/s", "% peak", "flag"]
-    ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len", "median_s"])
+    ok = df[df.status == "ok"].sort_values(["mode", "dtype", "device", "batch", "seq_len"] + (["lengths"] if varlen else [])
+                                           + ["median_s"])
     shape = dict(positional=positional, variants=variants, decode=decode, stressed=stressed, paired=paired, paged=paged,
+                 varlen=varlen, setup=setup,
                  named_bases=len(bases) > 1, errors=errors, scoped=scoped, gen_cols=gen_cols, failing=failing or {})
     rows = [dict(zip(cols, _row_values(r, shape), strict=True)) for r in ok.itertuples()]
     shared = [c for c in SHARED if rows and len({row[c] for row in rows}) == 1]
@@ -76,7 +81,8 @@ def summary_table(df, title: str, failing: dict | None = None, width: int | None
     return table
 
 
-FIT_DROP_ORDER = ["% peak", "GFLOP/s", "% BW", "GB/s", "attn share (p10–p90)", "peak mem", "KV cache"]
+FIT_DROP_ORDER = ["% peak", "GFLOP/s", "% BW", "GB/s", "attn share (p10–p90)", "peak mem", "KV cache", "attn alone",
+                  "attn + setup"]
 """What a narrow terminal loses first (the run's error columns after these); never the name, the time, its interval,
 the speed-up or the flag."""
 
@@ -125,7 +131,8 @@ def _row_values(r, shape: dict) -> list[str]:
             *([_scope_text(r)] if shape["scoped"] else []), str(r.batch), str(r.seq_len), str(r.num_heads),
             str(r.d_model), *([str(r.num_kv_heads), window] if shape["variants"] else []),
             *([str(int(r.page_size)) if r.page_size else "-"] if shape["paged"] else []),
-            fmt_time(r.median_s), f"{100 * half / r.median_s:.1f}%",
+            *([setup_view.lengths_text(r)] if shape["varlen"] else []), fmt_time(r.median_s),
+            f"{100 * half / r.median_s:.1f}%", *(setup_view.setup_cells(r) if shape["setup"] else []),
             *([_speedup_text(r, shape["named_bases"])] if shape["paired"] else []),
             *([accuracy_view.error_text(r)] if shape["errors"] else []), fmt_bytes(r.peak_bytes), *kv,
             *_model_cells(r, shape["gen_cols"]), f"{r.gflops_per_s:.1f}", _pct_of_peak(r.frac_peak),
@@ -227,9 +234,10 @@ RUN_SECTIONS = (
     ("What to run", ("preset", "impls", "device", "dtype", "mode")),
     ("The grid", ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window", "causal", "scope", "layers",
                   "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
-                  "score_scale", "softcap", "mask", "inputs", "page_size")),
+                  "score_scale", "softcap", "mask", "inputs", "page_size", "lengths")),
     ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
-                     "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "metric", "cpu_capability", "profile")),
+                     "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "setup", "metric", "cpu_capability",
+                     "profile")),
     ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
     ("Execution", ("executor", "ray_address", "isolate", "cell_timeout", "no_memory_guard", "no_wait",
                    "allow_concurrent")),
@@ -322,6 +330,14 @@ RUN_SECTIONS = (
               "docs/paged.md.")
 @click.option("--accuracy", type=click.Choice(["on", "off"]), default=None, help="Each ok row's error against the "
               "float64 reference, beside its time (default on; off skips that pass: docs/accuracy.md).")
+# --- issue 37: variable-length batches and setup cost (docs/varlen.md) ---
+@click.option("--lengths", help="Variable-length batches (comma-separated): constant, uniform:LO-HI, longtail, bimodal "
+              "or a file of lengths; --batch sequences whose lengths sum to batch x --seq (--seq is the mean). Only "
+              "varlen implementations run them (varlen_padded, varlen_packed, ...). Default none: rectangles.")
+@click.option("--setup", type=click.Choice(["per-call", "once"]), default=None, help="Whether the timed call includes "
+              "the implementation's prepare() (its padding/block mask, nested tensor): per-call (default, as a model "
+              "does once per forward) or once (prepared before timing: attention alone). setup_s is measured apart.")
+# --- end issue 37 ---
 # --- issue 39: --metric instructions (attnbench.cli.instructions) ---
 @click.option("--metric", type=click.Choice(["time", "instructions"]), default="time", show_default=True,
               help="time: time each cell; instructions: count its instructions per call under valgrind (CPU cells).")
@@ -417,6 +433,8 @@ def _settings(o: SimpleNamespace) -> dict:
         settings["cell_timeout_s"] = None  # --cell-timeout none: no timeout (None is otherwise "not given")
     if o.accuracy is not None:  # issue 38: --accuracy on|off
         settings["accuracy"] = o.accuracy
+    if o.setup is not None:  # issue 37: --setup per-call|once
+        settings["setup"] = o.setup
     if o.impls and not _split(o.impls):
         raise click.BadParameter("is empty; name implementations (attnbench list), or leave --impl out to run every "
                                  "available one", param_hint="--impl")
@@ -435,7 +453,7 @@ def _axes(o: SimpleNamespace, flags: dict) -> dict:
                 seq_len=o.seq_len, num_heads=o.num_heads, d_model=o.d_model, mode=o.mode, cache=o.cache,
                 num_kv_heads=o.num_kv_heads, window=o.window, causal=None if o.causal is None else (o.causal,),
                 positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens,
-                inputs=o.inputs, mask=o.mask, page_size=o.page_size)
+                inputs=o.inputs, mask=o.mask, page_size=o.page_size, lengths=o.lengths)
 
 
 def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:
@@ -505,6 +523,9 @@ def print_summary(df, run_dir: Path, report_path: Path | None, time_line: str, f
         console.print(f"note: {noisy} cell(s) are noisy: a within-run CI wider than ±{100 * NOISY_CI_REL:.0f}% of "
                       "the median (noisy machine?)")
     _print_over_peak(df)
+    note = setup_view.setup_note(df)  # issue 37
+    if note:
+        console.print(note, markup=False)
     for line in accuracy_view.limit_lines(df):  # issue 38: rows less accurate than their precision has to be
         console.print(line, markup=False)
     _print_drift(run_dir)

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.correctness import basic, decode, mask_cases, paged, positional, precision, properties, watchdog
+from attnbench.correctness import basic, decode, mask_cases, paged, positional, precision, properties, varlen, watchdog
 from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
     GRAD_TOLERANCE,
     SEED,
@@ -74,7 +74,7 @@ VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped w
 def shape_specs() -> dict[str, AttnSpec]:
     """Every shape id of the matrix and its spec (for what ``check -v`` says was exercised)."""
     shapes = (SHAPES + VARIANT_SHAPES + DECODE_SHAPES + paged.PAGED_SHAPES + positional.POSITIONAL_SHAPES
-              + positional.START_SHAPES + mask_cases.MASK_SHAPES)
+              + positional.START_SHAPES + mask_cases.MASK_SHAPES + varlen.VARLEN_SHAPES)
     return {s.id: s.spec for s in shapes}
 
 
@@ -102,12 +102,13 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     out += properties.cases()
     out += positional.cases()
     out += mask_cases.cases()  # issue 37: ALiBi, prefix-LM, documents, sinks
+    out += varlen.cases()  # issue 37
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
     **basic.RUNNERS, "decode": decode.run_decode, "paged_decode": paged.run_paged_decode, **properties.RUNNERS,
-    **positional.RUNNERS}
+    **positional.RUNNERS, **varlen.RUNNERS}
 """Case kind -> runner: the plain kinds, the decode property, the round-2 properties, then the start positions."""
 CASE_MODES = {**basic.CASE_MODES, "decode": "decode", "paged_decode": "decode", **properties.CASE_MODES, **positional.CASE_MODES}
 """How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
@@ -120,7 +121,8 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     impl = registry.get(impl) if isinstance(impl, str) else impl
     shape = case.shape
     outcome = resolve(impl, shape.spec, device=device, dtype=case.dtype, mode=CASE_MODES.get(case.kind, "inference"),
-                      batch=shape.batch, seq_len=shape.seq_len, dropout=CASE_DROPOUT.get(case.kind, 0.0))
+                      batch=shape.batch, seq_len=shape.seq_len, dropout=CASE_DROPOUT.get(case.kind, 0.0),
+                      lengths=varlen.CASE_LENGTHS.get(case.kind, ""))  # issue 37: varlen cases take varlen impls only
     if isinstance(outcome, Skip):
         return CaseResult(impl.name, case.kind, shape.id, case.dtype, device, "skip", None, None, outcome.reason)
     dev = outcome.device

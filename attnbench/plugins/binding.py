@@ -67,7 +67,7 @@ CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "model_arg
 _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
                     "min_torch", "gqa", "sliding_window", "non_causal", "kv_cache",
-                    "rope", "qk_norm", "score_scale", "softcap", "masks")
+                    "rope", "qk_norm", "score_scale", "softcap", "masks", "varlen")
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
 """Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""

@@ -41,6 +41,7 @@ class Implementation:
     sliding_window: bool = False  # spec.window is not None
     non_causal: bool = False  # spec.causal is False
     kv_cache: bool = False  # the KV-cache protocol (forward(x, use_cache=True), reset_cache, rewind_cache)
+    varlen: bool = False  # issue 37: takes variable-length batches, forward(x, lengths=..., prepared=None) (only those)
     # Positional fields of AttnSpec it applies (issue 26); True = all of them, normalised to a tuple.
     rope: bool | tuple[str, ...] = False  # spec.rope_theta/rope_scaling in these rope_style values
     qk_norm: bool | tuple[str, ...] = False  # spec.qk_norm in these placements ("head", "full")

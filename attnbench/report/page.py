@@ -19,6 +19,7 @@ from attnbench.report import figures as figs
 from attnbench.report import mask_gallery, model_figures, variants
 from attnbench.report import paged as paged_view
 from attnbench.report.forked import Forked
+from attnbench.results import setup_view
 from attnbench.results.quality import flag_counts
 from attnbench.results.store import load_run
 from attnbench.results.text import fmt_lead
@@ -352,6 +353,9 @@ def _detail_tables(df, meta: dict, bar_table: pd.DataFrame, tables: Tables, t: d
         t["compile"] = tables.add("compile", comp_disp, comp)
     if len(bar_table):
         t["bars"] = tables.add("bars", bar_table)
+    varlen_rows = setup_view.report_table(df)  # issue 37: variable-length batches and setup cost
+    if len(varlen_rows):
+        t["varlen"] = tables.add("varlen_setup", varlen_rows)
     per_token = variants.cache_per_token(df)
     if len(per_token):
         t["cache_per_token"] = tables.add("cache_per_token", variants.cache_per_token_display(per_token), per_token)

@@ -40,7 +40,7 @@ INPUTS = ("normal", "outliers", "large-logits")
 """``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
 
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache", "num_kv_heads", "window",
-        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "page_size")
+        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "page_size", "lengths")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
 INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
@@ -144,6 +144,16 @@ COLUMNS: dict[str, str] = {
     # paged group); pages in use after the prefill (every sequence's), and the share of their slots left unused (the
     # last pages' tail); NaN on a contiguous cache's row
     "page_size": "int64", "pages": "float64", "page_fragmentation": "float64",
+    # --- issue 37: packed variable-length batches and setup cost (attnbench.runner.varlen, attnbench.runner.setup) ---
+    # lengths: the cell's length distribution ("" = a rectangular batch of seq_len each; constant | uniform:LO-HI |
+    # longtail | bimodal | a file); tokens: the real tokens of the batch (batch x seq_len: equal across distributions);
+    # lengths_min/median/max and padding_frac (1 - tokens / (batch x longest)); flops_basis: what the flops column
+    # counts; setup_s: median seconds of the implementation's prepare() measured apart (NaN: it has none); setup_policy:
+    # per-call (the timed call includes prepare, as a model does once per forward) | once (prepared before timing)
+    "lengths": "string", "tokens": "int64", "lengths_min": "int64", "lengths_median": "float64",
+    "lengths_max": "int64", "padding_frac": "float64", "flops_basis": "string", "setup_s": "float64",
+    "setup_policy": "string",
+    # --- end issue 37 ---
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -177,6 +187,7 @@ class Cell:
     inputs: str = "normal"  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
     mask: str = ""  # issue 37: alibi / prefix:N / document:D / sink (attnbench.correctness.masks.extra_text); "" = none
     page_size: int = 0  # issue 37: decode through a paged KV cache of pages of this many tokens (0: not paged)
+    lengths: str = ""  # issue 37: a length distribution (attnbench.runner.varlen); "" = every sequence seq_len
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -196,6 +207,7 @@ class Cell:
             object.__setattr__(self, name, int(getattr(self, name) or 0))
         if self.mask is None or self.mask != self.mask:  # None / NaN read back from a row
             object.__setattr__(self, "mask", "")
+        object.__setattr__(self, "lengths", str(self.lengths) if self.lengths and self.lengths == self.lengths else "")
 
     @property
     def attention_mode(self) -> str:
@@ -230,6 +242,7 @@ class Cell:
         variant += f"|inputs={self.inputs}" if self.inputs != "normal" else ""  # normal cells keep their keys
         variant += f"|mask={self.mask}" if self.mask else ""  # issue 37; cells without one keep their keys
         variant += f"|page{self.page_size}" if self.page_size else ""  # issue 37: the paged groups
+        variant += f"|lengths={self.lengths}" if self.lengths else ""  # issue 37: rectangular cells keep their keys
         return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
@@ -326,6 +339,7 @@ KEPT_ON_FAILURE = frozenset({
     "d_model", "head_dim", "mode", "cache", "threads", "num_kv_heads", "window", "causal", "positional", "baseline",
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
     "cpu_affinity", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "mask_label", "page_size",
+    "lengths", "tokens", "lengths_min", "lengths_median", "lengths_max", "padding_frac", "setup_policy",  # issue 37
     "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
     "phase_accuracy_s",  # issue 38: the accuracy pass's time, spent either way
     "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out
@@ -376,6 +390,8 @@ def fill_added_columns(df):
             df[name] = ""
         elif name == "flops_count" and "flops" in df.columns:  # they counted the pairs the mask keeps too
             df[name] = "masked"
+        elif name in ("lengths", "flops_basis", "setup_policy"):  # runs before issue 37: rectangles, no prepare()
+            df[name] = ""
         elif kind == "object":
             df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)
         else:

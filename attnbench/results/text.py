@@ -93,6 +93,8 @@ def axis_label(axis: str, value) -> str:
         return "causal" if bool(value) else "non-causal"
     if axis == "positional":  # issue 26: RoPE / QK-norm / scale / softcap, "" = none
         return str(value).replace(";", ", ") if value else "no RoPE"
+    if axis == "lengths":  # issue 37: a length distribution, "" = a rectangular batch
+        return f"lengths {value}" if value and value == value else "rectangular"
     return _AXIS_LABEL.get(axis, "{}").format(value)
 
 
@@ -114,6 +116,9 @@ def variant_labels(row) -> list[str]:
         out.append(axis_label("causal", False))
     if get("inputs") not in (None, "", "normal"):  # issue 38: stress inputs
         out.append(f"{get('inputs')} inputs")
+    lengths = get("lengths")
+    if isinstance(lengths, str) and lengths:  # issue 37: a variable-length batch
+        out.append(axis_label("lengths", lengths))
     return out
 
 

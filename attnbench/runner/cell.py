@@ -210,7 +210,7 @@ def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | No
     from attnbench.runner.workload import build_workload
 
     row["device_name"] = device_name(ready.device if ready else torch.device("cpu"))
-    workload = build_workload(cell, seed=settings.seed, ready=ready)
+    workload = build_workload(cell, seed=settings.seed, ready=ready, setup=settings.setup)
     compiled = cell.impl.startswith("compiled:")
     # Importing torch._dynamo costs seconds: only compiled cells count graphs.
     graphs_before = compiled_graphs() if compiled else None

@@ -71,6 +71,9 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
         sweep = dataclasses.replace(sweep, settings=dataclasses.replace(sweep.settings, **settings))
     for name in sweep.impl:
         registry.get(name)  # unknown names and broken plug-ins fail before anything runs
+    if all(sweep.lengths) and not named:  # issue 37: --lengths without --impl: the variable-length implementations
+        takes = [n for n in sweep.impl if registry.get(n).varlen] or [n for n in registry.names() if registry.get(n).varlen]
+        sweep = dataclasses.replace(sweep, impl=tuple(takes))
     if set(sweep.mode) == {"decode"}:
         for name in named:  # asked for decoding only, by name: an implementation without a cache is a mistake
             if not registry.get(name).kv_cache:

@@ -22,6 +22,8 @@ from attnbench.results.schema import AXES, CACHE_STATES, INPUTS, INT_AXES, MODEL
 from attnbench.runner.masks import apply_mask, parse_masks
 from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.positional import compose, parse_positional
+from attnbench.runner.setup import check_policy
+from attnbench.runner.varlen import parse_lengths
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Settings:
     pairing: str = "adjacent"
     work_pass: bool = True  # measure peak memory and count FLOPs (the first round does; later ones reuse it: for_round)
     accuracy: str = "on"  # issue 38: on | off, each ok row's error against the float64 reference (measure.accuracy)
+    setup: str = "per-call"  # issue 37: per-call | once, whether the timed call includes prepare() (runner.setup)
 
 
 def for_round(settings: Settings, round_index: int) -> Settings:
@@ -95,6 +98,7 @@ class Sweep:
     inputs: tuple[str, ...] = ("normal",)  # issue 38: normal | outliers | large-logits (attnbench.runner.stress)
     mask: tuple[str, ...] = ("",)  # issue 37: masks (attnbench.runner.masks); "" = the window / causal axes alone
     page_size: tuple[int, ...] = (0,)  # issue 37: decode through paged KV caches of these page sizes (0: none)
+    lengths: tuple[str, ...] = ("",)  # issue 37: length distributions ("" = rectangular; attnbench.runner.varlen)
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -138,6 +142,8 @@ class Sweep:
         if any(self.page_size) and "decode" not in self.mode:  # issue 37: pages are a decode cache's
             raise SweepError(f"--page-size {','.join(map(str, self.page_size))} applies to decode cells (a paged KV "
                              "cache), and the sweep has none: add decode to --mode (docs/paged.md)")
+        object.__setattr__(self, "lengths", parse_lengths(self.lengths))  # issue 37
+        check_policy(self.settings.setup)
         if not any(d % h == 0 for h in self.num_heads for d in self.d_model):
             # no cell could run: a usage error before anything runs (a grid where only some pairs fit keeps the others
             # and records the rest as skipped rows that say why)
@@ -172,9 +178,9 @@ class Sweep:
                 cache = "warm"
             layer = apply_mask(Cell(impl, device, dtype, batch, seq, heads, d_model, mode, cache, kv, window, causal,
                                     pos), mask)
-            for cell in (replace(c, inputs=kind, page_size=page if c.mode == "decode" else 0)
+            for cell in (replace(c, inputs=kind, page_size=page if c.mode == "decode" else 0, lengths=dist)
                          for c in scope_cells(layer, scope, self.layers, self.vocab, self.new_tokens)
-                         for kind in self.inputs for page in self.page_size):
+                         for kind in self.inputs for page in self.page_size for dist in self.lengths):
                 if cell.cell_id not in seen:
                     seen.add(cell.cell_id)
                     out.append(cell)
@@ -308,7 +314,8 @@ def parse_axis(axis: str, value) -> tuple:
     if axis in INT_AXES or axis in MODEL_AXES:
         return parse_ints(value, axis)
     parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools,
-               "positional": parse_positional, "mask": parse_masks, "page_size": parse_page_sizes}
+               "positional": parse_positional, "mask": parse_masks, "page_size": parse_page_sizes,
+               "lengths": parse_lengths}
     return parsers[axis](value) if axis in parsers else parse_strs(value)
 
 
@@ -318,7 +325,8 @@ AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "bat
              "kv-heads": "num_kv_heads", "num_kv_heads": "num_kv_heads", "window": "window", "causal": "causal",
              "positional": "positional",
              "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens",
-             "inputs": "inputs", "mask": "mask", "page_size": "page_size", "page-size": "page_size"}
+             "inputs": "inputs", "mask": "mask", "page_size": "page_size", "page-size": "page_size",
+             "lengths": "lengths"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:

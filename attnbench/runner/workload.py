@@ -21,7 +21,9 @@ from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.results.schema import Cell
 from attnbench.runner import paging, stress
+from attnbench.runner import setup as setup_cost
 from attnbench.runner.masks import mask_fields
+from attnbench.runner.varlen_workload import build_varlen_workload
 from attnbench.spec import AttnSpec, positional_from_text
 
 
@@ -43,6 +45,8 @@ class Workload:
     restore: Callable[[], None] | None = None
     notes: tuple[str, ...] = ()  # how the cache was measured and restored, for the row's notes
     columns: dict = field(default_factory=dict)  # issue 37: a paged cache's pages and fragmentation after the prefill
+    prepare: Callable[[], object] | None = None  # issue 37: the module's prepare() alone (attnbench.runner.setup)
+    setup_policy: str = "per-call"
 
     def check_output(self, out: torch.Tensor) -> str | None:
         """Why ``out`` is not a valid result (wrong shape, dtype or non-finite values), or ``None``."""
@@ -66,8 +70,10 @@ class Workload:
                               **{k: v for k, v in mask_fields(c).items() if k in ("prefix", "documents")})
 
     def extra_columns(self, median_s: float) -> dict:
-        """Columns this kind of workload adds to an ok row after timing (a layer: a paged cache's pages, if any)."""
-        return dict(self.columns)
+        """Columns this kind of workload adds to an ok row after timing: for a layer, a paged cache's pages (if any)
+        and its setup measured apart (issue 37: ``setup_s``, NaN when the module has no ``prepare``, and
+        ``setup_policy``)."""
+        return {**dict(self.columns), **setup_cost.columns(self.prepare, self.device, self.setup_policy)}
 
 
 def spec_for(cell: Cell) -> AttnSpec:
@@ -79,14 +85,18 @@ def spec_for(cell: Cell) -> AttnSpec:
                     **mask_fields(cell))
 
 
-def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Workload:
+def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None, setup: str = "per-call") -> Workload:
     """Build ``cell``'s module (canonical weights from ``seed``) and input on its device.
 
     ``ready`` is the :func:`attnbench.resolve.resolve` answer for the cell when the caller has it;
     otherwise the cell is resolved here. Raises :class:`~attnbench.errors.AttnbenchError` subclasses for
     impossible cells (unknown name, unavailable device/dtype/mode, d_model not divisible by heads).
-    Block and model cells are built by :func:`attnbench.models.workload.build_scope_workload`.
+    Block and model cells are built by :func:`attnbench.models.workload.build_scope_workload`; variable-length cells
+    (issue 37) by :func:`attnbench.runner.varlen_workload.build_varlen_workload`. ``setup``: whether the timed call
+    includes the module's ``prepare`` (:mod:`attnbench.runner.setup`).
     """
+    if cell.lengths:
+        return build_varlen_workload(cell, seed, ready, setup)
     if cell.scope != "layer":
         stress.layer_only(cell)  # issue 38: stress inputs are drawn for the layer alone
         from attnbench.models.workload import build_scope_workload
@@ -107,7 +117,7 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
     grad_out = None
     kv_bytes = None
 
-    timed_step = restore = None
+    timed_step = restore = prepare = None
     notes: list[str] = []
     columns: dict = {}
     if cell.mode == "decode":
@@ -143,32 +153,32 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> Wor
                 return out
     elif cell.mode == "inference":
         module.eval()
+        call, prepare = setup_cost.bind(module, x, setup)
 
         def step() -> torch.Tensor:
             with torch.inference_mode():
-                return module(x)
+                return call()
     elif cell.mode == "forward":
         module.train()
-
-        def step() -> torch.Tensor:
-            return module(x)
+        step, prepare = setup_cost.bind(module, x, setup)
     else:
         module.train()
         x.requires_grad_(True)
         grad_out = torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g).to(device=device, dtype=dtype)
         params = [p for p in module.parameters() if p.requires_grad]
+        call, prepare = setup_cost.bind(module, x, setup)
 
         def step() -> torch.Tensor:
             for p in params:  # set_to_none semantics: no memset, no stale accumulation
                 p.grad = None
             x.grad = None
-            out = module(x)
+            out = call()
             out.backward(grad_out)
             return out
 
     return Workload(cell=cell, spec=spec, module=module, x=x, grad_out=grad_out, device=device, step=step,
                     kv_cache_bytes=kv_bytes, timed_step=timed_step, restore=restore, notes=tuple(notes),
-                    columns=columns)
+                    columns=columns, prepare=prepare, setup_policy=setup)
 
 
 def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, str]:
