@@ -101,7 +101,7 @@ def test_flops_count_the_real_lengths_not_the_padding():
     want = sum(analytic_flops(1, n, 16, 16, "inference", num_heads=2) for n in lengths)
     assert w.analytic_flops() == want < analytic_flops(4, max(lengths), 16, 16, "inference", num_heads=2)
     cols = w.extra_columns(1e-3)
-    assert cols["tokens"] == 64 and cols["lengths_max"] == max(lengths) and "real lengths" in cols["flops_basis"]
+    assert cols["tokens"] == 64 and cols["lengths_max"] == max(lengths) and cols["flops_count"] == "real-lengths"
     assert 0 < cols["padding_frac"] < 1
 
 

@@ -147,11 +147,12 @@ COLUMNS: dict[str, str] = {
     # --- issue 37: packed variable-length batches and setup cost (attnbench.runner.varlen, attnbench.runner.setup) ---
     # lengths: the cell's length distribution ("" = a rectangular batch of seq_len each; constant | uniform:LO-HI |
     # longtail | bimodal | a file); tokens: the real tokens of the batch (batch x seq_len: equal across distributions);
-    # lengths_min/median/max and padding_frac (1 - tokens / (batch x longest)); flops_basis: what the flops column
-    # counts; setup_s: median seconds of the implementation's prepare() measured apart (NaN: it has none); setup_policy:
-    # per-call (the timed call includes prepare, as a model does once per forward) | once (prepared before timing)
+    # lengths_min/median/max and padding_frac (1 - tokens / (batch x longest)); their flops_count is "real-lengths"
+    # (each sequence at its own length); setup_s: median seconds of the implementation's prepare() measured apart
+    # (NaN: it has none); setup_policy: per-call (the timed call includes prepare, as a model does once per forward)
+    # | once (prepared before timing)
     "lengths": "string", "tokens": "int64", "lengths_min": "int64", "lengths_median": "float64",
-    "lengths_max": "int64", "padding_frac": "float64", "flops_basis": "string", "setup_s": "float64",
+    "lengths_max": "int64", "padding_frac": "float64", "setup_s": "float64",
     "setup_policy": "string",
     # --- end issue 37 ---
 }
@@ -251,11 +252,13 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 6  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+SCHEMA_VERSION = 7  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
 # generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
 # 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term);
 # 6: issue 38 (error_*: accuracy against the float64 reference; phase_accuracy_s; inputs) and issue 39 (instructions,
-#    instructions_baseline, instr_*, cpu_capability: instruction counts)
+#    instructions_baseline, instr_*, cpu_capability: instruction counts);
+# 7: issue 37 (mask, mask_label, flops_count, mask_density; page_size, pages, page_fragmentation; lengths, tokens,
+#    lengths_*, padding_frac, setup_s, setup_policy)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 
@@ -390,7 +393,7 @@ def fill_added_columns(df):
             df[name] = ""
         elif name == "flops_count" and "flops" in df.columns:  # they counted the pairs the mask keeps too
             df[name] = "masked"
-        elif name in ("lengths", "flops_basis", "setup_policy"):  # runs before issue 37: rectangles, no prepare()
+        elif name in ("lengths", "setup_policy"):  # runs before issue 37: rectangles, no prepare()
             df[name] = ""
         elif kind == "object":
             df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)

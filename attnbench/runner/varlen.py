@@ -43,8 +43,9 @@ DISTRIBUTIONS = ("constant", "uniform:LO-HI", "longtail", "bimodal", "FILE")
 """What ``--lengths`` takes (``""``/``none``: a rectangular batch, the default)."""
 LONG_SHARE = 0.2
 """``bimodal``: the share of long sequences."""
-FLOPS_BASIS = "real lengths: sum over sequences of each one's own attention (padding not counted)"
-"""The ``flops_basis`` of a variable-length row."""
+FLOPS_COUNT = "real-lengths"
+"""The ``flops_count`` of a variable-length row: the sum over its sequences of each one's own attention at its real
+length (padding not counted), so that GFLOP/s and speed-ups compare equal work."""
 LAYOUTS = ("padded", "packed")
 
 _UNIFORM = re.compile(r"^uniform:(\d+)-(\d+)$")

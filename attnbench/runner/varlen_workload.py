@@ -52,7 +52,7 @@ class VarlenWorkload:
 
     def extra_columns(self, median_s: float) -> dict:
         """The lengths' columns, what the FLOPs count, and the setup measured apart."""
-        return {**varlen.summary(self.parts.lengths), "flops_basis": varlen.FLOPS_BASIS,
+        return {**varlen.summary(self.parts.lengths), "flops_count": varlen.FLOPS_COUNT,
                 **setup.columns(self.prepare, self.device, self.setup_policy)}
 
     def accuracy_parts(self, seed: int, output: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
