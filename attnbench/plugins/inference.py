@@ -28,6 +28,7 @@ from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_meth
 from attnbench.plugins.configs import with_own_config
 from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe_mask
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
+from attnbench.plugins.measured import apply_measured
 from attnbench.plugins.module_cache import cache_attr
 from attnbench.spec import AttnSpec
 
@@ -453,6 +454,7 @@ def implementation_fields(obj, source: str) -> dict:
                             "keys: i - j <= window): for a spec window of N keys it is built with window N - 1")
     factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
                           requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
+    evidence += apply_measured(factory, caps, declared)
     factory.evidence = evidence
     factory.imported = IMPORTED.get(getattr(obj, "__module__", ""), "")
     return {"factory": factory, **caps, "source": caps.get("source", source)}
