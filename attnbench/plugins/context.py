@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins.cache_objects import cache_object_for
 from attnbench.plugins.module_cache import AppendingCache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
@@ -97,6 +98,7 @@ class ContextPlan:
     position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
     table_dims: str = ""  # cos/sin shape (TABLE_DIMS), decided by a probe
     table_form: str = "complex"  # freqs_cis: "complex" (Meta) or "real", (..., head_dim // 2, 2) (gpt-fast); a probe decides
+    cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
 
     @property
     def rope_style(self) -> str:
@@ -128,7 +130,12 @@ class ContextPlan:
             lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in; none here)")
         if self.window_arg:
             lines.append(f"bound {self.window_arg}: the spec's window as (left, right): (window - 1, 0), (-1, 0) for none")
-        if self.cache:
+        if self.cache and self.cache_object:
+            made = "its attnbench_cache_object" if self.cache_object == "declared" else \
+                cache_object_for(None, self.cache_object).words
+            lines.append(f"bound {self.cache}: None outside decoding; while decoding one cache object made at the first "
+                         f"step ({made}), advanced after each step unless the forward advanced it")
+        elif self.cache:
             lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
         return lines
@@ -258,12 +265,15 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
     ``torch.nn.utils.parametrize`` does), so parameter names, hooks and ``.to()`` are unchanged."""
     base = type(module)
     original = base.forward
+    maker = cache_object_for(base, plan.cache_object)
     own_reset = next((getattr(base, n) for n in ("reset_cache", "reset_kv_cache", "clear_cache")
                       if callable(getattr(base, n, None))), None)
 
     def forward(self, x, use_cache: bool = False, start_pos: int = 0):
         start = self._attnbench_pos if use_cache else start_pos
         cache = self._attnbench_cache if use_cache else None
+        if maker is not None:
+            return _object_step(self, original, maker, plan, spec, x, start, use_cache)
         if plan.attr_cache:  # installed while decoding (kept across steps), None otherwise (as built)
             if use_cache and not isinstance(getattr(self, plan.attr_cache, None), AppendingCache):
                 setattr(self, plan.attr_cache, AppendingCache())
@@ -287,6 +297,23 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
     module.__class__ = type(base.__name__, (base,), members)
     module._attnbench_pos, module._attnbench_cache = 0, None
     return module
+
+
+def _object_step(module: nn.Module, original, maker, plan: ContextPlan, spec: AttnSpec, x, start: int,
+                 use_cache: bool):
+    """One call of a forward that takes a cache object (:mod:`~attnbench.plugins.cache_objects`): None outside
+    decoding; while decoding the module's object (made at the first step), advanced as the model would."""
+    cache = None
+    if use_cache:
+        if module._attnbench_cache is None:
+            module._attnbench_cache = maker.make(spec, x.shape[0], x.device, x.dtype)
+        cache = module._attnbench_cache
+    kwargs = arguments(plan, spec, x, start, cache, use_cache)
+    result = maker.step(cache, lambda: original(module, x, **kwargs), x.shape[1]) if use_cache else \
+        original(module, x, **kwargs)
+    if use_cache:
+        module._attnbench_pos = start + x.shape[1]
+    return _split(result, replace(plan, cache=None))[0]
 
 
 def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:
