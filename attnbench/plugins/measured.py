@@ -121,7 +121,7 @@ def fixed_norm(factory) -> FixedNorm | None:
         if placement is None:
             return None
         a = torch.randn(PROBE.d_out, PROBE.d_in, generator=g, dtype=torch.float64) / math.sqrt(PROBE.d_in)
-        x1 = torch.randn(PROBE.d_in, generator=g, dtype=torch.float64)
+        x1 = torch.randn(PROBE.d_in, generator=g, dtype=torch.float64) * 100  # large: an epsilon does not show
         tau, dots, _ = _tau(probe, a, x1, placement)
         if tau is None or tau <= 0:
             return None
