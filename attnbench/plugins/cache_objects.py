@@ -89,7 +89,7 @@ SHAPES = {"get_layer_cache": "flash"}
 def cache_object_for(target, kind: str | None) -> CacheObject | None:
     """The :class:`CacheObject` of a plan's ``cache_object`` kind: ``declared`` (the class's own), ``flash``."""
     if kind == "declared":
-        return getattr(target, "attnbench_cache_object")
+        return target.attnbench_cache_object
     return FLASH if kind == "flash" else None
 
 
