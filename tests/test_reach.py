@@ -253,3 +253,13 @@ def test_rope_sign_is_a_spec_field_the_reference_applies():
     torch.testing.assert_close(reference_forward(x, w2, 4, spec=replace(spec, rope_sign=1)), turned)
     with pytest.raises(Exception, match="rope_sign"):
         replace(spec, rope_sign=2)
+
+
+@pytest.mark.parametrize(("target", "style"), [("Attention", "interleaved"), ("HalfPairs", "half")])
+def test_per_frequency_tables_get_the_pairing_the_class_is_measured_to_use(repo_cwd, target, style):
+    impl = registry.get(R + "llama2c_style.py:" + target)
+    assert impl.factory.context.tables == ("freqs_cos", "freqs_sin") and impl.rope == (style,)
+    assert any(line.startswith(f"rope direction: +theta, pairs {style}") for line in impl.factory.evidence)
+    df = run_matrix([R + "llama2c_style.py:" + target], kinds=["forward"])
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
+    assert (df[df["shape"].str.contains("rope")].status == "pass").sum() >= 2

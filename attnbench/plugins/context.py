@@ -40,7 +40,9 @@ from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
 TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
-               "freqs_cis": "complex"}
+               "freqs_cis": "complex", "freqs_cos": "cos per frequency", "freqs_sin": "sin per frequency"}
+PER_FREQUENCY = ("freqs_cis", "freqs_cos", "freqs_sin")
+"""Tables with each frequency once, ``(T, head_dim/2)``: they carry no pairing (the class pairs; a probe measures it)."""
 PAIR_NAMES = ("position_embeddings", "cos_sin")
 TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
               "seq_half": "(1, T, 1, head_dim/2), each frequency once"}
@@ -52,7 +54,8 @@ WINDOW_ARGS = ("window_size",)
 """A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "docs/own-attention.md: Forwards that take their context"
-SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin) or freqs_cis; "
+SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin), cos_sin, freqs_cis or "
+            "freqs_cos/freqs_sin; "
             "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache")
 
 
@@ -102,8 +105,9 @@ class ContextPlan:
 
     @property
     def rope_style(self) -> str:
-        """The RoPE convention the tables carry: ``interleaved`` for ``freqs_cis``, else ``half``."""
-        return "interleaved" if "freqs_cis" in self.tables else "half"
+        """The RoPE pairing assumed before a probe measures it: ``interleaved`` for per-frequency tables (Meta's
+        ``freqs_cis``, llama2.c's ``freqs_cos``/``freqs_sin``), else ``half``."""
+        return "interleaved" if set(PER_FREQUENCY) & set(self.tables) else "half"
 
     def describe(self) -> list[str]:
         """What is bound, one line each, for ``check -v``."""
@@ -167,6 +171,9 @@ def plan_for(target) -> ContextPlan | None:
                               f"rename, or wrap the class ({GUIDE})")
     required = {p.name for p in rest if p.default is p.empty}
     tables = tuple(n for n in names if n in TABLE_NAMES)
+    if ("freqs_cos" in tables) != ("freqs_sin" in tables):
+        raise PluginLoadError(f"{name}.forward takes one of freqs_cos/freqs_sin without the other; attnbench supplies "
+                              f"the pair ({GUIDE})")
     if ("cos" in tables) != ("sin" in tables):
         raise PluginLoadError(f"{name}.forward takes {'cos' if 'cos' in tables else 'sin'} without "
                               f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
@@ -219,7 +226,9 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         rows = torch.arange(spec.context_length if plan.full_tables else T, device=device)
         cos, sin = rope_rows(spec, rows if plan.full_tables else rows + start, "half", dtype, device)
         for name in plan.tables:
-            if name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
+            if name in ("freqs_cos", "freqs_sin"):  # llama2.c: (T, head_dim // 2), each frequency once
+                kwargs[name] = (cos if name == "freqs_cos" else sin)[:, : cos.shape[-1] // 2]
+            elif name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
                 half = cos.shape[-1] // 2
                 c, s = cos[:, :half], sin[:, :half]
                 kwargs[name] = torch.stack([c, s], -1) if plan.table_form == "real" else \

@@ -183,6 +183,14 @@ def _tau(probe: _Probe, a: torch.Tensor, x1: torch.Tensor, placement: str,
     return tau, dots, logit
 
 
+def _pairing_free(plan) -> bool:
+    """Tables with each frequency once (``freqs_cis``, ``freqs_cos``/``freqs_sin``, nanochat's half-width
+    ``cos_sin``): the class, not the table, decides which dimensions pair."""
+    from attnbench.plugins.context import PER_FREQUENCY
+
+    return bool(set(PER_FREQUENCY) & set(plan.tables)) or plan.table_dims == "seq_half"
+
+
 def apply_measured(factory, caps: dict, declared: dict) -> list[str]:
     """Measure the RoPE direction of a class that rotates and the QK-norm without weights of one that has no norm
     module; record them on ``factory`` (``own``/``requires``) and ``caps``; the ``check -v`` lines."""
@@ -197,6 +205,12 @@ def apply_measured(factory, caps: dict, declared: dict) -> list[str]:
                 partner, f"dimension 0 with {partner}")
             if sign < 0:
                 factory.own["rope_sign"] = -1
+            style = {_HD // 2: "half", 1: "interleaved"}.get(partner)
+            plan = getattr(factory, "context", None)
+            if style and plan is not None and _pairing_free(plan) and caps["rope"] != (style,):
+                lines.append(f"rope: {style}, not {caps['rope'][0]} as its tables' names suggest (measured below; its "
+                             "tables carry each frequency once, so the class decides the pairs)")
+                caps["rope"] = (style,)  # tables with each frequency once: the class pairs, as measured
             lines.append(f"rope direction: {'+' if sign > 0 else '-'}theta, pairs {pairs} (measured: the token at "
                          "position 1 scores a key at position 0 by sin(+1 rad) or sin(-1 rad))"
                          + ("; the reference turns its pairs by -theta too (rope_sign=-1: the same function up to "
