@@ -28,6 +28,7 @@ from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.configs import with_own_config
 from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe_mask
+from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
 from attnbench.plugins.measured import apply_measured
 from attnbench.plugins.module_cache import cache_attr
@@ -296,7 +297,7 @@ def _cache_object_kind(target, binding: Binding, plan: ContextPlan) -> str | Non
     def run_with(obj):
         module = bind_context(binding(probe).eval(), plan, probe)
         module._attnbench_cache = obj
-        with torch.no_grad():
+        with torch.no_grad(), plugin_exits("a probe of its cache object"):
             module(torch.randn(1, 3, probe.d_in), use_cache=True)
 
     return recognise(run_with, target)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from attnbench.plugins.exits import plugin_exits
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, gain_shapes, load_weights
 
@@ -62,12 +63,13 @@ class _Probe:
 
     def __init__(self, factory, spec: AttnSpec) -> None:
         self.spec = factory.own_spec(spec) if hasattr(factory, "own_spec") else spec
-        self.module = factory(spec).double().eval()
+        with plugin_exits("a probe of its conventions"):
+            self.module = factory(spec).double().eval()
 
     def run(self, w: CanonicalWeights, x: torch.Tensor) -> torch.Tensor:
         ones = {n: torch.ones(shape, dtype=torch.float64) for n, shape in gain_shapes(self.spec).items()}
         load_weights(self.module, replace(w, **ones), self.spec)  # a class that always norms: unit gains
-        with torch.no_grad():
+        with torch.no_grad(), plugin_exits("a probe of its conventions"):  # an exit is the probe's failure
             out = self.module(x)
         out = out[0] if isinstance(out, tuple) else out
         if not isinstance(out, torch.Tensor) or not torch.isfinite(out).all():
