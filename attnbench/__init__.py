@@ -19,7 +19,7 @@ _HOME = {
     **dict.fromkeys(("AttnbenchError", "InputShapeError", "InvalidSpecError", "PluginLoadError", "ResultsError",
                      "SweepError", "UnavailableError", "UnknownImplementationError"), "errors"),
     "Implementation": "registry", "get": "registry", "register": "registry", "list_implementations": "registry",
-    "AttnSpec": "spec",
+    "AttnSpec": "spec", "CacheObject": "plugins.cache_objects",
     **dict.fromkeys(("Adapter", "CanonicalWeights", "export_weights", "load_weights", "random_weights"), "weights"),
 }
 """The API's names -> the module that defines them, imported on first use (PEP 562): the ``attnbench`` command
@@ -67,7 +67,7 @@ def run(*args, **kwargs):
 
 
 __all__ = [
-    "Adapter", "AttnSpec", "AttnbenchError", "CanonicalWeights", "Implementation", "InputShapeError",
+    "Adapter", "AttnSpec", "AttnbenchError", "CacheObject", "CanonicalWeights", "Implementation", "InputShapeError",
     "InvalidSpecError", "PluginLoadError", "ResultsError", "SweepError", "UnavailableError",
     "UnknownImplementationError", "check", "export_weights", "get", "list_implementations", "load_weights",
     "random_weights", "register", "run",

@@ -38,7 +38,7 @@ class RopeScaling:
 
 
 _TEXT_FIELDS = {"rope_theta": float, "rope_style": str, "rope_scaling": str, "qk_norm": str, "norm_eps": float,
-                "scale": float, "softcap": float}
+                "scale": float, "softcap": float, "rope_sign": int}
 
 
 def _number(v: float) -> str:
@@ -118,6 +118,9 @@ class AttnSpec:
     prefix: int | None = None
     documents: tuple[int, ...] | None = None
     sinks: bool = False
+    # RoPE's direction: 1 turns pair j by +position * freq_j (the textbook's, Meta's, HF's); -1 by -position * freq_j
+    # (nanochat's). The two are one function up to reflecting q and k; a class's own direction is measured (issue 36).
+    rope_sign: int = 1
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_out", "context_length", "num_heads"):
@@ -168,6 +171,8 @@ class AttnSpec:
                 raise InvalidSpecError(f"rope_scaling must be an attnbench.spec.RopeScaling, got {self.rope_scaling!r}")
             if self.rope_theta is None:
                 raise InvalidSpecError("rope_scaling needs rope_theta (scaling changes RoPE's frequencies)")
+        if self.rope_sign not in (1, -1) or isinstance(self.rope_sign, bool):
+            raise InvalidSpecError(f"rope_sign={self.rope_sign!r}; use 1 (pairs turn by +theta) or -1 (by -theta)")
         if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
             raise InvalidSpecError(f"qk_norm={self.qk_norm!r}; use one of {', '.join(QK_NORMS)} or None")
 
@@ -215,6 +220,8 @@ class AttnSpec:
             out.update(rope_theta=self.rope_theta, rope_style=self.rope_style)
             if self.rope_scaling is not None:
                 out["rope_scaling"] = self.rope_scaling
+            if self.rope_sign != 1:
+                out["rope_sign"] = self.rope_sign
         if self.qk_norm is not None:
             out.update(qk_norm=self.qk_norm, norm_eps=self.norm_eps)
         if self.scale is not None:

@@ -194,12 +194,20 @@ class Adapter:
     ``to_state(w, spec)`` must be differentiable in ``w`` (use slicing, ``cat``, ``reshape``, ``t()``)
     and return every trainable parameter of the module by its ``named_parameters()`` name.
     ``from_state(state, spec)`` is its inverse. ``held_at_zero`` names canonical parameters the layout
-    does not have (a layer without an output bias): the correctness reference holds them at zero.
+    does not have (a layer without an output bias): the correctness reference holds them at zero. ``held_at``
+    names canonical parameters the layout holds at a constant instead, as ``(name, value)`` pairs (the gains of a
+    QK-norm without weights followed by a constant factor: ``(("g_q", 1.2), ("g_k", 1.2))``).
     """
 
     to_state: Callable[[CanonicalWeights, AttnSpec], dict[str, torch.Tensor]]
     from_state: Callable[[Mapping[str, torch.Tensor], AttnSpec], CanonicalWeights]
     held_at_zero: frozenset[str] = frozenset()
+    held_at: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def held(self) -> frozenset[str]:
+        """Every canonical parameter the layout holds (at zero or at a constant): none has a gradient to compare."""
+        return self.held_at_zero | {name for name, _ in self.held_at}
 
 
 def _book_to_state(w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
@@ -248,9 +256,12 @@ def adapter_for(module: nn.Module) -> Adapter:
 
 
 def zero_held(module: nn.Module, w: CanonicalWeights) -> CanonicalWeights:
-    """``w`` as ``module`` computes with it: the canonical parameters its layout lacks set to zero."""
-    held = adapter_for(module).held_at_zero
-    return replace(w, **{n: torch.zeros_like(t) for n, t in w.items() if n in held})
+    """``w`` as ``module`` computes with it: the canonical parameters its layout lacks set to zero (or to the constant
+    it holds them at, :attr:`Adapter.held_at`)."""
+    adapter = adapter_for(module)
+    fixed = dict(adapter.held_at)
+    return replace(w, **{n: torch.zeros_like(t) if n in adapter.held_at_zero else torch.full_like(t, fixed[n])
+                         for n, t in w.items() if n in adapter.held_at_zero or n in fixed})
 
 
 def state_from_canonical(module: nn.Module, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:

@@ -169,3 +169,97 @@ def test_real_litgpt_class_passes_check_unchanged(capsys):
     code, out, err = cli(["check", "litgpt.model:CausalSelfAttention"], capsys)
     assert code == 0, out + err
     assert "litgpt.model:CausalSelfAttention: PASS" in out
+
+
+N = R + "nanochat_style.py:"
+
+
+def test_nanochat_conventions_are_measured_on_the_class_and_said_in_verbose(repo_cwd, capsys):
+    impl = registry.get(N + "CausalSelfAttention")
+    factory = impl.factory
+    assert factory.own["rope_sign"] == -1 and factory.own["fixed_gain"] == pytest.approx(1.2, abs=1e-6)
+    assert "qk_norm" in factory.requires and impl.qk_norm == ("head",) and impl.kv_cache is True
+    assert factory.context.cache_object == "flash"
+    own = impl.own_spec(replace(SPEC, rope_theta=500.0))
+    assert (own.rope_sign, own.qk_norm) == (-1, "head") and own.norm_eps == pytest.approx(1e-6, rel=0.01)  # its own
+    assert impl.own_spec(SPEC).rope_sign == 1  # no RoPE in the spec: nothing to turn
+    code, out, err = cli(["check", "-v", "--kind", "forward", N + "CausalSelfAttention"], capsys)
+    out = " ".join(out.split())
+    assert code == 0, out + err
+    assert "rope direction: -theta, pairs half" in out and "rope_sign=-1" in out
+    assert "qk_norm: head, without weights" in out and "fixed gains 1.2 " in out
+    assert "g_q = g_k = 1.2 (fixed" in out
+    assert "a FlashCache (flash_attn_with_kvcache style" in out
+
+
+def test_another_factor_is_read_not_assumed(repo_cwd):
+    factory = registry.get(N + "OtherFactor").factory
+    assert factory.own["fixed_gain"] == pytest.approx((1.2 * 1.2 * 1.25) ** 0.5, abs=1e-6)
+
+
+@pytest.mark.parametrize("target", ["CausalSelfAttention", "DeclaredCacheAttention"])
+def test_nanochat_style_passes_rope_qknorm_and_decode_through_its_cache_object(repo_cwd, target):
+    df = run_matrix([N + target], kinds=["forward", "decode"])
+    bad = df[df.status.isin(["fail", "error"])]
+    assert bad.empty, bad[["kind", "shape", "message"]].to_string()
+    decode, rope = df[df.kind == "decode"], df[df["shape"].str.contains("rope")]
+    assert (decode.status == "pass").sum() >= 5 and (rope.status == "pass").sum() >= 3
+
+
+@pytest.mark.parametrize(("target", "kind", "shape"), [
+    ("FactorLostWhenCached", "decode", "decode_mha"),
+    ("KeysTurnTheOtherWay", "forward", "rope_half_theta500_gqa"),
+    ("NormAcrossHeads", "forward", "gqa"),
+])
+def test_planted_nanochat_variants_are_flagged(repo_cwd, target, kind, shape):
+    df = run_matrix([N + target], kinds=[kind])
+    row = df[(df["shape"] == shape) & (df.dtype == "float64")]
+    assert list(row.status) == ["fail"], df[["shape", "status", "message"]].to_string()
+
+
+def test_the_cache_object_is_made_once_advanced_once_per_step_and_gone_after_reset(repo_cwd):
+    spec = replace(SPEC, num_kv_heads=None)
+    for target, position in (("CausalSelfAttention", lambda c: c.get_pos()), ("DeclaredCacheAttention", lambda c: c.length)):
+        module = registry.get(N + target).build(spec, "cpu", torch.float64)
+        x = torch.randn(2, 6, 32, dtype=torch.float64)
+        with torch.no_grad():
+            full = module(x)
+            module.reset_cache()
+            parts = [module(x[:, :4], use_cache=True)]
+            cache = module._attnbench_cache
+            parts += [module(x[:, 4:5], use_cache=True), module(x[:, 5:], use_cache=True)]
+        assert module._attnbench_cache is cache and position(cache) == 6  # one object, advanced 4 + 1 + 1
+        torch.testing.assert_close(torch.cat(parts, 1), full)
+        module.reset_cache()
+        assert module._attnbench_cache is None
+
+
+def test_rope_sign_is_a_spec_field_the_reference_applies():
+    from attnbench.correctness.reference import reference_forward
+    from attnbench.spec import positional_from_text
+    from attnbench.weights import random_weights
+
+    spec = replace(SPEC, rope_theta=100.0, rope_sign=-1)
+    assert replace(SPEC, **positional_from_text(spec.positional_text())) == spec == AttnSpec(**spec.kwargs())
+    w = random_weights(spec)
+    x = torch.randn(1, 6, 32, dtype=torch.float64)
+    turned = reference_forward(x, w, 4, spec=spec)
+    plus = reference_forward(x, w, 4, spec=replace(spec, rope_sign=1))
+    assert (turned - plus).abs().max() > 1e-3
+    hd = spec.head_dim  # reflecting the second half of every head's q and k rows turns -theta into +theta
+    flip = torch.ones(spec.d_out, dtype=torch.float64).view(-1, hd)
+    flip[:, hd // 2:] = -1
+    w2 = replace(w, W_q=w.W_q * flip.reshape(-1, 1), W_k=w.W_k * flip[: spec.kv_heads].reshape(-1, 1))
+    torch.testing.assert_close(reference_forward(x, w2, 4, spec=replace(spec, rope_sign=1)), turned)
+    with pytest.raises(Exception, match="rope_sign"):
+        replace(spec, rope_sign=2)
+
+
+@pytest.mark.parametrize(("target", "style"), [("Attention", "interleaved"), ("HalfPairs", "half")])
+def test_per_frequency_tables_get_the_pairing_the_class_is_measured_to_use(repo_cwd, target, style):
+    impl = registry.get(R + "llama2c_style.py:" + target)
+    assert impl.factory.context.tables == ("freqs_cos", "freqs_sin") and impl.rope == (style,)
+    assert any(line.startswith(f"rope direction: +theta, pairs {style}") for line in impl.factory.evidence)
+    df = run_matrix([R + "llama2c_style.py:" + target], kinds=["forward"])
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
+    assert (df[df["shape"].str.contains("rope")].status == "pass").sum() >= 2

@@ -88,7 +88,7 @@ def run_backward(impl, case: Case, device: torch.device) -> CaseResult:
     x = inputs(case.shape).to(DTYPES[dtype]).to(torch.float64)
     g = torch.randn(case.shape.batch, case.shape.seq_len, spec.d_out, generator=torch.Generator().manual_seed(7),
                     dtype=torch.float64)
-    held = adapter_for(module).held_at_zero  # not parameters of this layer: no gradient to compare
+    held = adapter_for(module).held  # not parameters of this layer: no gradient to compare
     names = ["x"] + [n for n, _ in w.items() if n not in held]
 
     x_ref, w_ref = x.clone().requires_grad_(True), w.leaves()

@@ -101,6 +101,7 @@ def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec 
         positions = range(start_pos, start_pos + x.shape[1])
         cos, sin = rope_tables(positions, hd, spec.rope_theta, spec.rope_scaling, spec.rope_style, dtype=x.dtype,
                                compute_dtype=torch.float32 if "rope" in lowp else torch.float64)
+        sin = sin * getattr(spec, "rope_sign", 1)  # -1: pairs turn by -theta (nanochat), a convention, not a bug
         q = apply_rope(q.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
         k = apply_rope(k.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
     return q, k

@@ -184,7 +184,8 @@ def shared_reference(workload, seed: int) -> Reference:
     same weights (the same layout's parameters held at zero; a composed layout: its own)."""
     cell, module = workload.cell, workload.module
     composed = _composed(module)
-    key = (cell.group_id, seed, str(workload.device), adapter_for(module).held_at_zero, cell.impl if composed else "")
+    key = (cell.group_id, seed, str(workload.device), adapter_for(module).held_at_zero, adapter_for(module).held_at,
+           cell.impl if composed else "")
     ref = _CACHE.get(key)
     if ref is None:
         weights, _ = reference_weights(workload, seed)

@@ -34,12 +34,15 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins.cache_objects import cache_object_for
 from attnbench.plugins.module_cache import AppendingCache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
 TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
-               "freqs_cis": "complex"}
+               "freqs_cis": "complex", "freqs_cos": "cos per frequency", "freqs_sin": "sin per frequency"}
+PER_FREQUENCY = ("freqs_cis", "freqs_cos", "freqs_sin")
+"""Tables with each frequency once, ``(T, head_dim/2)``: they carry no pairing (the class pairs; a probe measures it)."""
 PAIR_NAMES = ("position_embeddings", "cos_sin")
 TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
               "seq_half": "(1, T, 1, head_dim/2), each frequency once"}
@@ -51,7 +54,8 @@ WINDOW_ARGS = ("window_size",)
 """A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "docs/own-attention.md: Forwards that take their context"
-SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin) or freqs_cis; "
+SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin), cos_sin, freqs_cis or "
+            "freqs_cos/freqs_sin; "
             "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache")
 
 
@@ -97,11 +101,13 @@ class ContextPlan:
     position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
     table_dims: str = ""  # cos/sin shape (TABLE_DIMS), decided by a probe
     table_form: str = "complex"  # freqs_cis: "complex" (Meta) or "real", (..., head_dim // 2, 2) (gpt-fast); a probe decides
+    cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
 
     @property
     def rope_style(self) -> str:
-        """The RoPE convention the tables carry: ``interleaved`` for ``freqs_cis``, else ``half``."""
-        return "interleaved" if "freqs_cis" in self.tables else "half"
+        """The RoPE pairing assumed before a probe measures it: ``interleaved`` for per-frequency tables (Meta's
+        ``freqs_cis``, llama2.c's ``freqs_cos``/``freqs_sin``), else ``half``."""
+        return "interleaved" if set(PER_FREQUENCY) & set(self.tables) else "half"
 
     def describe(self) -> list[str]:
         """What is bound, one line each, for ``check -v``."""
@@ -128,7 +134,12 @@ class ContextPlan:
             lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in; none here)")
         if self.window_arg:
             lines.append(f"bound {self.window_arg}: the spec's window as (left, right): (window - 1, 0), (-1, 0) for none")
-        if self.cache:
+        if self.cache and self.cache_object:
+            made = "its attnbench_cache_object" if self.cache_object == "declared" else \
+                cache_object_for(None, self.cache_object).words
+            lines.append(f"bound {self.cache}: None outside decoding; while decoding one cache object made at the first "
+                         f"step ({made}), advanced after each step unless the forward advanced it")
+        elif self.cache:
             lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
         return lines
@@ -160,6 +171,9 @@ def plan_for(target) -> ContextPlan | None:
                               f"rename, or wrap the class ({GUIDE})")
     required = {p.name for p in rest if p.default is p.empty}
     tables = tuple(n for n in names if n in TABLE_NAMES)
+    if ("freqs_cos" in tables) != ("freqs_sin" in tables):
+        raise PluginLoadError(f"{name}.forward takes one of freqs_cos/freqs_sin without the other; attnbench supplies "
+                              f"the pair ({GUIDE})")
     if ("cos" in tables) != ("sin" in tables):
         raise PluginLoadError(f"{name}.forward takes {'cos' if 'cos' in tables else 'sin'} without "
                               f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
@@ -212,7 +226,9 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         rows = torch.arange(spec.context_length if plan.full_tables else T, device=device)
         cos, sin = rope_rows(spec, rows if plan.full_tables else rows + start, "half", dtype, device)
         for name in plan.tables:
-            if name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
+            if name in ("freqs_cos", "freqs_sin"):  # llama2.c: (T, head_dim // 2), each frequency once
+                kwargs[name] = (cos if name == "freqs_cos" else sin)[:, : cos.shape[-1] // 2]
+            elif name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
                 half = cos.shape[-1] // 2
                 c, s = cos[:, :half], sin[:, :half]
                 kwargs[name] = torch.stack([c, s], -1) if plan.table_form == "real" else \
@@ -258,12 +274,15 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
     ``torch.nn.utils.parametrize`` does), so parameter names, hooks and ``.to()`` are unchanged."""
     base = type(module)
     original = base.forward
+    maker = cache_object_for(base, plan.cache_object)
     own_reset = next((getattr(base, n) for n in ("reset_cache", "reset_kv_cache", "clear_cache")
                       if callable(getattr(base, n, None))), None)
 
     def forward(self, x, use_cache: bool = False, start_pos: int = 0):
         start = self._attnbench_pos if use_cache else start_pos
         cache = self._attnbench_cache if use_cache else None
+        if maker is not None:
+            return _object_step(self, original, maker, plan, spec, x, start, use_cache)
         if plan.attr_cache:  # installed while decoding (kept across steps), None otherwise (as built)
             if use_cache and not isinstance(getattr(self, plan.attr_cache, None), AppendingCache):
                 setattr(self, plan.attr_cache, AppendingCache())
@@ -287,6 +306,23 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
     module.__class__ = type(base.__name__, (base,), members)
     module._attnbench_pos, module._attnbench_cache = 0, None
     return module
+
+
+def _object_step(module: nn.Module, original, maker, plan: ContextPlan, spec: AttnSpec, x, start: int,
+                 use_cache: bool):
+    """One call of a forward that takes a cache object (:mod:`~attnbench.plugins.cache_objects`): None outside
+    decoding; while decoding the module's object (made at the first step), advanced as the model would."""
+    cache = None
+    if use_cache:
+        if module._attnbench_cache is None:
+            module._attnbench_cache = maker.make(spec, x.shape[0], x.device, x.dtype)
+        cache = module._attnbench_cache
+    kwargs = arguments(plan, spec, x, start, cache, use_cache)
+    result = maker.step(cache, lambda: original(module, x, **kwargs), x.shape[1]) if use_cache else \
+        original(module, x, **kwargs)
+    if use_cache:
+        module._attnbench_pos = start + x.shape[1]
+    return _split(result, replace(plan, cache=None))[0]
 
 
 def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:

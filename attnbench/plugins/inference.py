@@ -24,10 +24,13 @@ import torch
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, bind, capabilities
+from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.configs import with_own_config
 from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe_mask
+from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
+from attnbench.plugins.measured import apply_measured
 from attnbench.plugins.module_cache import cache_attr
 from attnbench.spec import AttnSpec
 
@@ -277,7 +280,27 @@ def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
         return None
     if plan.cache is None:
         plan = replace(plan, attr_cache=cache_attr(target))
-    return probe_mask(binding, plan, SQUARE_PROBE if binding.same_width_only else PROBE)
+    plan = probe_mask(binding, plan, SQUARE_PROBE if binding.same_width_only else PROBE)
+    if plan.cache is not None and _returns_cache(binding, plan) is not None:
+        kind = _cache_object_kind(target, binding, plan)
+        plan = replace(plan, cache_object=kind) if kind else plan
+    return plan
+
+
+def _cache_object_kind(target, binding: Binding, plan: ContextPlan) -> str | None:
+    """The kind of cache object a forward that returns no next cache takes (:func:`~attnbench.plugins.cache_objects.
+    recognise`): the class's declared one, or the shape the first attribute its forward reads from it names."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+
+    def run_with(obj):
+        module = bind_context(binding(probe).eval(), plan, probe)
+        module._attnbench_cache = obj
+        with torch.no_grad(), plugin_exits("a probe of its cache object"):
+            module(torch.randn(1, 3, probe.d_in), use_cache=True)
+
+    return recognise(run_with, target)
 
 
 def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[dict, list[str]]:
@@ -300,7 +323,13 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
         caps["kv_cache"] = True
         lines.append(f"kv_cache: yes (forward reads self.{plan.attr_cache}, a cache object its caller installs; a "
                      "step is undone by restoring that object's state)")
-    if plan.cache and "kv_cache" not in declared:
+    if plan.cache and plan.cache_object and "kv_cache" not in declared:
+        caps["kv_cache"] = True
+        lines.append(f"kv_cache: yes (forward takes {plan.cache}, a cache object its caller passes in and advances; "
+                     + ("the class declares attnbench_cache_object)" if plan.cache_object == "declared" else
+                        f"it reads {next(k for k, v in SHAPES.items() if v == plan.cache_object)} from it on a probe: "
+                        f"attnbench passes {cache_object_for(None, plan.cache_object).words})"))
+    elif plan.cache and "kv_cache" not in declared:
         returned = _returns_cache(binding, plan)
         caps["kv_cache"] = returned is None
         lines.append(f"kv_cache: yes (forward takes {plan.cache} and returns the next cache; a step is undone by "
@@ -453,6 +482,7 @@ def implementation_fields(obj, source: str) -> dict:
                             "keys: i - j <= window): for a spec window of N keys it is built with window N - 1")
     factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
                           requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
+    evidence += apply_measured(factory, caps, declared)
     factory.evidence = evidence
     factory.imported = IMPORTED.get(getattr(obj, "__module__", ""), "")
     return {"factory": factory, **caps, "source": caps.get("source", source)}

@@ -33,7 +33,7 @@ from attnbench.plugins.context import bind_context
 from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
 from attnbench.plugins.qk_norm import Gain, NormError, find_gains
 from attnbench.spec import AttnSpec
-from attnbench.weights import NAMES, Adapter, CanonicalWeights, random_weights
+from attnbench.weights import NAMES, Adapter, CanonicalWeights, gain_shapes, random_weights
 
 PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=4)
 """d_in, d_out, 3*d_out, head_dim and num_heads all differ, so each shape says what it is."""
@@ -111,6 +111,7 @@ class Layout:
     gains: tuple[Gain, ...] = ()  # q/k norms holding the canonical g_q/g_k (plugins.qk_norm)
     low_rank: LowRank | None = None  # MLA: keys and values through a latent (plugins.mla)
     sinks: str = ""  # issue 37: the (num_heads,) parameter holding the canonical attention-sink logits
+    fixed_gain: float | None = None  # a QK-norm without weights, then a constant factor (plugins.measured)
 
     @property
     def composed(self) -> bool:
@@ -169,6 +170,9 @@ class Layout:
         if not spec.qkv_bias:
             values.update(b_q=None, b_k=None, b_v=None)
         gains = {g.canonical: g.to_gain(state[g.param]) for g in self.gains if getattr(spec, "qk_norm", None)}
+        if self.fixed_gain is not None and getattr(spec, "qk_norm", None):
+            like = next(iter(state.values()))
+            gains = {n: torch.full(shape, self.fixed_gain, dtype=like.dtype) for n, shape in gain_shapes(spec).items()}
         if self.low_rank is not None:
             composed = self.low_rank.compose(state)
             values.update(composed if spec.qkv_bias else {k: v for k, v in composed.items() if k.startswith("W")})
@@ -178,7 +182,8 @@ class Layout:
 
     def adapter(self) -> Adapter:
         """This layout as an :class:`~attnbench.weights.Adapter` (with ``held_at_zero``)."""
-        return DiscoveredAdapter(self.to_state, self.from_state, self.held_at_zero, layout=self)
+        fixed = () if self.fixed_gain is None else (("g_q", self.fixed_gain), ("g_k", self.fixed_gain))
+        return DiscoveredAdapter(self.to_state, self.from_state, self.held_at_zero, fixed, layout=self)
 
     def describe(self, spec: AttnSpec = DISPLAY) -> list[str]:
         """One line per mapping, ``W_q <- c_attn.weight[0:768]``, with sizes from ``spec``."""
@@ -205,6 +210,8 @@ class Layout:
                 lines.append(f"{name} <- {where}")
                 start += rows
         lines += [g.describe() for g in self.gains]
+        if self.fixed_gain is not None:
+            lines.append(f"g_q = g_k = {self.fixed_gain:.4g} (fixed: its QK-norm has no weights; measured, see above)")
         lines += self.low_rank.describe() if self.low_rank is not None else []
         lines += [f"{n} = 0 (the module has no such parameter; the reference holds it at zero)" for n in sorted(self.held_at_zero)]
         lines += [f"{n}: not found (the constructor takes qkv_bias, but the module has no such bias)" for n in self.missing]
@@ -516,6 +523,8 @@ class PluginFactory:
         spec = replace(spec, **fill) if fill else spec
         if "norm_eps" in self.own and spec.qk_norm is not None and spec.norm_eps != self.own["norm_eps"]:
             spec = replace(spec, norm_eps=self.own["norm_eps"])
+        if self.own.get("rope_sign", 1) != 1 and spec.rope_theta is not None and spec.rope_sign == 1:
+            spec = replace(spec, rope_sign=self.own["rope_sign"])  # its pairs turn the other way (plugins.measured)
         if "even_head_dim" in self.own and spec.head_dim % 2:
             raise UnavailableError(f"{name} needs an even head dim, not {spec.head_dim}: it always rotates q and k by "
                                    f"pairs ({OWN_CONSTRAINT}; a probe at head_dim 3 raised {self.own['even_head_dim']})")
@@ -570,6 +579,10 @@ class PluginFactory:
         return layout
 
     def _discover(self, module: nn.Module, spec: AttnSpec) -> Layout:
+        layout = self._discover_weights(module, spec)
+        return replace(layout, fixed_gain=self.own["fixed_gain"]) if "fixed_gain" in self.own else layout
+
+    def _discover_weights(self, module: nn.Module, spec: AttnSpec) -> Layout:
         if spec.d_in == spec.d_out:
             try:
                 return discover(module, spec, self.has_qkv_bias)

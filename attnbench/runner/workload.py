@@ -109,8 +109,8 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None, setup:
             raise outcome.exception()
         ready = outcome
     device, dtype = ready.device, ready.dtype
-    spec = spec_for(cell)
-    module = impl.build(spec, weights=stress.weights(cell, spec, seed), ready=ready)  # issue 38: --inputs
+    spec = impl.own_spec(spec_for(cell))  # what the class always applies (its QK-norm, its RoPE direction): the
+    module = impl.build(spec, weights=stress.weights(cell, spec, seed), ready=ready)  # accuracy reference follows it  # issue 38: --inputs
     g = torch.Generator().manual_seed(seed + 1)
     x = stress.stressed_input(cell, torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g), seed)
     x = x.to(device=device, dtype=dtype)

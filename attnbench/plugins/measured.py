@@ -1,0 +1,228 @@
+"""Conventions a user's class computes with, measured on the class itself with weights attnbench chose (issue 36).
+
+Both probes load canonical weights of a known shape into the class built on :data:`PROBE` (24 wide, 4 heads of 6,
+no bias, float64) and read its attention probabilities off its output: with ``W_v = W_o = I`` and a token that
+attends to two keys, the output is ``p0 * v0 + p1 * v1``. Nothing is compared with the reference.
+
+* **RoPE direction and pairing** (:func:`rope_direction`): the token at position 1 holds ``e_0`` in every head, the
+  one at position 0 ``+e_j`` or ``-e_j``, and ``W_q = W_k = I``. Only the partner ``j`` of dimension 0 makes the
+  score depend on that sign, through ``sin(1 rad)`` (pair 0 turns by one radian per position at every theta): its
+  sign says whether pairs turn by ``+theta`` (the textbook's) or ``-theta`` (nanochat's), and ``j`` says the pairing
+  (``head_dim/2``: half, ``1``: interleaved). The two directions are one function up to reflecting q and k, so the
+  reference follows the class (``AttnSpec.rope_sign``); a class that turns q and k opposite ways matches neither and
+  fails the RoPE cases.
+* **A QK-norm without weights** (:func:`fixed_norm`), e.g. ``F.rms_norm(q, (head_dim,))`` followed by a constant
+  factor: the output does not change when one head's rows of ``W_q`` (or ``W_k``) are scaled (per head) or all of
+  them are (over the whole projection), and the factor and the norm's epsilon are read off the attention to a token
+  whose key is zero (score 0) next to the token's own key (score ``tau * |q_hat|^2``). The reference then norms q and
+  k with fixed gains ``c = sqrt(tau * sqrt(head_dim))`` (its default score scale): the factor the class multiplies
+  by, if it splits it evenly and scales scores by ``1/sqrt(head_dim)``; the output is the same either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from attnbench.plugins.exits import plugin_exits
+from attnbench.spec import AttnSpec
+from attnbench.weights import CanonicalWeights, gain_shapes, load_weights
+
+PROBE = AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4)
+_HD = PROBE.head_dim
+
+
+@dataclass(frozen=True)
+class FixedNorm:
+    """A parameterless QK-norm: ``placement`` (``head`` or ``full``), the fixed gain ``gain`` both q and k leave it
+    with (the reference's default score scale), its epsilon ``eps``, and the measured score factor ``tau``."""
+
+    placement: str
+    gain: float
+    eps: float
+    tau: float
+
+    def describe(self) -> str:
+        where = "per head" if self.placement == "head" else "over the whole projection"
+        return (f"qk_norm: {self.placement}, without weights (measured: the output does not change when W_q's or W_k's "
+                f"rows are rescaled {where}); scores = {self.tau:.4g} * q_hat.k_hat (= {self.gain:.4g}^2 / "
+                f"sqrt(head_dim)): the reference norms q and k with fixed gains {self.gain:.4g} (a constant factor "
+                f"after the norm), epsilon {self.eps:.3g} (measured on a small token)")
+
+
+def _weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> CanonicalWeights:
+    eye = torch.eye(PROBE.d_out, dtype=torch.float64)
+    return CanonicalWeights(W_q=q, W_k=k, W_v=eye if v is None else v, b_q=None, b_k=None, b_v=None, W_o=eye,
+                            b_o=torch.zeros(PROBE.d_out, dtype=torch.float64))
+
+
+class _Probe:
+    """The class built on :data:`PROBE` in float64; ``run(w, x)`` loads ``w`` and returns its output."""
+
+    def __init__(self, factory, spec: AttnSpec) -> None:
+        self.spec = factory.own_spec(spec) if hasattr(factory, "own_spec") else spec
+        with plugin_exits("a probe of its conventions"):
+            self.module = factory(spec).double().eval()
+
+    def run(self, w: CanonicalWeights, x: torch.Tensor) -> torch.Tensor:
+        ones = {n: torch.ones(shape, dtype=torch.float64) for n, shape in gain_shapes(self.spec).items()}
+        load_weights(self.module, replace(w, **ones), self.spec)  # a class that always norms: unit gains
+        with torch.no_grad(), plugin_exits("a probe of its conventions"):  # an exit is the probe's failure
+            out = self.module(x)
+        out = out[0] if isinstance(out, tuple) else out
+        if not isinstance(out, torch.Tensor) or not torch.isfinite(out).all():
+            raise ValueError("no finite output")
+        return out.double()
+
+
+def _heads(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(*t.shape[:-1], PROBE.num_heads, _HD)
+
+
+def rope_direction(factory) -> tuple[int, int] | None:
+    """``(sign, partner)``: 1 when the class turns pairs by +theta, -1 by -theta; ``partner`` the dimension paired
+    with dimension 0 (``head_dim/2`` half, 1 interleaved). ``None`` when the probe shows no clean rotation."""
+    spec = AttnSpec(**{**PROBE.kwargs(), "rope_theta": 10000.0})
+    try:
+        probe = _Probe(factory, spec)
+        eye = torch.eye(PROBE.d_out, dtype=torch.float64)
+        w = _weights(eye, eye.clone())
+        diffs = []
+        for j in range(1, _HD):
+            logs = []
+            for sign in (1.0, -1.0):
+                x = torch.zeros(1, 2, PROBE.d_in, dtype=torch.float64)
+                x[0, 1, 0::_HD] = 1.0
+                x[0, 0, j::_HD] = sign
+                y = _heads(probe.run(w, x)[0, 1])
+                p_other, p_own = sign * y[:, j], y[:, 0]
+                logs.append(torch.log(p_other / p_own))
+            diffs.append(logs[0] - logs[1])  # per head
+    except Exception:  # does not build or run on the probe: nothing inferred
+        return None
+    sizes = torch.stack([d.abs().min() for d in diffs])
+    best = int(sizes.argmax())
+    others = torch.cat([d for i, d in enumerate(diffs) if i != best]).abs().max() if _HD > 2 else torch.tensor(0.0)
+    if not (sizes[best] > 1e-3 and others < 1e-6 * sizes[best] and torch.isfinite(diffs[best]).all()):
+        return None
+    signs = torch.sign(diffs[best])
+    if not (signs == signs[0]).all():
+        return None
+    return int(signs[0]), best + 1
+
+
+def fixed_norm(factory) -> FixedNorm | None:
+    """The class's QK-norm without weights (placement, factor, epsilon), or ``None`` when its output moves with the
+    scale of ``W_q``/``W_k`` (no such norm) or the measurements disagree."""
+    g = torch.Generator().manual_seed(36)
+    try:
+        probe = _Probe(factory, PROBE)
+        placement = _invariance(probe, g)
+        if placement is None:
+            return None
+        a = torch.randn(PROBE.d_out, PROBE.d_in, generator=g, dtype=torch.float64) / math.sqrt(PROBE.d_in)
+        x1 = torch.randn(PROBE.d_in, generator=g, dtype=torch.float64) * 100  # large: an epsilon does not show
+        tau, dots, _ = _tau(probe, a, x1, placement)
+        if tau is None or tau <= 0:
+            return None
+        q = a @ x1
+        m = q.pow(2).mean().expand(PROBE.num_heads) if placement == "full" else _heads(q).pow(2).mean(-1)
+        scale = math.sqrt(1e-5 / float(m.min()))  # the token's q at mean square ~1e-5: an epsilon >= 1e-12 shows
+        _, _, logit = _tau(probe, a, x1 * scale, placement, keep=dots)
+    except Exception:  # does not build or run on the probe: nothing inferred
+        return None
+    if logit is None:
+        return None
+    ratio = logit / (tau * dots)  # m' / (m' + eps) per head, m' the small token's mean square
+    eps = float((m * scale**2 * (1 / ratio - 1)).clamp(min=0.0).mean())
+    eps = float(f"{max(eps, 1e-12):.3g}")
+    return FixedNorm(placement, math.sqrt(tau * math.sqrt(_HD)), eps, tau)
+
+
+def _invariance(probe: _Probe, g: torch.Generator) -> str | None:
+    """``head`` when scaling one head's rows of W_q and another's of W_k leaves the output unchanged, ``full`` when
+    only scaling all of them does; ``None`` otherwise, or when the output ignores W_q altogether."""
+    x = torch.randn(1, 5, PROBE.d_in, generator=g, dtype=torch.float64)
+    q, k, v = (torch.randn(PROBE.d_out, PROBE.d_in, generator=g, dtype=torch.float64) * 10 for _ in range(3))
+    base = probe.run(_weights(q, k, v), x)
+    size = base.abs().max()
+
+    def moved(q2, k2) -> float:
+        return float((probe.run(_weights(q2, k2, v), x) - base).abs().max() / size)
+
+    other = torch.randn(PROBE.d_out, PROBE.d_in, generator=g, dtype=torch.float64) * 10
+    if moved(other, k) < 1e-3:
+        return None  # its output does not depend on W_q: no QK-norm to measure
+    per_head = torch.ones(PROBE.d_out, 1, dtype=torch.float64)
+    per_head[:_HD] = 4.0
+    if moved(q * per_head, k * per_head.roll(_HD, 0).clamp(max=3.0)) < 1e-7:
+        return "head"
+    return "full" if moved(q * 4.0, k * 3.0) < 1e-7 else None
+
+
+def _tau(probe: _Probe, a: torch.Tensor, x1: torch.Tensor, placement: str,
+         keep: torch.Tensor | None = None) -> tuple[float | None, torch.Tensor, torch.Tensor | None]:
+    """The score factor: a zero token (key 0, score 0) then ``x1`` (``q = k = a @ x1``); per head the logit of the
+    attention to itself over ``q_hat . k_hat`` (``keep``: the normalised dots of a larger copy of the token).
+    Returns ``(tau, dots, logits)``; ``tau`` None when the heads disagree, logits None when the output is no mix of
+    the two values."""
+    x = torch.zeros(1, 2, PROBE.d_in, dtype=torch.float64)
+    x[0, 1] = x1
+    y = _heads(probe.run(_weights(a, a.clone()), x)[0, 1])
+    v = _heads(x1)
+    p = (y * v).sum(-1) / (v * v).sum(-1)
+    if not ((y - p[:, None] * v).abs().max() <= 1e-6 * y.abs().max() and ((p > 0) & (p < 1)).all()):
+        return None, torch.empty(0), None
+    logit = torch.log(p / (1 - p))
+    q = a @ x1
+    m = q.pow(2).mean() if placement == "full" else _heads(q).pow(2).mean(-1)
+    dots = _heads(q).pow(2).sum(-1) / m if keep is None else keep
+    tau = float((logit * dots).sum() / (dots * dots).sum())
+    if keep is None and (logit - tau * dots).abs().max() > 1e-6 * logit.abs().max():
+        return None, dots, logit
+    return tau, dots, logit
+
+
+def _pairing_free(plan) -> bool:
+    """Tables with each frequency once (``freqs_cis``, ``freqs_cos``/``freqs_sin``, nanochat's half-width
+    ``cos_sin``): the class, not the table, decides which dimensions pair."""
+    from attnbench.plugins.context import PER_FREQUENCY
+
+    return bool(set(PER_FREQUENCY) & set(plan.tables)) or plan.table_dims == "seq_half"
+
+
+def apply_measured(factory, caps: dict, declared: dict) -> list[str]:
+    """Measure the RoPE direction of a class that rotates and the QK-norm without weights of one that has no norm
+    module; record them on ``factory`` (``own``/``requires``) and ``caps``; the ``check -v`` lines."""
+    lines = []
+    if caps.get("rope") and "rope" not in declared:
+        found = rope_direction(factory)
+        if found is None:
+            lines.append("rope direction: not measured (the probe showed no clean rotation of a pair): +theta assumed")
+        else:
+            sign, partner = found
+            pairs = {_HD // 2: "half (j, j + head_dim/2)", 1: "interleaved (2j, 2j + 1)"}.get(
+                partner, f"dimension 0 with {partner}")
+            if sign < 0:
+                factory.own["rope_sign"] = -1
+            style = {_HD // 2: "half", 1: "interleaved"}.get(partner)
+            plan = getattr(factory, "context", None)
+            if style and plan is not None and _pairing_free(plan) and caps["rope"] != (style,):
+                lines.append(f"rope: {style}, not {caps['rope'][0]} as its tables' names suggest (measured below; its "
+                             "tables carry each frequency once, so the class decides the pairs)")
+                caps["rope"] = (style,)  # tables with each frequency once: the class pairs, as measured
+            lines.append(f"rope direction: {'+' if sign > 0 else '-'}theta, pairs {pairs} (measured: the token at "
+                         "position 1 scores a key at position 0 by sin(+1 rad) or sin(-1 rad))"
+                         + ("; the reference turns its pairs by -theta too (rope_sign=-1: the same function up to "
+                            "reflecting q and k)" if sign < 0 else ""))
+    if not caps.get("qk_norm") and "qk_norm" not in declared:
+        norm = fixed_norm(factory)
+        if norm is not None:
+            caps["qk_norm"] = (norm.placement,)
+            factory.requires = (*factory.requires, "qk_norm")
+            factory.own.update(norm_eps=norm.eps, fixed_gain=norm.gain)
+            factory._layouts.clear()  # discovered before the gains were known
+            lines.append(norm.describe())
+    return lines
