@@ -282,7 +282,11 @@ def test_real_runs_flag_a_slowed_plugin(tmp_path, monkeypatch, isolated_registry
         runs[label] = Path(df.attrs["run_dir"])
     res = compare_runs(runs["before"], runs["after"])
     cells = res.cells.set_index("impl")
-    assert cells.loc["plug.py:Attn", "regression"] and cells.loc["plug.py:Attn", "ratio"] > 2
+    slowed = cells.loc["plug.py:Attn"]
+    assert slowed["ratio"] > 2
+    # flagged, unless a run timed it while other load took the CPUs (another xdist worker): then inconclusive, as on
+    # any machine (tests/test_compare.py::test_a_difference_timed_under_other_load_is_inconclusive...)
+    assert slowed["regression"] or (slowed["change"].startswith("inconclusive") and slowed["contended"]), slowed
     # weight_split did not change; sequential runs on a busy machine can drift, so only a gross change would count
     assert not compare_runs(runs["before"], runs["after"], threshold=1.0).cells.set_index("impl").loc[
         "weight_split", "regression"]

@@ -181,7 +181,8 @@ def test_cells_never_share_the_node(ray_local, plugin, tmp_path):
     df = attnbench.run(impl=[f"{path}:Logged"], seq_len=[16, 24, 32, 40], d_model=[32], num_heads=[2], batch=[1],
                        settings={**FAST, "threads": 1}, out=tmp_path, executor="ray")
     assert (df.status == "ok").all(), df[["cell_id", "status", "error"]]
-    calls = [line.split() for line in log.read_text().splitlines()]
+    # the cells' calls (a plug-in's load also runs it a few times at a tiny length: the measured probes, issue 36)
+    calls = [c for c in (line.split() for line in log.read_text().splitlines()) if c[1] in {"16", "24", "32", "40"}]
     cells: dict[tuple[str, str], list[int]] = {}
     for pid, seq, t0, t1 in calls:
         span = cells.setdefault((pid, seq), [int(t0), int(t1)])

@@ -263,3 +263,22 @@ def test_per_frequency_tables_get_the_pairing_the_class_is_measured_to_use(repo_
     df = run_matrix([R + "llama2c_style.py:" + target], kinds=["forward"])
     assert not df.status.isin(["fail", "error"]).any(), df[df.status.isin(["fail", "error"])].message.tolist()
     assert (df[df["shape"].str.contains("rope")].status == "pass").sum() >= 2
+
+
+def test_a_forward_that_sleeps_stops_the_measured_probes_instead_of_holding_the_load(tmp_path):
+    """The measured probes run where a plug-in is loaded (often the driver, which no cell timeout guards): a forward
+    that sleeps 60 s once held a Ray run's driver for 8 minutes (tests/test_ray.py::test_timeouts)."""
+    from attnbench import registry
+    from attnbench.plugins.measured import PROBE_CALL_S
+
+    plug = tmp_path / "sleepy.py"
+    plug.write_text(
+        "import time\nfrom torch import nn\n\n\nclass Sleeps(nn.Module):\n"
+        "    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):\n"
+        "        super().__init__()\n"
+        "        self.W_query, self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias), nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+        "        self.W_value, self.out_proj = nn.Linear(d_in, d_out, bias=qkv_bias), nn.Linear(d_out, d_out)\n\n"
+        "    def forward(self, x):\n        time.sleep(60)\n        return self.out_proj(self.W_value(x))\n")
+    impl = registry.get(f"{plug}:Sleeps")
+    evidence = getattr(impl.factory, "evidence", [])
+    assert any(f"ran past {PROBE_CALL_S:g} s" in line for line in evidence), evidence

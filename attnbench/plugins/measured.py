@@ -21,7 +21,11 @@ attends to two keys, the output is ``p0 * v0 + p1 * v1``. Nothing is compared wi
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
+import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -58,10 +62,52 @@ def _weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) ->
                             b_o=torch.zeros(PROBE.d_out, dtype=torch.float64))
 
 
+PROBE_CALL_S = 2.0
+"""The longest one probe call may take (a forward at a 4-token shape takes milliseconds). A slower call, or a forward
+that sleeps or hangs, ends the measured probes of that class ("not measured"): they run where the plug-in is loaded,
+often the driver, which no cell timeout guards (a class whose forward sleeps 60 s once held a run for 8 minutes)."""
+
+
+class ProbeTooSlow(RuntimeError):
+    """A probe call took longer than :data:`PROBE_CALL_S` (or an earlier one did): nothing more is measured."""
+
+
+@contextlib.contextmanager
+def _bounded(factory, seconds: float = PROBE_CALL_S):
+    """Run one probe call within ``seconds``: a Python-level hang is interrupted by ``SIGALRM`` (main thread only; an
+    outer alarm, such as a cell's deadline, is re-armed with what it had left), and a call that returns late marks
+    ``factory`` so that no further probe call is made."""
+    if getattr(factory, "_probe_too_slow", False):
+        raise ProbeTooSlow("an earlier probe call was too slow")
+    armed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+
+    def on_alarm(signum, frame):
+        raise ProbeTooSlow(f"a probe call ran past {seconds:g} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm) if armed else None
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds) if armed else (0.0, 0.0)
+    t0 = time.perf_counter()
+    try:
+        yield
+    except ProbeTooSlow:
+        factory._probe_too_slow = True
+        raise
+    finally:
+        spent = time.perf_counter() - t0
+        if armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            if outer > 0:
+                signal.setitimer(signal.ITIMER_REAL, max(outer - spent, 1e-3))
+        if spent > seconds:
+            factory._probe_too_slow = True
+
+
 class _Probe:
     """The class built on :data:`PROBE` in float64; ``run(w, x)`` loads ``w`` and returns its output."""
 
     def __init__(self, factory, spec: AttnSpec) -> None:
+        self.factory = factory
         self.spec = factory.own_spec(spec) if hasattr(factory, "own_spec") else spec
         with plugin_exits("a probe of its conventions"):
             self.module = factory(spec).double().eval()
@@ -69,7 +115,7 @@ class _Probe:
     def run(self, w: CanonicalWeights, x: torch.Tensor) -> torch.Tensor:
         ones = {n: torch.ones(shape, dtype=torch.float64) for n, shape in gain_shapes(self.spec).items()}
         load_weights(self.module, replace(w, **ones), self.spec)  # a class that always norms: unit gains
-        with torch.no_grad(), plugin_exits("a probe of its conventions"):  # an exit is the probe's failure
+        with _bounded(self.factory), torch.no_grad(), plugin_exits("a probe of its conventions"):  # an exit: a failure
             out = self.module(x)
         out = out[0] if isinstance(out, tuple) else out
         if not isinstance(out, torch.Tensor) or not torch.isfinite(out).all():
@@ -225,4 +271,7 @@ def apply_measured(factory, caps: dict, declared: dict) -> list[str]:
             factory.own.update(norm_eps=norm.eps, fixed_gain=norm.gain)
             factory._layouts.clear()  # discovered before the gains were known
             lines.append(norm.describe())
+    if getattr(factory, "_probe_too_slow", False):
+        lines.append(f"measured probes stopped: a forward at the probe's tiny shape ran past {PROBE_CALL_S:g} s, so its "
+                     "RoPE direction and any QK-norm without weights were not measured (+theta, no such norm assumed)")
     return lines
