@@ -282,3 +282,25 @@ def test_a_forward_that_sleeps_stops_the_measured_probes_instead_of_holding_the_
     impl = registry.get(f"{plug}:Sleeps")
     evidence = getattr(impl.factory, "evidence", [])
     assert any(f"ran past {PROBE_CALL_S:g} s" in line for line in evidence), evidence
+
+
+def test_a_forward_that_blocks_the_alarm_leaves_no_alarm_pending_and_the_mask_as_it_was(tmp_path):
+    """A forward that blocks SIGALRM (tests/test_ray.py's Stuck) once left the probe's alarm pending: delivered later
+    under the default action, it ended a pytest worker ("node down")."""
+    import signal
+
+    from attnbench import registry
+
+    plug = tmp_path / "stuck.py"
+    plug.write_text(
+        "import signal, time\nfrom torch import nn\n\n\nclass Stuck(nn.Module):\n"
+        "    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):\n"
+        "        super().__init__()\n"
+        "        self.W_query, self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias), nn.Linear(d_in, d_out, bias=qkv_bias)\n"
+        "        self.W_value, self.out_proj = nn.Linear(d_in, d_out, bias=qkv_bias), nn.Linear(d_out, d_out)\n\n"
+        "    def forward(self, x):\n        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
+        "        time.sleep(2.5)\n        return self.out_proj(self.W_value(x))\n")
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    registry.get(f"{plug}:Stuck")
+    assert signal.SIGALRM not in signal.sigpending()
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before

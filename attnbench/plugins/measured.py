@@ -85,6 +85,7 @@ def _bounded(factory, seconds: float = PROBE_CALL_S):
         raise ProbeTooSlow(f"a probe call ran past {seconds:g} s")
 
     old = signal.signal(signal.SIGALRM, on_alarm) if armed else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if armed else None  # a forward may block SIGALRM and keep it
     outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds) if armed else (0.0, 0.0)
     t0 = time.perf_counter()
     try:
@@ -96,6 +97,8 @@ def _bounded(factory, seconds: float = PROBE_CALL_S):
         spent = time.perf_counter() - t0
         if armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)  # discards an alarm left pending by a forward that blocked it
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (it would end the process later, under SIG_DFL)
             signal.signal(signal.SIGALRM, old)
             if outer > 0:
                 signal.setitimer(signal.ITIMER_REAL, max(outer - spent, 1e-3))
