@@ -39,7 +39,7 @@ def test_flex_paged_passes_a_paged_decode_case():
     assert "pages scattered in 3 of 3 sequences" in result.message
 
 
-@pytest.mark.parametrize("impl", ["paged_sdpa", pytest.param("flex_paged", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("impl", ["paged_sdpa"])  # flex_paged: its whole matrix in tests/test_check.py (slow set)
 def test_paged_decode_check_passes_with_shuffled_pages_and_different_lengths(impl, matrix_results):
     df = matrix_results([impl], kinds=["paged_decode", "decode"])
     paged = df[df.kind == "paged_decode"]

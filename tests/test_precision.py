@@ -156,7 +156,7 @@ def test_shape_sequence_blames_state_only_when_a_fresh_module_passes(repo_cwd):
 @pytest.mark.slow
 def test_the_check_of_a_whole_real_style_set_within_the_shape_grid(repo_cwd):
     """Every case of the planted-bug reference class and the book-numerics styles, float64 and float32 (the slow
-    set's 20-seed sweep runs the forward and decode kinds of the same classes)."""
+    set's false-alarm sweep runs the forward and decode kinds of the same classes)."""
     names = [B + "Reference", C + "qwen3.py:GroupedQueryAttention", C + "olmo3.py:Attention"]
     df = run_matrix(names)
     assert df.status.isin(["pass", "skip"]).all(), df[~df.status.isin(["pass", "skip"])].message.tolist()

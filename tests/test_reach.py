@@ -192,6 +192,28 @@ def test_nanochat_conventions_are_measured_on_the_class_and_said_in_verbose(repo
     assert "a FlashCache (flash_attn_with_kvcache style" in out
 
 
+def test_a_class_whose_module_names_no_norm_is_not_run_at_load(repo_cwd, monkeypatch):
+    """The QK-norm probe calls forward where the plug-in loads (a run's driver): only when the module's source mentions
+    a norm, so a class that crashes its process is not run there (its cells, isolated, record the crash)."""
+    import importlib.util
+
+    from attnbench.plugins import measured
+
+    def load(path, name):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+        return module
+
+    assert not measured.may_norm(load("tests/plugins/faulty.py", "_faulty_probe").Segfaults)
+    assert measured.may_norm(load("tests/plugins/reach/nanochat_style.py", "_nanochat_probe").CausalSelfAttention)
+    calls = []
+    monkeypatch.setattr(measured, "fixed_norm", lambda factory: calls.append(factory))
+    impl = registry.get("tests/plugins/faulty.py:Segfaults")  # its forward would end this process: never called
+    assert calls == [] and not impl.qk_norm
+
+
 def test_another_factor_is_read_not_assumed(repo_cwd):
     factory = registry.get(N + "OtherFactor").factory
     assert factory.own["fixed_gain"] == pytest.approx((1.2 * 1.2 * 1.25) ** 0.5, abs=1e-6)

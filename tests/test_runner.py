@@ -141,6 +141,17 @@ def _cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, timeout=300, **kw)
 
 
+@pytest.mark.slow  # process starts: the run, its probe's own process, a process per cell
+def test_cli_isolate_survives_a_class_that_crashes_the_probe(tmp_path):
+    proc = _cli("run", "--impl", f"{plugin('Segfaults')},sdpa", "--isolate", "--seq", "16", "--batch", "1", "--heads",
+                "2", "--d-model", "16", "--budget", "0.05", "--out", str(tmp_path), "--no-report")
+    assert proc.returncode == 1, proc.stderr  # some cells failed: not a crash of the run
+    assert "correctness probe before timing was killed by SIGSEGV in its own process" in proc.stderr
+    df, _ = load_run(next(tmp_path.glob("*/results.parquet")))
+    rows = df.set_index("impl")
+    assert "SIGSEGV" in rows.loc[plugin("Segfaults"), "error"] and rows.loc["sdpa", "status"] == "ok"
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["run", "--seq", "0"], "--seq 0"),
     (["run", "--seq", "10..5"], "below the start"),

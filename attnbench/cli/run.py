@@ -566,11 +566,38 @@ def _record_probe(run_dir: Path, failing: dict[str, str]) -> None:
 
 def _probe_and_say(sweep) -> dict[str, str]:
     """:func:`probe_plugins` for the sweep's implementations (none when resuming), each failure said before timing."""
-    failing = probe_plugins(sweep.impl) if sweep is not None else {}
+    if sweep is None:
+        return {}
+    failing = probe_isolated(sweep.impl) if sweep.settings.isolate else probe_plugins(sweep.impl)
     for name, why in failing.items():
         err_console.print(f"warning: {name} {why}; its times below are those of a wrong answer "
                           f"(`attnbench check --impl {name}` shows every case)", markup=False)
     return failing
+
+
+def probe_isolated(names) -> dict[str, str]:
+    """:func:`probe_plugins` in a throwaway process, for ``--isolate``: a plug-in that crashes its process (a native
+    segfault) or hangs there is said and left to the run, whose cells record their own outcome, instead of ending it."""
+    import signal as signals
+    import subprocess
+
+    code = ("import json, sys; from attnbench.cli.run import probe_plugins; "
+            "print('\\n' + json.dumps(probe_plugins(sys.argv[1:])))")
+    names = list(dict.fromkeys(names))
+    limit = 120 + PROBE_TIMEOUT_S * PROBE_SHAPES * len(names)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        err_console.print(f"warning: the correctness probe before timing ran past {limit:g} s in its own process; "
+                          "not probed (each cell records its own outcome)", markup=False)
+        return {}
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    how = (f"was killed by {signals.Signals(-proc.returncode).name}" if proc.returncode < 0
+           else f"exited {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+    err_console.print(f"warning: the correctness probe before timing {how} in its own process (--isolate); not "
+                      "probed (each cell records its own outcome)", markup=False)
+    return {}
 
 
 def probe_plugins(names) -> dict[str, str]:

@@ -482,7 +482,7 @@ def implementation_fields(obj, source: str) -> dict:
                             "keys: i - j <= window): for a spec window of N keys it is built with window N - 1")
     factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
                           requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
-    evidence += apply_measured(factory, caps, declared)
+    evidence += apply_measured(factory, caps, declared, obj)
     factory.evidence = evidence
     factory.imported = IMPORTED.get(getattr(obj, "__module__", ""), "")
     return {"factory": factory, **caps, "source": caps.get("source", source)}

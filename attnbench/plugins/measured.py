@@ -22,8 +22,10 @@ attends to two keys, the output is ``p0 * v0 + p1 * v1``. Nothing is compared wi
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -242,9 +244,28 @@ def _pairing_free(plan) -> bool:
     return bool(set(PER_FREQUENCY) & set(plan.tables)) or plan.table_dims == "seq_half"
 
 
-def apply_measured(factory, caps: dict, declared: dict) -> list[str]:
+NORM_WORDS = ("norm", "rsqrt")
+"""Words whose absence from a class's module spares it the QK-norm probe (see :func:`may_norm`)."""
+
+
+def may_norm(obj) -> bool:
+    """Whether ``obj``'s module could hold a QK-norm without weights: its source mentions a norm (``rms_norm``,
+    ``F.normalize``, ``RMSNorm``, ``rsqrt``...), or cannot be read. The probe calls the class's forward where the
+    plug-in is loaded, often the driver of a run, which ``--isolate`` does not protect: a class that crashes its
+    process (a native extension's segfault) would end the run there instead of becoming rows with that error, so
+    the forward is called there only when the source gives a reason to."""
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    try:
+        text = inspect.getsource(module) if module is not None else None
+    except (OSError, TypeError):
+        text = None
+    return text is None or any(w in text.lower() for w in NORM_WORDS)
+
+
+def apply_measured(factory, caps: dict, declared: dict, obj=None) -> list[str]:
     """Measure the RoPE direction of a class that rotates and the QK-norm without weights of one that has no norm
-    module; record them on ``factory`` (``own``/``requires``) and ``caps``; the ``check -v`` lines."""
+    module (and whose source mentions one: :func:`may_norm`); record them on ``factory`` (``own``/``requires``) and
+    ``caps``; the ``check -v`` lines."""
     lines = []
     if caps.get("rope") and "rope" not in declared:
         found = rope_direction(factory)
@@ -266,7 +287,7 @@ def apply_measured(factory, caps: dict, declared: dict) -> list[str]:
                          "position 1 scores a key at position 0 by sin(+1 rad) or sin(-1 rad))"
                          + ("; the reference turns its pairs by -theta too (rope_sign=-1: the same function up to "
                             "reflecting q and k)" if sign < 0 else ""))
-    if not caps.get("qk_norm") and "qk_norm" not in declared:
+    if not caps.get("qk_norm") and "qk_norm" not in declared and (obj is None or may_norm(obj)):
         norm = fixed_norm(factory)
         if norm is not None:
             caps["qk_norm"] = (norm.placement,)
