@@ -295,7 +295,8 @@ def test_a_forward_that_sleeps_stops_the_measured_probes_instead_of_holding_the_
 
     plug = tmp_path / "sleepy.py"
     plug.write_text(
-        "import time\nfrom torch import nn\n\n\nclass Sleeps(nn.Module):\n"
+        "import time\nfrom torch import nn\nfrom torch.nn.functional import rms_norm  # a norm: the QK-norm probe runs\n\n\n"
+        "class Sleeps(nn.Module):\n"
         "    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):\n"
         "        super().__init__()\n"
         "        self.W_query, self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias), nn.Linear(d_in, d_out, bias=qkv_bias)\n"
@@ -315,7 +316,8 @@ def test_a_forward_that_blocks_the_alarm_leaves_no_alarm_pending_and_the_mask_as
 
     plug = tmp_path / "stuck.py"
     plug.write_text(
-        "import signal, time\nfrom torch import nn\n\n\nclass Stuck(nn.Module):\n"
+        "import signal, time\nfrom torch import nn\nfrom torch.nn.functional import rms_norm  # the QK-norm probe runs\n\n\n"
+        "class Stuck(nn.Module):\n"
         "    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):\n"
         "        super().__init__()\n"
         "        self.W_query, self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias), nn.Linear(d_in, d_out, bias=qkv_bias)\n"
@@ -323,6 +325,7 @@ def test_a_forward_that_blocks_the_alarm_leaves_no_alarm_pending_and_the_mask_as
         "    def forward(self, x):\n        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
         "        time.sleep(2.5)\n        return self.out_proj(self.W_value(x))\n")
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    registry.get(f"{plug}:Stuck")
+    impl = registry.get(f"{plug}:Stuck")
+    assert any("ran past" in line for line in impl.factory.evidence), impl.factory.evidence  # the probe did run
     assert signal.SIGALRM not in signal.sigpending()
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
