@@ -364,6 +364,17 @@ def resolve(impl, target=None, **given) -> Ready | Skip:
     return Ready(req.located[0], to_dtype(req.dtype) if req.dtype else None)
 
 
+def ready_for(impl, cell, ready: Ready | None = None) -> Ready:
+    """``ready`` when the caller has it, else :func:`resolve` of ``cell`` here, a :class:`Skip` raised as its
+    exception: the first step of building any cell's workload (layer, variable-length, block or model)."""
+    if ready is not None:
+        return ready
+    outcome = resolve(impl, cell)
+    if isinstance(outcome, Skip):
+        raise outcome.exception()
+    return outcome
+
+
 # ---------------------------------------------------------------- PyTorch's SDPA capability checks
 
 _SDPA_CHECKS = {"flash": "can_use_flash_attention", "efficient": "can_use_efficient_attention",

@@ -8,6 +8,7 @@ llama3 (a constructor that needs a model-parallel group, a cache moved to CUDA).
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import replace
 
@@ -168,7 +169,8 @@ def test_real_litgpt_class_passes_check_unchanged(capsys):
     pytest.importorskip("litgpt.model", reason="litgpt is not installed (pip install litgpt)")
     code, out, err = cli(["check", "litgpt.model:CausalSelfAttention"], capsys)
     assert code == 0, out + err
-    assert "litgpt.model:CausalSelfAttention: PASS" in out
+    passed = re.search(r"litgpt.model:CausalSelfAttention: PASS \((\d+) passed", out)
+    assert passed and int(passed.group(1)) >= 50, out  # 59 with litgpt 0.5.13: RoPE, GQA, windows, non-causal
 
 
 N = R + "nanochat_style.py:"

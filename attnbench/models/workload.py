@@ -26,7 +26,7 @@ from attnbench.models.generate import Phases, generate
 from attnbench.models.share import attention_share
 from attnbench.models.zoo import ModelShape, assemble, attention_modules, layer_weights
 from attnbench.plugins import cache_state
-from attnbench.resolve import Ready, Skip, resolve
+from attnbench.resolve import Ready, ready_for
 from attnbench.results.schema import Cell
 from attnbench.spec import AttnSpec
 
@@ -123,11 +123,7 @@ def forward_flops(c: Cell, s: ModelShape, tokens: int, mode: str) -> float:
 def build_scope_workload(cell: Cell, seed: int = 0, ready: Ready | None = None) -> ScopeWorkload:
     """Build ``cell``'s block or model: the seeded surroundings with ``cell.impl`` as every layer's attention."""
     impl = registry.get(cell.impl)
-    if ready is None:
-        outcome = resolve(impl, cell)
-        if isinstance(outcome, Skip):
-            raise outcome.exception()
-        ready = outcome
+    ready = ready_for(impl, cell, ready)
     shape = shape_of(cell)
     spec = shape.spec
     module = assemble(shape, seed, lambda i: impl.build(spec, weights=layer_weights(shape, i, seed), ready=ready),

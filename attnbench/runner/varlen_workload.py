@@ -15,7 +15,7 @@ from torch import nn
 
 from attnbench import registry
 from attnbench.correctness.cases import reference
-from attnbench.resolve import Ready, Skip, resolve
+from attnbench.resolve import Ready, ready_for
 from attnbench.results.schema import Cell
 from attnbench.runner import setup, varlen
 from attnbench.spec import AttnSpec, positional_from_text
@@ -84,11 +84,7 @@ def build_varlen_workload(cell: Cell, seed: int = 0, ready: Ready | None = None,
     the module's layout (outside any timed region), and one step of its mode under the setup ``policy``."""
     varlen.modes_allowed(cell)
     impl = registry.get(cell.impl)
-    if ready is None:
-        outcome = resolve(impl, cell)
-        if isinstance(outcome, Skip):
-            raise outcome.exception()
-        ready = outcome
+    ready = ready_for(impl, cell, ready)
     lengths, packed, padding = varlen.draw_inputs(cell, seed)
     spec = varlen_spec(cell, lengths)
     module = impl.build(spec, weights=random_weights(spec, seed=seed, scale="linear"), ready=ready)  # as a layer cell

@@ -18,7 +18,7 @@ from attnbench.errors import PluginLoadError
 from attnbench.measure.flops import analytic_flops
 from attnbench.measure.memory import retained_bytes, storage_bytes
 from attnbench.plugins import cache_state
-from attnbench.resolve import Ready, Skip, resolve
+from attnbench.resolve import Ready, ready_for
 from attnbench.results.schema import Cell
 from attnbench.runner import paging, stress
 from attnbench.runner import setup as setup_cost
@@ -103,11 +103,7 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None, setup:
 
         return build_scope_workload(cell, seed, ready)
     impl = registry.get(cell.impl)
-    if ready is None:
-        outcome = resolve(impl, cell)
-        if isinstance(outcome, Skip):
-            raise outcome.exception()
-        ready = outcome
+    ready = ready_for(impl, cell, ready)
     device, dtype = ready.device, ready.dtype
     spec = impl.own_spec(spec_for(cell))  # what the class always applies (its QK-norm, its RoPE direction): the
     module = impl.build(spec, weights=stress.weights(cell, spec, seed), ready=ready)  # accuracy reference follows it  # issue 38: --inputs
