@@ -578,8 +578,9 @@ def _probe_and_say(sweep) -> dict[str, str]:
 def probe_isolated(names) -> dict[str, str]:
     """:func:`probe_plugins` in a throwaway process, for ``--isolate``: a plug-in that crashes its process (a native
     segfault) or hangs there is said and left to the run, whose cells record their own outcome, instead of ending it."""
-    import signal as signals
     import subprocess
+
+    from attnbench.plugins.exits import describe_exit
 
     code = ("import json, sys; from attnbench.cli.run import probe_plugins; "
             "print('\\n' + json.dumps(probe_plugins(sys.argv[1:])))")
@@ -593,8 +594,9 @@ def probe_isolated(names) -> dict[str, str]:
         return {}
     if proc.returncode == 0:
         return json.loads(proc.stdout.strip().splitlines()[-1])
-    how = (f"was killed by {signals.Signals(-proc.returncode).name}" if proc.returncode < 0
-           else f"exited {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+    how = ("was " if proc.returncode < 0 else "") + describe_exit(proc.returncode)  # killed by SIGSEGV / exited with ...
+    if proc.returncode > 0:
+        how += f": {(proc.stderr.strip().splitlines() or [''])[-1]}"
     err_console.print(f"warning: the correctness probe before timing {how} in its own process (--isolate); not "
                       "probed (each cell records its own outcome)", markup=False)
     return {}
