@@ -15,9 +15,10 @@ from sample_runs import failed_row, ok_row
 
 from attnbench.errors import SweepError
 from attnbench.measure.interleave import time_interleaved
+from attnbench.measure.memory import MemoryResult
 from attnbench.measure.stats import bootstrap_medians, paired_speedup
 from attnbench.results.schema import COLUMNS, Cell, fill_added_columns
-from attnbench.runner.cell import add_speedups, merge_rounds
+from attnbench.runner.cell import add_speedups, merge_rounds, run_cell
 from attnbench.runner.group import run_group
 from attnbench.runner.sweep import Settings, Sweep, default_baseline, sweep_from_dict
 
@@ -320,10 +321,10 @@ def _sleeper(seconds_of_call):
 
 
 def test_a_long_call_is_warmed_once_and_leaves_when_two_calls_agree(synthetic_bursts, monkeypatch):
-    from attnbench.measure import interleave
+    from attnbench.measure import long_call
 
-    monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
-    monkeypatch.setattr(interleave, "LONG_CALL_AGREE", 0.9)  # the warm-up's real sleep wanders on a loaded machine
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.015)
+    monkeypatch.setattr(long_call, "LONG_CALL_AGREE", 0.9)  # the warm-up's real sleep wanders on a loaded machine
     fns = {"short": lambda: 1e-3, "long": _sleeper(lambda: 0.0201)}
     t = time_interleaved(fns, warmup_calls=3, warmup_s=0.0, min_cycles=6, max_cycles=40, budget_s=60,
                          burst_s=1e-3, min_block_s=0.0, min_samples=1, baseline="short", target_rel_ci=10.0)
@@ -332,21 +333,37 @@ def test_a_long_call_is_warmed_once_and_leaves_when_two_calls_agree(synthetic_bu
     assert t.member_stopped_by["short"] == "target" and t.cycles == 6  # the short member keeps the usual rule
 
 
-def test_long_calls_that_disagree_are_timed_again_and_all_long_members_stop_together(synthetic_bursts, monkeypatch):
-    from attnbench.measure import interleave
+def test_long_calls_that_disagree_stop_after_two_timed_calls_all_the_same(synthetic_bursts, monkeypatch):
+    from attnbench.measure import long_call
 
-    monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
-    calls = iter([0.040, 0.020, 0.0202])  # 2x off the first call's 0.02 s, 2x off that, then two that agree within 5%
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.015)
+    calls = iter([0.040, 0.020, 0.0202, 0.0202])  # 2x off the first call's 0.02 s, then 2x off that: stop there
     t = time_interleaved({"long": lambda: next(calls)}, warmup_calls=3, warmup_s=0.0, min_cycles=6,
                          max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, target_rel_ci=0.0,
                          warmed={"long": 0.0200})
-    assert t.stopped_by == "long_call" and t.cycles == 3 and t.member_stopped_by["long"] == "long_call"
+    assert t.stopped_by == "long_call" and t.cycles == long_call.LONG_CALL_TIMED == 2
+    assert t.samples_s["long"] == (0.040, 0.020)
+    note = long_call.note(0.0200, t.samples_s["long"])
+    assert "2 timed call(s), the last 100.0% from the timed call before it" in note and "all the same" in note
+    assert "within 1.0% of" not in long_call.note(0.0200, [0.0202]) and "known" in long_call.note(0.0200, [0.0202])
+
+
+def test_a_long_baseline_runs_once_per_cycle_even_with_adjacent_pairs(synthetic_bursts, monkeypatch):
+    from attnbench.measure import long_call
+
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.015)
+    t = time_interleaved({"base": lambda: 0.020, "m": lambda: 0.0201}, warmup_calls=1, warmup_s=0.0, min_cycles=6,
+                         max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, baseline="base",
+                         pairing="adjacent", warmed={"base": 0.020, "m": 0.020})
+    assert [sorted(o) for o in t.orders] == [["base", "m"]]  # not base, m, base: one call each
+    assert t.stopped_by == "long_call" and t.samples_s["base"] == (0.020,)
+    assert t.pair_base_s["m"] == (0.020,)  # still paired with the baseline's burst next to it
 
 
 def test_a_member_whose_first_call_was_long_gets_no_more_warm_up(synthetic_bursts, monkeypatch):
-    from attnbench.measure import interleave
+    from attnbench.measure import long_call
 
-    monkeypatch.setattr(interleave, "LONG_CALL_S", 0.015)
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.015)
     calls = []
     t = time_interleaved({"long": lambda: calls.append(1) or 0.0202}, warmup_calls=3, warmup_s=0.0, min_cycles=6,
                          max_cycles=40, budget_s=60, burst_s=1e-3, min_block_s=0.0, warmed={"long": 0.0200})
@@ -355,16 +372,80 @@ def test_a_member_whose_first_call_was_long_gets_no_more_warm_up(synthetic_burst
 
 
 def test_a_group_row_says_its_long_call_stopped_it(monkeypatch):
-    from attnbench.measure import interleave
-    from attnbench.runner import group
+    from attnbench.measure import long_call
 
-    for module in (interleave, group):
-        monkeypatch.setattr(module, "LONG_CALL_S", 0.04)
-    monkeypatch.setattr(interleave, "LONG_CALL_AGREE", 0.5)  # a sleep's call time wanders more on a loaded machine
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.04)
+    monkeypatch.setattr(long_call, "LONG_CALL_AGREE", 0.5)  # a sleep's call time wanders more on a loaded machine
     cells = [Cell("sdpa", **TINY), Cell(f"{PLUGINS / 'long_call.py'}:SleepsPerCall", **TINY)]
     rows = run_group(cells, dataclasses.replace(FAST, warmup_calls=3), "run", baseline="sdpa",
                      peak_gflops_per_s=100.0)
     long = rows[1]
     assert long["status"] == "ok" and long["stopped_by"] == "long_call", (long["stopped_by"], long["error"])
-    assert long["warmup_calls"] == 1 and long["n"] == 1  # its first call was its warm-up; one timed call agreed
+    assert long["warmup_calls"] == 1 and long["n"] in (1, 2)  # its first call was its warm-up; at most two timed
     assert "a long call" in long["notes"] and rows[0]["stopped_by"] != "long_call"
+    if long["cycles"] == 1:  # one paired ratio is no interval: the row says so instead of a zero-width one
+        assert math.isfinite(long["speedup"]) and math.isnan(long["speedup_ci_low"]), long["speedup_ci_low"]
+        assert "speed-up from one paired cycle" in long["notes"]
+
+
+def test_a_cell_timed_alone_follows_the_long_call_rule(monkeypatch):
+    """``time_fn`` (a cell alone, ``run_cell``): a long first call stands for the warm-up, and sampling stops by the
+    rule, at most :data:`~attnbench.measure.long_call.LONG_CALL_TIMED` calls, where the budget would take three."""
+    from attnbench.measure import long_call
+    from attnbench.measure.timing import time_fn
+
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.015)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.02)
+
+    t = time_fn(fn, warmup_calls=3, warmup_s=0.0, min_samples=10, budget_s=0.0, warmed_s=0.02)
+    assert t.stopped_by == "long_call" and t.warmup_calls == 0 and 1 <= len(calls) == len(t.samples_s) <= 2
+    calls.clear()
+    t = time_fn(fn, warmup_calls=3, warmup_s=0.0, min_samples=10, budget_s=0.0)  # no call made before: one warms up
+    assert t.stopped_by == "long_call" and t.warmup_calls == 1 and len(calls) == 1 + len(t.samples_s) <= 3
+    assert t.warm_call_s >= 0.02
+    t = time_fn(lambda: None, warmup_calls=3, warmup_s=0.0, min_samples=3, budget_s=0.0)  # a short call: as before
+    assert t.stopped_by != "long_call" and t.warmup_calls == 3 and len(t.samples_s) >= 3
+
+
+def test_a_single_long_cell_row_says_why_it_stopped(monkeypatch):
+    from attnbench.measure import long_call
+
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.04)
+    monkeypatch.setattr(long_call, "LONG_CALL_AGREE", 0.5)
+    row = run_cell(Cell(f"{PLUGINS / 'long_call.py'}:SleepsPerCall", **TINY),
+                   dataclasses.replace(FAST, warmup_calls=3, flop_check=True), "run", peak_gflops_per_s=100.0)
+    assert row["status"] == "ok" and row["stopped_by"] == "long_call", (row["stopped_by"], row["error"])
+    assert row["warmup_calls"] == 1 and row["n"] in (1, 2) and "a long call" in row["notes"]
+    assert "FLOPs not counted: a long call" in row["notes"] and not row.get("flops_counted") == row.get("flops_counted")
+
+
+def test_a_predicted_long_call_measures_peak_memory_in_its_first_call(monkeypatch):
+    """The memory pass would repeat a long call: the first call of a cell the plan predicts long is profiled instead,
+    and the memory pass takes its figure without another call."""
+    from attnbench.measure import long_call
+    from attnbench.runner import budget, group
+
+    monkeypatch.setattr(long_call, "LONG_CALL_S", 0.04)
+    monkeypatch.setattr(long_call, "LONG_CALL_AGREE", 0.5)
+    real_plan = budget.plan_cell
+
+    def plan(cell, *a, **k):
+        p = real_plan(cell, *a, **k)
+        return dataclasses.replace(p, call_s=0.06 if "SleepsPerCall" in cell.impl else p.call_s)
+
+    monkeypatch.setattr(budget, "plan_cell", plan)
+    cells = [Cell("sdpa", **TINY), Cell(f"{PLUGINS / 'long_call.py'}:SleepsPerCall", **TINY)]
+    _, settings = group.plan_unit(cells, FAST, 100.0)
+    assert settings.first_call_memory == (cells[1].cell_id,)
+    assert group.plan_unit(cells, dataclasses.replace(FAST, work_pass=False), 100.0)[1].first_call_memory == ()
+    calls = []
+    monkeypatch.setattr("attnbench.runner.cell.peak_memory",
+                        lambda fn, device: calls.append(1) or (fn(), MemoryResult(123.0, math.nan, "test"))[1])
+    rows = group.measure_unit(cells, FAST, "run", peak_gflops_per_s=100.0)
+    assert rows[1]["status"] == "ok" and rows[1]["peak_bytes"] == 123.0, rows[1]["error"]
+    assert "peak memory from the first call" in rows[1]["notes"] and "peak memory from" not in rows[0]["notes"]
+    assert len(calls) == 2  # the long member's first call and the short member's own memory pass

@@ -175,6 +175,26 @@ class TestMeasuredRows:
         assert math.isfinite(off["speedup"]) and rows[("kv_concat", "generate-nocache")]["speedup"] == 1.0
 
 
+    def test_a_long_generation_takes_its_attention_share_from_its_first_call(self, monkeypatch):
+        """Issue 39: the share pass would repeat a 90-second generation three times; the first call, made with the
+        attention clock on, stands for it when the call is long (and only then)."""
+        from attnbench.measure import long_call
+        from attnbench.runner.workload import build_workload
+
+        passes = []
+        monkeypatch.setattr("attnbench.models.workload.attention_share",
+                            lambda *a, **k: passes.append(1) or {"attn_share": 0.5})
+        w = build_workload(tiny("kv_concat", "generate-nocache", new_tokens=3))
+        assert w.check_output(w.first_call()) is None and 0 < w.first_share < 1
+        cols = w.extra_columns(median_s=long_call.LONG_CALL_S)
+        assert cols["attn_share"] == cols["attn_share_low"] == cols["attn_share_high"] == w.first_share and not passes
+        assert any("first call alone" in n for n in w.notes)
+        assert w.extra_columns(median_s=0.01)["attn_share"] == 0.5 and passes == [1]  # a short call: the usual pass
+        inference = build_workload(tiny("kv_concat", "inference"))
+        inference.first_call()
+        assert inference.first_share is None  # only a generation observes its first call
+
+
 class TestViews:
     @staticmethod
     def rows():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from attnbench.devices import synchronize
+from attnbench.measure import long_call
 from attnbench.measure.stats import paired_speedup, summarize
 from attnbench.measure.timing import cuda_event_intervals, gc_paused, l2_flusher
 
@@ -53,7 +54,7 @@ class InterleavedTiming:
     warmup_calls: Mapping[str, int]
     failures: Mapping[str, BaseException]  # members dropped (in warm-up or a burst), with what they raised
     timer: str  # perf_counter_ns | cuda_event
-    stopped_by: str  # ci | long_call (every member a long call, known: LONG_CALL_S) | budget | max_cycles | failed
+    stopped_by: str  # ci | long_call (every member a long call, known: attnbench.measure.long_call) | budget | max_cycles | failed
     baseline: str | None
     member_stopped_by: Mapping[str, str] = None  # per member: target (known within it) | long_call | budget | max_cycles | failed
     member_cycles: Mapping[str, int] = None  # per member: the cycles it ran in
@@ -95,17 +96,6 @@ ms, the adjacent pairs see one state of the machine where a cycle of 12 members 
 about half of the cycles' time."""
 
 
-LONG_CALL_S = 10.0
-"""A call at least this long (a whole generation without a cache, say) is known without repetition: its warm-up is
-one call (the cell's first call already ran it once), and it leaves the cycles as soon as one timed call agrees with
-the warm-up call within :data:`LONG_CALL_AGREE` (``stopped_by`` ``long_call``). Within one call of that length the
-machine's short-term noise averages out; what is left between two such calls is the between-run drift, which every
-CI carries anyway (:mod:`attnbench.measure.drift`). Issue 39: a 90-second call, repeated for warm-up, samples and
-cycles, made ``--preset gpt2-124m-generate --threads 1`` take over 25 minutes."""
-LONG_CALL_AGREE = 0.05
-"""Two long calls within this fraction of each other: the member's time is known."""
-
-
 @dataclass(frozen=True)
 class InterleaveSettings:
     """How :func:`time_interleaved` samples a group (each knob is described in its docstring)."""
@@ -135,7 +125,7 @@ class _Cycles:
     orders: list[tuple[str, ...]] = field(default_factory=list)
     stopped_by: str = "max_cycles"
     known: set[str] = field(default_factory=set)
-    long: set[str] = field(default_factory=set)  # members that left as long calls (:data:`LONG_CALL_S`)
+    long: set[str] = field(default_factory=set)  # members that left as long calls (attnbench.measure.long_call)
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu",
@@ -167,7 +157,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device 
     burst, and ``guard(name)`` (a context manager, e.g. a deadline) is entered around them: both outside
     the timed region. ``between[name]`` (a decode step's cache restore) runs after each of that member's calls,
     outside the timed region: its calls are then timed one by one. ``warmed[name]``: the seconds of a call the member
-    already made (untimed here) that was a long call (:data:`LONG_CALL_S`): it gets no further warm-up and that call
+    already made (untimed here) that was a long call (:mod:`attnbench.measure.long_call`): it gets no further warm-up and that call
     stands for its warm-up call.
     """
     s = replace(settings or InterleaveSettings(), **knobs)  # an unknown knob: TypeError naming it
@@ -208,7 +198,10 @@ def _run_cycles(run: _Bursts, names: tuple[str, ...], s: InterleaveSettings,
     last = _clock()
     while active and len(c.orders) < s.max_cycles:
         in_cycle = len(active)
-        order = _order(rng, active, s.baseline, s.pairing)
+        # a long baseline runs once per cycle: adjacent pairs would repeat a call of seconds to minutes around every
+        # member, for a pairing whose point (milliseconds apart) a long call does not have (attnbench.measure.long_call)
+        long_base = long_call.is_long((per_call_s or {}).get(s.baseline))
+        order = _order(rng, active, s.baseline, "cycle" if long_base else s.pairing)
         with gc_paused():  # the collector runs between cycles, untimed (attnbench.measure.timing.gc_paused)
             times = run.cycle(order, active)
         _record_cycle(order, times, s.baseline, c.cycles, c.pairs)
@@ -242,16 +235,8 @@ def _run_cycles(run: _Bursts, names: tuple[str, ...], s: InterleaveSettings,
 
 
 def _long_known(samples: dict[str, list[float]], per_call_s: dict[str, float], active: list[str]) -> set[str]:
-    """The active members whose calls are long (:data:`LONG_CALL_S`) and whose last timed call agrees with the call
-    before it (the warm-up's, for the first) within :data:`LONG_CALL_AGREE`."""
-    known = set()
-    for name in active:
-        warm, timed = per_call_s.get(name, 0.0), samples[name]
-        if warm >= LONG_CALL_S and timed:
-            before = timed[-2] if len(timed) > 1 else warm
-            if abs(timed[-1] - before) <= LONG_CALL_AGREE * timed[-1]:
-                known.add(name)
-    return known
+    """The active members that are long calls known from their timed calls (:func:`attnbench.measure.long_call.known`)."""
+    return {name for name in active if long_call.known(per_call_s.get(name), samples[name])}
 
 
 _clock = time.perf_counter
@@ -302,7 +287,7 @@ class _Bursts:
     def warm_all(self, warmup_calls: int, warmup_s: float, warmed: dict[str, float]):
         """Warm every member up in turn (a long call ``warmed`` already made stands for it): per-call times, calls
         made and seconds spent, per member."""
-        per_call_s = {name: t for name, t in warmed.items() if name in self.fns and t >= LONG_CALL_S}
+        per_call_s = {name: t for name, t in warmed.items() if name in self.fns and long_call.is_long(t)}
         warm = {name: 0 for name in self.fns}
         warm_s = {name: 0.0 for name in self.fns}
         for name in [n for n in self.fns if n not in per_call_s]:
@@ -372,7 +357,7 @@ def _warm_up(fn: Callable[[], object], device: torch.device, warmup_calls: int, 
         fn()
         synchronize(device)
         spent += time.perf_counter() - t0
-        if calls == 0 and spent >= LONG_CALL_S:  # a long call: one is warm-up enough (LONG_CALL_S)
+        if calls == 0 and long_call.is_long(spent):  # a long call: one is warm-up enough (attnbench.measure.long_call)
             calls = warmup_calls = 1
             warmup_s = 0.0
             if between is not None:

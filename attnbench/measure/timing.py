@@ -13,6 +13,7 @@ CUDA graph and replayed (``cuda_graph``), removing launch overhead from the meas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.devices import synchronize
+from attnbench.measure import long_call
 from attnbench.measure.stats import summarize
 
 
@@ -33,7 +35,8 @@ class Timing:
     calls_per_sample: int
     warmup_calls: int
     timer: str  # perf_counter_ns | cuda_event | cuda_graph
-    stopped_by: str  # ci | budget | max_samples
+    stopped_by: str  # ci | budget | max_samples | long_call (attnbench.measure.long_call)
+    warm_call_s: float = math.nan  # the warm-up's mean call time (a long call: the call that stood for it)
 
     def stats(self) -> dict[str, float]:
         """Median, IQR, CI ... of :attr:`samples_s` (see :func:`attnbench.measure.stats.summarize`)."""
@@ -66,17 +69,38 @@ def l2_flusher(device: torch.device) -> Callable[[], None]:
 def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup_calls: int = 3,
             warmup_s: float = 0.05, target_rel_ci: float = 0.02, min_samples: int = 10, max_samples: int = 10_000,
             budget_s: float = 2.0, min_block_s: float = 1e-3, l2_flush: bool = False,
-            cuda_graph: bool = False, between: Callable[[], object] | None = None) -> Timing:
+            cuda_graph: bool = False, between: Callable[[], object] | None = None,
+            warmed_s: float | None = None) -> Timing:
     """Time ``fn`` (one call = one iteration of the workload) and return raw per-call samples.
 
     Warm-up runs at least ``warmup_calls`` calls and at least ``warmup_s`` seconds. Sampling then
     continues until the median's 95% CI half-width is below ``target_rel_ci`` of the median (after
     ``min_samples``), or ``budget_s`` of sampling has passed, or ``max_samples`` were taken.
     ``between`` runs after every call outside the timed region (a decode step's cache restore): each call is
-    then timed on its own (CPU) or between its events (CUDA).
+    then timed on its own (CPU) or between its events (CUDA). A long call (:mod:`attnbench.measure.long_call`) is
+    warmed up by one call, or by none when ``warmed_s`` (the seconds of a call already made, untimed here) is one,
+    and sampled one call at a time until it is known (``stopped_by`` ``long_call``).
     """
     device = torch.device(device)
     cuda = device.type == "cuda"
+    warm_calls, per_call_s = _warm(fn, device, warmup_calls, warmup_s, between, warmed_s)
+    if cuda:
+        with gc_paused():
+            timing = _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush,
+                                cuda_graph and between is None, between, long_s=per_call_s)
+    else:
+        calls = max(1, math.ceil(min_block_s / max(per_call_s, 1e-9)))  # block long enough for the clock
+        with gc_paused():
+            timing = _sample_cpu(fn, calls, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, between,
+                                 long_s=per_call_s)
+    return dataclasses.replace(timing, warm_call_s=per_call_s)
+
+
+def _warm(fn: Callable[[], object], device: torch.device, warmup_calls: int, warmup_s: float,
+          between: Callable[[], object] | None, warmed_s: float | None) -> tuple[int, float]:
+    """The warm-up: calls made and the mean call time (a long call already made stands for it)."""
+    if long_call.is_long(warmed_s):
+        return 0, float(warmed_s)
     warm_calls, start = 0, time.perf_counter()
     while warm_calls < warmup_calls or time.perf_counter() - start < warmup_s:
         fn()
@@ -84,21 +108,16 @@ def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", *, war
             between()
         synchronize(device)
         warm_calls += 1
-    per_call_s = (time.perf_counter() - start) / warm_calls
-
-    if cuda:
-        with gc_paused():
-            return _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush,
-                              cuda_graph and between is None, between)
-
-    calls = max(1, math.ceil(min_block_s / max(per_call_s, 1e-9)))  # block long enough for the clock
-    with gc_paused():
-        return _sample_cpu(fn, calls, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, between)
+        if warm_calls == 1 and long_call.is_long(time.perf_counter() - start):  # one is warm-up enough
+            break
+    return warm_calls, (time.perf_counter() - start) / warm_calls
 
 
 def _sample_cpu(fn: Callable[[], object], calls: int, warm_calls: int, target_rel_ci: float, min_samples: int,
-                max_samples: int, budget_s: float, between: Callable[[], object] | None) -> Timing:
-    """Blocks of ``calls`` calls until the median is known within ``target_rel_ci`` or the budget is spent."""
+                max_samples: int, budget_s: float, between: Callable[[], object] | None,
+                long_s: float | None = None) -> Timing:
+    """Blocks of ``calls`` calls until the median is known within ``target_rel_ci`` or the budget is spent (a long
+    call: until :func:`attnbench.measure.long_call.known`, whose warm-up call took ``long_s``)."""
     samples: list[float] = []
     stopped_by = "max_samples"
     sampling_start = time.perf_counter()
@@ -116,6 +135,9 @@ def _sample_cpu(fn: Callable[[], object], calls: int, warm_calls: int, target_re
                 elapsed_ns += time.perf_counter_ns() - t0
                 between()
         samples.append(elapsed_ns * 1e-9 / calls)
+        if long_call.known(long_s, samples):
+            stopped_by = "long_call"
+            break
         if _converged(samples, min_samples, target_rel_ci):
             stopped_by = "ci"
             break
@@ -166,7 +188,7 @@ def cuda_event_intervals(fn: Callable[[], object], calls: int, flush: Callable[[
 
 
 def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, budget_s, l2_flush, cuda_graph,
-               between=None) -> Timing:
+               between=None, long_s: float | None = None) -> Timing:
     flush = l2_flusher(device) if l2_flush else None
     timer = "cuda_event"
     call = fn
@@ -175,11 +197,14 @@ def _time_cuda(fn, device, warm_calls, target_rel_ci, min_samples, max_samples, 
     samples: list[float] = []
     stopped_by = "max_samples"
     sampling_start = time.perf_counter()
-    batch = 10
+    batch = 1 if long_call.is_long(long_s) else 10
     while len(samples) < max_samples:
         events = cuda_event_intervals(call, batch, flush, between)
         torch.cuda.synchronize(device)
         samples.extend(s.elapsed_time(e) * 1e-3 for s, e in events)
+        if long_call.known(long_s, samples):
+            stopped_by = "long_call"
+            break
         if _converged(samples, min_samples, target_rel_ci):
             stopped_by = "ci"
             break

@@ -76,3 +76,18 @@ def attention_share(step: Callable[[], object], modules: list[nn.Module], device
         clock.remove()
     low, mid, high = np.percentile(shares, [10, 50, 90])
     return {"attn_share": float(mid), "attn_share_low": float(low), "attn_share_high": float(high)}
+
+
+def observed_call(step: Callable[[], object], modules: list[nn.Module], device: torch.device) -> tuple[object, float]:
+    """One forward-only call of ``step`` with the clock on: its output and attention's share of its time. The hooks
+    cost microseconds per attention call, nothing next to a long call, whose share one call measures (issue 39:
+    a 90-second generation averages over its 200 steps and every layer; the share pass would repeat it 3 times)."""
+    clock = AttentionClock(modules, device, backward=False)
+    try:
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = step()
+        synchronize(device)
+        return out, clock.seconds / max(time.perf_counter() - t0, 1e-12)
+    finally:
+        clock.remove()

@@ -20,10 +20,11 @@ from torch.nn import functional as F
 
 from attnbench import registry
 from attnbench.errors import PluginLoadError
+from attnbench.measure import long_call
 from attnbench.measure.flops import analytic_flops
 from attnbench.measure.memory import retained_bytes, storage_bytes
 from attnbench.models.generate import Phases, generate
-from attnbench.models.share import attention_share
+from attnbench.models.share import attention_share, observed_call
 from attnbench.models.zoo import ModelShape, assemble, attention_modules, layer_weights
 from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, ready_for
@@ -60,6 +61,7 @@ class ScopeWorkload:
     shape: ModelShape | None = None
     phases: Phases | None = None
     attn_notes: list[str] = field(default_factory=list)
+    first_share: float | None = None  # attention's share of the first call (a generation's, not compiled)
 
     def check_output(self, out: torch.Tensor) -> str | None:
         c = self.cell
@@ -77,6 +79,14 @@ class ScopeWorkload:
             return "output has non-finite values (nan/inf)"
         return None
 
+    def first_call(self) -> torch.Tensor:
+        """The cell's first call (not a compiled one: hooks would change what it compiles). A generation's runs with the
+        attention clock on (:func:`~attnbench.models.share.observed_call`), so that a long one needs no share pass."""
+        if self.cell.mode not in ("generate-cache", "generate-nocache"):
+            return self.step()
+        out, self.first_share = observed_call(self.step, attention_modules(self.module), self.device)
+        return out
+
     @property
     def module_dtype(self) -> torch.dtype:
         return next(p.dtype for p in self.module.parameters() if p.is_floating_point())
@@ -88,8 +98,12 @@ class ScopeWorkload:
     def extra_columns(self, median_s: float) -> dict:
         """Attention's share of the step, the generation's phases and, with the cache, the KV cache's bytes."""
         self.notes = (*self.notes, *self.attn_notes)
-        out = attention_share(self.step, attention_modules(self.module), self.device,
-                              backward=self.cell.mode in BACKWARD_MODES)
+        if self.first_share is not None and long_call.is_long(median_s):  # a long call: the first one's share stands
+            out = {"attn_share": self.first_share, "attn_share_low": self.first_share, "attn_share_high": self.first_share}
+            self.notes = (*self.notes, f"attention's share from the first call alone (a long call, {median_s:.1f} s)")
+        else:
+            out = attention_share(self.step, attention_modules(self.module), self.device,
+                                  backward=self.cell.mode in BACKWARD_MODES)
         if self.phases is not None:
             out.update(self.phases.columns(median_s))
         if self.cell.mode == "generate-cache":

@@ -8,7 +8,9 @@ parameter name says what it is.
 
 from __future__ import annotations
 
+import enum
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -63,6 +65,13 @@ is on the attention weights (a single field that sets both, like nanoGPT's ``dro
 INDEX_NAMES = ("layer_idx", "block_idx", "layer_id", "layer_index", "layer_number", "layer_num", "block_index",
                "idx", "index")
 """A constructor's layer index (``Attention(config, layer_idx)``): attnbench builds one layer, index 0."""
+PROJECTIONS = {"q_proj": "q", "query": "q", "W_query": "q", "wq": "q", "q_layer": "q",
+               "k_proj": "kv", "key": "kv", "W_key": "kv", "wk": "kv", "k_layer": "kv",
+               "v_proj": "kv", "value": "kv", "W_value": "kv", "wv": "kv", "v_layer": "kv",
+               "o_proj": "out", "out_proj": "out", "output_proj": "out", "wo": "out", "c_proj": "out"}
+"""Constructor parameters that take a projection module (``Attention(config, q_proj: nn.Module, ...)``), by role:
+each gets an ``nn.Linear`` built from the spec (queries ``d_in -> d_out``, keys and values ``d_in -> kv heads x
+head_dim``, both with the spec's ``qkv_bias``; the output ``d_out -> d_out`` with a bias, as the book's)."""
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "model_args", "hp", "settings", "opt")
 _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
@@ -143,6 +152,7 @@ class Binding:
     extras: tuple[tuple[str, object], ...] = ()  # fixed arguments: a layer index (INDEX_NAMES) gets 0
     config_factory: Callable | None = None  # spec -> the class's own config object (plugins.configs); else SpecConfig
     config_note: str = ""  # how that config is filled, for check -v
+    modules: tuple[tuple[str, str], ...] = ()  # (parameter, PROJECTIONS role): an nn.Linear built from the spec
 
     def make_config(self, spec: AttnSpec):
         """The config object the constructor receives for ``spec``."""
@@ -167,7 +177,8 @@ class Binding:
         if self.style == "spec":
             return self.target(spec)
         if self.style == "config":
-            return self.target(**{self.config_param: self.make_config(spec)}, **dict(self.extras))
+            return self.target(**{self.config_param: self.make_config(spec)}, **dict(self.extras),
+                               **projections(self.modules, values))
         if self.style == "positional":
             args = [values[f] for f in _BOOK_ORDER]
             return self.target(*args[:-1], qkv_bias=args[-1]) if self._takes_qkv_keyword() else self.target(*args)
@@ -175,7 +186,7 @@ class Binding:
         kwargs = {}
         for param, field in self.params:
             kwargs[param] = 0.0 if field == "residual_dropout" else width if field == "d_in" else values[field]
-        return self.target(**kwargs, **dict(self.extras))
+        return self.target(**kwargs, **dict(self.extras), **projections(self.modules, values))
 
     def _takes_qkv_keyword(self) -> bool:
         params = _signature(self.target).parameters.values()
@@ -187,7 +198,11 @@ class Binding:
         if self.style == "spec":
             return f"{name}(spec)"
         extras = "".join(f", {p}={v!r}" for p, v in self.extras)
-        extras += " (one layer is built: its index is 0)" if extras else ""
+        chosen = [p for p, _ in self.extras if p not in INDEX_NAMES]
+        notes = (["one layer is built: its index is 0"] if len(chosen) < len(self.extras) else []) + \
+            ([f"{', '.join(chosen)}: the first plain member of its choices"] if chosen else [])
+        extras += f" ({'; '.join(notes)})" if notes else ""
+        extras += "".join(f", {p}=nn.Linear({PROJECTION_WORDS[r]})" for p, r in self.modules)
         if self.style == "config":
             config = self.config_note or "<config with n_embd, n_head, block_size, dropout, bias, ...>"
             return f"{name}({self.config_param}={config}{extras})"
@@ -210,15 +225,21 @@ def bind(target: Callable) -> Binding:
     sig = _signature(target)
     named = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     extras = tuple((p.name, 0) for p in named if p.name in INDEX_NAMES and p.default is p.empty)
-    named = [p for p in named if p.name not in dict(extras)]
+    extras += choice_extras(target, [p for p in named if p.default is p.empty and p.name not in _BY_NAME])
+    modules = tuple((p.name, PROJECTIONS[p.name]) for p in named if p.name in PROJECTIONS and p.default is p.empty)
+    named = [p for p in named if p.name not in dict(extras) and p.name not in dict(modules)]
     required = [p for p in named if p.default is p.empty]
     known = [(p.name, _BY_NAME[p.name]) for p in named if p.name in _BY_NAME]
     known += [(p.name, "residual_dropout") for p in named if p.name in RESIDUAL_DROPOUT]
     if not inspect.isclass(target) and len(named) >= 1 and (named[0].name == "spec" or (len(required) <= 1 and not known)):
         return Binding(target, "spec")
     if len(required) == 1 and not known and (required[0].name in CONFIG_NAMES or required[0].name.endswith(("config", "cfg"))):
-        return Binding(target, "config", config_param=required[0].name, extras=extras)
+        return Binding(target, "config", config_param=required[0].name, extras=extras, modules=modules)
     if not known or (required and not any(p.name in dict(known) for p in required)):
+        if modules:
+            raise PluginLoadError(f"{getattr(target, '__qualname__', target)} takes projection modules "
+                                  f"({', '.join(dict(modules))}) but no parameter says its width and heads; give it a "
+                                  f"config or named widths, or point --impl at a factory make_attention(spec) ({GUIDE})")
         return Binding(target, "positional")  # no required parameter's name says what it is
     unknown = [p.name for p in required if p.name not in dict(known)]
     if unknown:
@@ -228,7 +249,48 @@ def bind(target: Callable) -> Binding:
             f"for {', '.join(map(repr, unknown))} (it binds parameters by name: {_alias_summary()}); give "
             f"{'them defaults' if len(unknown) > 1 else 'it a default'}, rename, or point --impl at a factory "
             f"make_attention(spec) ({GUIDE})")
-    return Binding(target, "keywords", params=tuple(known), extras=extras)
+    return Binding(target, "keywords", params=tuple(known), extras=extras, modules=modules)
+
+
+PROJECTION_WORDS = {"q": "d_in, d_out, bias=qkv_bias", "kv": "d_in, num_kv_heads * head_dim, bias=qkv_bias",
+                    "out": "d_out, d_out"}
+
+
+def projections(modules: tuple[tuple[str, str], ...], values: dict) -> dict[str, nn.Module]:
+    """The projection modules a constructor takes (:data:`PROJECTIONS`), built for the spec's ``values``."""
+    sizes = {"q": (values["d_in"], values["d_out"], values["qkv_bias"]),
+             "kv": (values["d_in"], values["num_kv_heads"] * values["head_dim"], values["qkv_bias"]),
+             "out": (values["d_out"], values["d_out"], True)}
+    return {param: nn.Linear(*sizes[role][:2], bias=bool(sizes[role][2])) for param, role in modules}
+
+
+VARIANT_WORDS = ("sliding", "local", "window", "chunk", "cross", "linear", "sparse", "swa")
+"""Words that name a variant in a choice (``AttentionType.LOCAL_SLIDING``): the plain member is another."""
+
+
+def choice_extras(target, params: list[inspect.Parameter]) -> tuple[tuple[str, object], ...]:
+    """Required parameters annotated with an :class:`enum.Enum` or a ``Literal`` (``Attention(config, attn_type:
+    AttentionType)``): each gets its first plain member, the first whose name says no variant (:data:`VARIANT_WORDS`),
+    else the first."""
+    if not params:
+        return ()
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:  # an annotation that does not resolve here: no choice is made from it
+        return ()
+    out = []
+    for p in params:
+        hint = hints.get(p.name)
+        if inspect.isclass(hint) and issubclass(hint, enum.Enum):
+            members = list(hint)
+        elif typing.get_origin(hint) is typing.Literal:
+            members = list(typing.get_args(hint))
+        else:
+            continue
+        plain = [m for m in members if not any(w in str(getattr(m, "name", m)).lower() for w in VARIANT_WORDS)]
+        if members:
+            out.append((p.name, (plain or members)[0]))
+    return tuple(out)
 
 
 def _alias_summary() -> str:

@@ -7,7 +7,9 @@ recognises the common shape, flash-attention's ``flash_attn_with_kvcache`` cache
 forward that reads ``get_layer_cache`` from the object gets a :class:`FlashCache`, whose
 ``get_layer_cache(layer_idx)`` returns preallocated ``(B, T_max, H_kv, D)`` key and value buffers the forward
 writes in place at ``cache_seqlens`` (a ``(B,)`` int32 tensor), with ``n_layers = 1`` and ``advance(n)``. After a
-step attnbench advances it by the step's tokens unless the forward did (nanochat advances it in its last layer).
+step attnbench advances it by the step's tokens unless the forward did (nanochat advances it in its last layer). A
+forward that calls ``update`` on it first gets Hugging Face's shape, a :class:`LayerCache` (``update(k, v, layer_idx)``
+appends and returns every key and value so far, as ``DynamicCache`` does).
 
 **Protocol** for any other cache object: give the class an ``attnbench_cache_object`` attribute, a
 :class:`CacheObject`::
@@ -82,15 +84,42 @@ FLASH = CacheObject(
                                                        device, dtype),
     advance=FlashCache.advance, position=FlashCache.get_pos,
     words="a FlashCache (flash_attn_with_kvcache style: get_layer_cache, cache_seqlens, n_layers=1, advance)")
-SHAPES = {"get_layer_cache": "flash"}
+class LayerCache:
+    """Hugging Face's cache-object convention (``DynamicCache``), for the layers attnbench builds: ``update(key_states,
+    value_states, layer_idx, cache_kwargs=None)`` appends the step's keys and values ``(B, H_kv, S_new, D)`` for that
+    layer and returns all of them; ``get_seq_length(layer_idx=0)`` the tokens held."""
+
+    attnbench_state = True  # plugins.cache_state snapshots and restores it
+
+    def __init__(self) -> None:
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int = 0, *args, **kwargs):
+        """``cache_kwargs`` (positionally or as ``kwargs=``, as transformers 5 passes them) are not needed here."""
+        if layer_idx in self.keys:
+            key_states = torch.cat([self.keys[layer_idx], key_states], dim=-2)
+            value_states = torch.cat([self.values[layer_idx], value_states], dim=-2)
+        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.keys[layer_idx].shape[-2]) if layer_idx in self.keys else 0
+
+
+LAYER = CacheObject(make=lambda spec, batch, device, dtype: LayerCache(),
+                    words="a LayerCache (Hugging Face DynamicCache style: update(k, v, layer_idx) appends and returns "
+                          "all keys and values)")
+SHAPES = {"get_layer_cache": "flash", "update": "layer"}
 """The first attribute a forward reads from its cache object -> the shape attnbench recognises."""
 
 
 def cache_object_for(target, kind: str | None) -> CacheObject | None:
-    """The :class:`CacheObject` of a plan's ``cache_object`` kind: ``declared`` (the class's own), ``flash``."""
+    """The :class:`CacheObject` of a plan's ``cache_object`` kind: ``declared`` (the class's own), ``flash``,
+    ``layer``."""
     if kind == "declared":
         return target.attnbench_cache_object
-    return FLASH if kind == "flash" else None
+    return {"flash": FLASH, "layer": LAYER}.get(kind)
 
 
 class _Recorder:

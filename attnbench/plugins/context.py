@@ -28,6 +28,7 @@ and what is supplied, raised when the plug-in loads (never one failure per case)
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,13 +36,16 @@ from torch import nn
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.cache_objects import cache_object_for
-from attnbench.plugins.module_cache import AppendingCache, describe_attr_cache
+from attnbench.plugins.module_cache import AppendingCache, build_own_cache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
 TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
-               "freqs_cis": "complex", "freqs_cos": "cos per frequency", "freqs_sin": "sin per frequency"}
-PER_FREQUENCY = ("freqs_cis", "freqs_cos", "freqs_sin")
+               "freqs_cis": "complex", "freq_cis": "complex", "freqs_cos": "cos per frequency",
+               "freqs_sin": "sin per frequency"}
+CIS_NAMES = ("freqs_cis", "freq_cis")
+"""One table of each frequency's rotation: complex (Meta), real ``(..., 2)`` (gpt-fast) or ``(..., 2, 2)`` matrices."""
+PER_FREQUENCY = (*CIS_NAMES, "freqs_cos", "freqs_sin")
 """Tables with each frequency once, ``(T, head_dim/2)``: they carry no pairing (the class pairs; a probe measures it)."""
 PAIR_NAMES = ("position_embeddings", "cos_sin")
 TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
@@ -50,13 +54,17 @@ TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_d
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
 NONE_NAMES = ("ve", "value_embeds", "value_embed", "v_first", "value_residual")
 """Optional extra inputs a layer mixes in when its model gives them (nanochat's value embeddings): ``None``."""
+SPAN_ARGS = ("input_pos_maxp1",)
+"""The end of the filled part of a preallocated cache (litgpt): ``start + T_new`` while decoding, else None."""
+CAUSAL_ARGS = ("is_causal", "causal")
+"""A forward-level causal flag: the spec's causality when attnbench passes no mask, else False (the mask says it)."""
 WINDOW_ARGS = ("window_size",)
 """A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "docs/own-attention.md: Forwards that take their context"
-SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin), cos_sin, freqs_cis or "
-            "freqs_cos/freqs_sin; "
-            "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache")
+SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin), cos_sin, freqs_cis/freq_cis or "
+            "freqs_cos/freqs_sin; start_pos/input_pos/position_ids/cache_position; "
+            "cache/kv_cache/past_key_value(s)/layer_past; use_cache; is_causal; window_size")
 
 
 @dataclass(frozen=True)
@@ -95,12 +103,17 @@ class ContextPlan:
     mask_form: MaskForm | None = None
     full_tables: bool = False  # (context_length, head_dim) tables the class indexes at its position
     attr_cache: str | None = None  # an attribute the forward reads a caller-installed cache from (plugins.module_cache)
+    cache_builder: str | None = None  # the class's method that builds its own such cache (plugins.module_cache)
+    span_arg: str | None = None  # the end of a preallocated cache's filled part (SPAN_ARGS)
     nones: tuple[str, ...] = ()  # optional extra inputs (NONE_NAMES): None
     window_arg: str | None = None  # a (left, right) window argument (WINDOW_ARGS)
     position_optional: bool = False  # the position defaults to None: None outside decoding may be what it expects
     position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
     table_dims: str = ""  # cos/sin shape (TABLE_DIMS), decided by a probe
-    table_form: str = "complex"  # freqs_cis: "complex" (Meta) or "real", (..., head_dim // 2, 2) (gpt-fast); a probe decides
+    table_form: str = "complex"  # freqs_cis: "complex" (Meta), "real" (..., head_dim // 2, 2) (gpt-fast) or "matrix"
+    # (..., head_dim // 2, 2, 2) rotation matrices [[cos, -sin], [sin, cos]]; a probe decides
+    causal_arg: str | None = None  # a forward-level causal flag (CAUSAL_ARGS)
+    mask_required: bool = False  # the mask parameter has no default: it is passed even beside a causal flag
     cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
 
     @property
@@ -119,21 +132,32 @@ class ContextPlan:
         if self.tables:
             rows = "(context_length, head_dim) tables indexed by the class" if self.full_tables else \
                 "the rows of the step's positions"
-            form = {"complex": ", freqs_cis complex", "real": ", freqs_cis real (..., head_dim/2, 2) = (cos, sin)"}
+            form = {"complex": " complex", "real": " real (..., head_dim/2, 2) = (cos, sin)",
+                    "matrix": " rotation matrices (..., head_dim/2, 2, 2) = [[cos, -sin], [sin, cos]]"}
+            cis = next((n for n in self.tables if n in CIS_NAMES), None)
             lines.append(f"bound {', '.join(self.tables)}: the spec's {self.rope_style} RoPE tables (neutral without "
-                         f"RoPE), {rows}{form[self.table_form] if 'freqs_cis' in self.tables else ''}"
+                         f"RoPE), {rows}{', ' + cis + form[self.table_form] if cis else ''}"
                          f"{', shaped ' + TABLE_DIMS[self.table_dims] if self.table_dims else ''} "
                          "(forms decided by a probe)")
         if self.position:
-            lines.append(f"bound {self.position}: the absolute position of the step's first token "
-                         f"({POSITION_NAMES[self.position]})" + ("; None outside decoding (decided by a probe)"
-                                                                 if self.position_none else ""))
+            kind = POSITION_NAMES[self.position]
+            kind += ", a tensor (T_new,) while decoding into its own cache" if kind == "int" and self.cache_builder else ""
+            none = "; None outside decoding (decided by a probe)" if self.position_none else ""
+            lines.append(f"bound {self.position}: the absolute position of the step's first token ({kind}){none}")
         if self.attr_cache:
-            lines.append(describe_attr_cache(self.attr_cache))
+            lines.append(describe_attr_cache(self.attr_cache, self.cache_builder))
+        if self.span_arg:
+            lines.append(f"bound {self.span_arg}: the end of the cache's filled part while decoding, None otherwise")
         if self.nones:
             lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in; none here)")
         if self.window_arg:
             lines.append(f"bound {self.window_arg}: the spec's window as (left, right): (window - 1, 0), (-1, 0) for none")
+        if self.causal_arg:
+            lines.append(f"bound {self.causal_arg}: the spec's causality when no mask is passed"
+                         + (f" ({self.mask} is passed only for a window or a step after cached tokens, with "
+                            f"{self.causal_arg}=False)"
+                            if self.mask and not self.mask_required else f", False beside {self.mask}"
+                            if self.mask else ""))
         if self.cache and self.cache_object:
             made = "its attnbench_cache_object" if self.cache_object == "declared" else \
                 cache_object_for(None, self.cache_object).words
@@ -162,7 +186,7 @@ def plan_for(target) -> ContextPlan | None:
     x, rest = named[0].name, named[1:]
     names = [p.name for p in rest]
     known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"} | \
-        set(NONE_NAMES) | set(WINDOW_ARGS)
+        set(NONE_NAMES) | set(WINDOW_ARGS) | set(CAUSAL_ARGS) | set(SPAN_ARGS)
     unknown = [p.name for p in rest if p.default is p.empty and p.name not in known]
     name = getattr(target, "__qualname__", repr(target))
     if unknown:
@@ -179,13 +203,16 @@ def plan_for(target) -> ContextPlan | None:
                               f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
     position = next((n for n in names if n in POSITION_NAMES), None)
     cache = next((n for n in names if n in CACHE_NAMES), None)
-    if not (required or tables or position or cache or any(n in WINDOW_ARGS for n in names)):
+    causal_arg = next((n for n in names if n in CAUSAL_ARGS), None)
+    if not (required or tables or position or cache or causal_arg or any(n in WINDOW_ARGS for n in names)):
         return None  # e.g. forward(x, attention_mask=None): it masks by itself
     mask = next((n for n in names if n in MASK_NAMES), None)
     optional = any(p.name == position and p.default is None for p in rest)
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
                        position_optional=optional, nones=tuple(n for n in names if n in NONE_NAMES),
-                       window_arg=next((n for n in names if n in WINDOW_ARGS), None))
+                       window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
+                       span_arg=next((n for n in names if n in SPAN_ARGS), None),
+                       mask_required=mask in required)
 
 
 def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:
@@ -218,7 +245,11 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     cache (positions from 0) and ``x`` when decoding, else those of ``x`` alone."""
     T, device, dtype = x.shape[1], x.device, x.dtype if x.is_floating_point() else torch.float32
     kwargs: dict = {}
-    if plan.mask:
+    cached = decoding and start > 0  # keys before the queries: a causal flag (SDPA's, top-left) would hide them
+    masked = plan.mask and (plan.mask_required or not plan.causal_arg or spec.window is not None or cached)
+    if plan.causal_arg:  # a flag beside a mask would mask twice (SDPA refuses both): the mask alone says it then
+        kwargs[plan.causal_arg] = bool(spec.causal and not masked and not cached)
+    if masked:
         form = plan.mask_form or MASK_FORMS[0]
         hidden = step_mask(spec, start, T, device)
         kwargs[plan.mask] = form.make(hidden if decoding else hidden[:, start:], dtype)
@@ -228,11 +259,9 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         for name in plan.tables:
             if name in ("freqs_cos", "freqs_sin"):  # llama2.c: (T, head_dim // 2), each frequency once
                 kwargs[name] = (cos if name == "freqs_cos" else sin)[:, : cos.shape[-1] // 2]
-            elif name == "freqs_cis":  # Meta: complex (T, head_dim // 2), the pair frequencies once each
+            elif name in CIS_NAMES:  # Meta: complex (T, head_dim // 2), the pair frequencies once each
                 half = cos.shape[-1] // 2
-                c, s = cos[:, :half], sin[:, :half]
-                kwargs[name] = torch.stack([c, s], -1) if plan.table_form == "real" else \
-                    torch.complex(c.float(), s.float())
+                kwargs[name] = _cis(cos[:, :half], sin[:, :half], plan.table_form)
             elif name in PAIR_NAMES:
                 kwargs[name] = (_shaped(cos, plan.table_dims or "3d"), _shaped(sin, plan.table_dims or "3d"))
             else:
@@ -242,7 +271,11 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     elif plan.position:
         kind = POSITION_NAMES[plan.position]
         ids = torch.arange(start, start + T, device=device)
+        if kind == "int" and decoding and plan.cache_builder:  # its own preallocated cache is written at positions
+            kind = "ids (T,)"
         kwargs[plan.position] = start if kind == "int" else ids[None] if kind.startswith("ids (1") else ids
+    if plan.span_arg:
+        kwargs[plan.span_arg] = start + T if decoding else None
     kwargs.update(dict.fromkeys(plan.nones))
     if plan.window_arg:
         left = -1 if spec.window is None else spec.window - 1
@@ -254,6 +287,15 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     return kwargs
 
 
+def _cis(c: torch.Tensor, s: torch.Tensor, form: str) -> torch.Tensor:
+    """Each frequency's rotation in ``form`` (:attr:`ContextPlan.table_form`) from its ``(T, head_dim // 2)`` cos and sin."""
+    if form == "real":
+        return torch.stack([c, s], -1)
+    if form == "matrix":
+        return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
+    return torch.complex(c.float(), s.float())
+
+
 def _shaped(table: torch.Tensor, dims: str) -> torch.Tensor:
     """A ``(T, head_dim)`` half-style table in the shape ``dims`` (:data:`TABLE_DIMS`)."""
     if dims == "seq_half":
@@ -261,11 +303,21 @@ def _shaped(table: torch.Tensor, dims: str) -> torch.Tensor:
     return table[None] if dims == "3d" else table[None, None] if dims == "4d" else table
 
 
-def _split(result, plan: ContextPlan):
-    """``(out, next_cache)`` of a call (``next_cache`` None when the class returns no cache)."""
+def _split(result, plan: ContextPlan, t_new: int):
+    """``(out, next_cache)`` of a call of ``t_new`` tokens (``next_cache`` None when the class returns no cache: Hugging
+    Face layers return ``(out, attention weights)``, their cache an object passed in)."""
     if isinstance(result, tuple | list) and result and isinstance(result[0], torch.Tensor):
-        return result[0], (result[1] if plan.cache and len(result) > 1 else None)
+        second = result[1] if plan.cache and len(result) > 1 else None
+        return result[0], None if _weights(second, t_new) else second
     return result, None
+
+
+def _weights(t, t_new: int) -> bool:
+    """Whether ``t`` is attention probabilities of ``t_new`` queries: ``(..., t_new, S)``, rows that sum to 1."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() < 3 or t.shape[-2] != t_new:
+        return False
+    rows = t.detach().float()
+    return bool((rows >= 0).all() and torch.allclose(rows.sum(-1), torch.ones(()), atol=1e-2))
 
 
 def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Module:
@@ -284,11 +336,14 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
         if maker is not None:
             return _object_step(self, original, maker, plan, spec, x, start, use_cache)
         if plan.attr_cache:  # installed while decoding (kept across steps), None otherwise (as built)
-            if use_cache and not isinstance(getattr(self, plan.attr_cache, None), AppendingCache):
-                setattr(self, plan.attr_cache, AppendingCache())
+            if use_cache and not self._attnbench_installed:
+                setattr(self, plan.attr_cache, AppendingCache() if not plan.cache_builder else
+                        build_own_cache(self, plan.cache_builder, x.shape[0], spec.context_length, x.device, x.dtype))
+                self._attnbench_installed = True
             if not use_cache:
                 setattr(self, plan.attr_cache, None)
-        out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan)
+                self._attnbench_installed = False
+        out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan, x.shape[1])
         if use_cache:
             self._attnbench_pos = start + x.shape[1]
             self._attnbench_cache = next_cache
@@ -300,11 +355,12 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
         self._attnbench_pos, self._attnbench_cache = 0, None
         if plan.attr_cache:
             setattr(self, plan.attr_cache, None)
+            self._attnbench_installed = False
 
     members = {"forward": forward, "reset_cache": reset_cache, "attnbench_context": plan,
                "__doc__": base.__doc__, "__module__": base.__module__}
     module.__class__ = type(base.__name__, (base,), members)
-    module._attnbench_pos, module._attnbench_cache = 0, None
+    module._attnbench_pos, module._attnbench_cache, module._attnbench_installed = 0, None, False
     return module
 
 
@@ -322,14 +378,14 @@ def _object_step(module: nn.Module, original, maker, plan: ContextPlan, spec: At
         original(module, x, **kwargs)
     if use_cache:
         module._attnbench_pos = start + x.shape[1]
-    return _split(result, replace(plan, cache=None))[0]
+    return _split(result, replace(plan, cache=None), x.shape[1])[0]
 
 
 def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:
     """Causal on a probe? ``True`` when changing the last of 5 tokens changes only the last output; the exception,
     in words, when the call raises."""
     plan = replace(plan, mask_form=form, full_tables=full)
-    if plan.table_form == "real":  # real pairs cannot be told from a complex table by a neutral one: a real rotation
+    if plan.table_form in ("real", "matrix"):  # not told from a complex table by a neutral one: a real rotation
         spec = replace(spec, rope_theta=10000.0)
     try:
         module = bind_context(build(spec).eval(), plan, spec)
@@ -339,8 +395,9 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
     x = torch.randn(1, 5, spec.d_in, generator=g)
     y = x.clone()
     y[:, -1] += torch.randn(spec.d_in, generator=g)
-    try:
-        with torch.no_grad():
+    try:  # a wrong form may run with a warning (a complex table cast to real): the probe's, not the user's
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             a, b = module(x), module(y)
     except Exception as exc:
         return f"raises {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -351,6 +408,22 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
     return bool((diff[:-1] <= 1e-5 * scale).all() and diff[-1] > 1e-3 * scale)
 
 
+def _masking(plan: ContextPlan) -> ContextPlan:
+    """``plan`` as it calls a class that has both a mask and a causal flag when the mask says it all (a window): the
+    flag left at the class's default, the mask passed, so that the probe decides the mask's form."""
+    return replace(plan, causal_arg=None, mask_required=True) if plan.causal_arg and plan.mask else plan
+
+
+def _with_flag(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
+    """``plan`` keeping its causal flag when the flag alone (no mask) makes the class causal, else without it (the
+    mask is then always passed: a flag the class does not honour is left at its default)."""
+    if not (plan.causal_arg and plan.mask) or plan.mask_required:
+        return plan
+    if _moves(build, plan, probe, plan.mask_form, plan.full_tables) is True:
+        return plan
+    return replace(plan, causal_arg=None)
+
+
 def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     """``plan`` with its mask form and table form decided on ``probe`` (causal, no RoPE): the first form under which
     the class's outputs are causal (the class is compared with itself, never with the reference). Raises
@@ -358,7 +431,7 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     probe = replace(probe, window=None, causal=True, context_length=max(probe.context_length, 9))
     table_forms = (True, False) if plan.position and plan.tables else (False,)
     shapes = [("complex", "")]
-    shapes += [("real", "")] if "freqs_cis" in plan.tables else []
+    shapes += [("real", ""), ("matrix", "")] if set(CIS_NAMES) & set(plan.tables) else []
     shapes += [("complex", d) for d in TABLE_DIMS if d] if {"cos", *PAIR_NAMES} & set(plan.tables) else []
     if plan.position_optional:
         shapes += [(p, d, True) for p, d in shapes]
@@ -368,9 +441,9 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
         for full in table_forms:
             for form in (MASK_FORMS if plan.mask else (None,)):
                 chosen = replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
-                verdict = _moves(build, chosen, probe, form, full)
+                verdict = _moves(build, _masking(chosen), probe, form, full)
                 if verdict is True:
-                    return chosen
+                    return _with_flag(build, chosen, probe)
                 tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
     raise PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply "
                           f"({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")

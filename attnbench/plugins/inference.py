@@ -31,7 +31,7 @@ from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe
 from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
 from attnbench.plugins.measured import apply_measured
-from attnbench.plugins.module_cache import cache_attr
+from attnbench.plugins.module_cache import cache_attr, cache_builder
 from attnbench.spec import AttnSpec
 
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
@@ -279,7 +279,8 @@ def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
     if plan is None:
         return None
     if plan.cache is None:
-        plan = replace(plan, attr_cache=cache_attr(target))
+        attr = cache_attr(target)
+        plan = replace(plan, attr_cache=attr, cache_builder=cache_builder(target) if attr else None)
     plan = probe_mask(binding, plan, SQUARE_PROBE if binding.same_width_only else PROBE)
     if plan.cache is not None and _returns_cache(binding, plan) is not None:
         kind = _cache_object_kind(target, binding, plan)

@@ -8,6 +8,13 @@ is that model: while decoding it installs a :class:`AppendingCache`, whose ``upd
 dimension (``(B, H, S, D)``, the layout both use) and returns all of them, so the step's mask is
 ``(T_new, T_total)`` as for every other class. Outside decoding the attribute is ``None``, as the class was built.
 
+A class that builds its own cache (litgpt: ``attn.build_kv_cache(batch_size, max_seq_length, device=, dtype=)``,
+whose forward refuses any object that is not its ``KVCache``) gets that cache instead: :func:`cache_builder` names the
+method, :func:`build_own_cache` calls it for the step's batch, the spec's context length, device and dtype. Such a
+cache is preallocated and written at positions: while decoding, attnbench gives the class its positions as a tensor
+``(T_new,)`` and, where the forward takes it (litgpt's ``input_pos_maxp1``), the end of the filled part, so that the
+keys it attends over are those the mask covers.
+
 The protocol, for a class that keeps its cache elsewhere: give it an ``attnbench_cache_attr = "name"`` class
 attribute naming the attribute its forward reads the cache object from, and have the forward call
 ``update(input_pos, k, v)`` (or call the object) on it and use the keys and values it returns.
@@ -54,13 +61,53 @@ def cache_attr(target) -> str | None:
     except (TypeError, OSError, AttributeError):
         return None
     for name in CACHE_ATTRS:
-        if re.search(rf"self\.{name}\s*(\.\s*(update|forward)\s*)?\(", source) and \
-                re.search(rf"self\.{name}\s+is\s+(not\s+)?None", source):
+        if re.search(rf"self\.{name}\s*(\.\s*(update|forward)\s*)?\(", source) and (  # called, and tested:
+                re.search(rf"self\.{name}\s+is\s+(not\s+)?None", source)  # against None (gpt-fast)
+                or re.search(rf"isinstance\(\s*self\.{name}\s*,", source)):  # against its class (litgpt)
             return name
     return None
 
 
-def describe_attr_cache(name: str) -> str:
+BUILDER_NAMES = ("build_kv_cache", "init_kv_cache", "setup_kv_cache", "make_kv_cache")
+"""Methods that build a class's own cache object (litgpt's ``build_kv_cache``)."""
+BATCH_NAMES = ("batch_size", "max_batch_size", "batch", "bsz")
+LENGTH_NAMES = ("max_seq_length", "max_seq_len", "max_length", "max_cache_len", "seq_len", "max_seq")
+
+
+def cache_builder(target) -> str | None:
+    """The method of ``target`` that builds its own cache object (:data:`BUILDER_NAMES`), when it can be called
+    with a batch size and a length by name (anything else it takes has a default)."""
+    for name in BUILDER_NAMES:
+        method = getattr(target, name, None)
+        if not callable(method):
+            continue
+        try:
+            params = list(inspect.signature(method).parameters.values())[1:]  # self
+        except (TypeError, ValueError):
+            continue
+        names = {p.name for p in params}
+        required = {p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if names & set(BATCH_NAMES) and names & set(LENGTH_NAMES) and required <= set(BATCH_NAMES) | set(LENGTH_NAMES):
+            return name
+    return None
+
+
+def build_own_cache(module, method: str, batch: int, length: int, device, dtype):
+    """``module.<method>(...)`` for ``batch`` sequences of up to ``length`` tokens on ``device`` in ``dtype``, its
+    parameters bound by name (those it has; the others keep their defaults)."""
+    fn = getattr(module, method)
+    names = set(inspect.signature(fn).parameters)
+    kwargs = {n: batch for n in BATCH_NAMES if n in names}
+    kwargs.update({n: length for n in LENGTH_NAMES if n in names})
+    kwargs.update({k: v for k, v in (("device", device), ("dtype", dtype)) if k in names})
+    return fn(**kwargs)
+
+
+def describe_attr_cache(name: str, builder: str | None = None) -> str:
     """The ``check -v`` line for a plan with a module-attribute cache."""
+    if builder:
+        return (f"bound self.{name}: None outside decoding (as built); while decoding its own cache, "
+                f"self.{builder}(batch, context_length, device, dtype), written at the step's positions (given as a "
+                "tensor)")
     return (f"bound self.{name}: None outside decoding (as built); while decoding a cache object whose "
             "update(input_pos, k, v) appends the step's keys and values and returns them all")

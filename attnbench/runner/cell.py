@@ -33,11 +33,13 @@ from attnbench.measure import (
     decode_bytes,
     decode_rates,
     kv_cache_bytes_analytic,
+    long_call,
     peak_gbytes_per_s,
     peak_gflops,
     peak_memory,
     time_fn,
 )
+from attnbench.measure.memory import MemoryResult
 from attnbench.measure.stats import paired_speedup, split_groups, summarize, summarize_groups
 from attnbench.models.generate import rescaled_rates
 from attnbench.registry import resolve
@@ -176,6 +178,7 @@ class Built:
     notes: list[str] = field(default_factory=list)
     compile_cache: str = ""  # compiled cells: cold | warm (attnbench.runner.compile_cache), '' when not known
     output: torch.Tensor | None = None  # issue 38: the first call's output, judged by the accuracy pass (then dropped)
+    first_memory: MemoryResult | None = None  # the first call's peak memory (a predicted long call: long_call)
 
     @property
     def compiled(self) -> bool:
@@ -215,9 +218,15 @@ def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | No
     # Importing torch._dynamo costs seconds: only compiled cells count graphs.
     graphs_before = compiled_graphs() if compiled else None
     cache_before = compile_cache.counts() if compiled else None
+    call = (None if compiled else getattr(workload, "first_call", None)) or workload.step  # a generation's observes
+    memory, got = None, []  # its attention; a predicted long call's first call measures peak memory too (long_call)
     t0 = time.perf_counter()
     with compile_cache.all_cores() if compiled else contextlib.nullcontext():  # a compile uses the run's cores
-        out = workload.step()  # the first call: compiles compiled: cells, checks the output
+        if cell.cell_id in settings.first_call_memory and not compiled:
+            memory = peak_memory(lambda: got.append(call()), workload.device)
+            out = got[0]
+        else:
+            out = call()  # the first call: compiles compiled: cells, checks the output
         synchronize(workload.device)
     first_call_s = time.perf_counter() - t0
     cache = compile_cache.state(cache_before, compile_cache.counts()) if compiled else ""
@@ -227,7 +236,7 @@ def build_and_check(cell: Cell, settings: Settings, row: dict, ready: Ready | No
         row.update(status="invalid", error=problem)
         return None
     return Built(cell, workload, first_call_s, graphs_before, compiled_graphs() if compiled else None,
-                 compile_cache=cache, output=out.detach())
+                 compile_cache=cache, output=out.detach(), first_memory=memory)
 
 
 def record_timing(built: Built, row: dict, samples_s, *, calls_per_sample: int, warmup_calls: int, timer: str,
@@ -264,8 +273,13 @@ def record_contention(built: Built, row: dict, load: contention.Contention) -> N
 
 
 def record_memory(built: Built, row: dict) -> None:
-    """Peak memory of one step, measured on its own (never while another cell runs)."""
-    mem = peak_memory(built.workload.step, built.workload.device)
+    """Peak memory of one step, measured on its own (never while another cell runs): a predicted long call's first
+    call measured it already (the profiler's overhead then lands in that call, its warm-up, not in a timed one)."""
+    mem = built.first_memory
+    if mem is not None:
+        built.notes.append("peak memory from the first call (a long call is not repeated for it)")
+    else:
+        mem = peak_memory(built.workload.step, built.workload.device)
     row.update(peak_bytes=mem.peak_bytes, peak_reserved_bytes=mem.peak_reserved_bytes, memory_method=mem.method)
 
 
@@ -284,10 +298,13 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
                                              num_kv_heads=cell.num_kv_heads, window=cell.window,
                                              element_bytes=workload.x.element_size()),
                                 row["median_s"], peak_gbytes_per_s(str(workload.device))))
-    if settings.flop_check and not built.compiled:
+    long = long_call.is_long(row.get("median_s"))
+    if settings.flop_check and not built.compiled and not long:
         # Under FlopCounterMode a compiled module recompiles (the mode fails its guards): counting
         # would cost a compile and measure the counter's trace, so compiled cells keep the model only.
         row["flops_counted"] = counted_flops(workload.step)
+    elif settings.flop_check and long:
+        built.notes.append("FLOPs not counted: a long call (the count would repeat it); the analytic model stands")
     row["gflops_per_s"] = flops / row["median_s"] / 1e9
     peak = peak_gflops_per_s or peak_gflops(str(workload.device), cell.dtype)
     notes = [*built.notes, *workload.notes]
@@ -335,8 +352,11 @@ def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: flo
                          warmup_calls=settings.warmup_calls, warmup_s=settings.warmup_s,
                          target_rel_ci=settings.target_rel_ci, min_samples=settings.min_samples,
                          max_samples=settings.max_samples, budget_s=settings.budget_s,
-                         l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference")
+                         l2_flush=cell.cache == "cold", cuda_graph=settings.cuda_graph and cell.mode == "inference",
+                         warmed_s=None if built.compiled else built.first_call_s)  # a long first call warmed it up
     record_contention(built, row, load.result)
+    if timing.stopped_by == "long_call":
+        built.notes.append(long_call.note(timing.warm_call_s, timing.samples_s))
     graphs_after_timing = compiled_graphs() if built.compiled else None
     recompiled = (graphs_after_timing - built.graphs_after_first
                   if graphs_after_timing is not None and built.graphs_after_first is not None else None)
@@ -351,6 +371,10 @@ def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: flo
     row["phase_work_s"] = time.perf_counter() - t1
     if settings.work_pass:  # issue 38: the error against the float64 reference, untimed (attnbench.measure.accuracy)
         accuracy.record(built, settings, row, passthrough=(CellTimeout,))
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, int | float) and math.isfinite(x)
 
 
 def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> dict:
@@ -450,9 +474,13 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
                        f"({'+'.join(map(str, theirs))})")
             else:
                 seed = zlib.crc32(str(row.get("cell_id")).encode())
-                s, lo, hi = paired_speedup(split_groups(paired_base(row, base), mine),
-                                           split_groups(_as_list(row["cycle_s"]), mine), seed=seed)
-                if s == s:
+                pairs = paired_base(row, base), _as_list(row["cycle_s"])
+                s, lo, hi = paired_speedup(split_groups(pairs[0], mine), split_groups(pairs[1], mine), seed=seed)
+                if s == s and sum(1 for b, m in zip(*pairs, strict=True) if _finite(b) and _finite(m)) < 2:
+                    row.update(speedup=s, speedup_ci_low=math.nan, speedup_ci_high=math.nan)
+                    why = ("speed-up from one paired cycle (a long call leaves after one): no interval; --rounds 2 "
+                           "gives one")
+                elif s == s:
                     row.update(speedup=s, speedup_ci_low=lo, speedup_ci_high=hi)
                 else:
                     why = f"no speed-up: no burst cycle in which both it and the baseline {name} ran"

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.measure import accuracy, contention
-from attnbench.measure.interleave import LONG_CALL_AGREE, LONG_CALL_S, InterleavedTiming, InterleaveSettings, time_interleaved
+from attnbench.measure import accuracy, contention, long_call
+from attnbench.measure.interleave import InterleavedTiming, InterleaveSettings, time_interleaved
 from attnbench.measure.timing import cuda_graph_replay
 from attnbench.resolve import Skip
 from attnbench.results.schema import Cell, display_name
@@ -98,7 +98,7 @@ def _run_group(cells: list[Cell], settings: Settings, run_id: str, baseline: str
         timed_s = _time_members(cells, settings, rows, built, ids, baseline, notify, seed)
         for i in list(built) if settings.work_pass else []:  # memory, one member at a time: never interleaved
             t0 = time.perf_counter()
-            notify(ids[i])
+            notify(ids[i])  # (a predicted long call's first call measured it: recorded without another call)
             if not _step(rows[i], settings, lambda i=i: record_memory(built[i], rows[i]))[0]:
                 del built[i]
             own_s[i] += time.perf_counter() - t0
@@ -144,10 +144,10 @@ def _step(row: dict, settings: Settings, step: Callable[[], object]) -> tuple[bo
 
 
 def _long_first_calls(built: dict[int, Built], ids: list[str], fns: dict) -> dict[str, float]:
-    """Members whose first call (made when the cell was built) was a long call (:data:`LONG_CALL_S`) and compiled
-    nothing: that call was their warm-up. A ``compiled:`` member's first call is its compile, never a warm-up."""
+    """Members whose first call (made when the cell was built) was a long call (:mod:`~attnbench.measure.long_call`)
+    and compiled nothing: that call was their warm-up. A ``compiled:`` member's first call is its compile, never a warm-up."""
     return {ids[i]: b.first_call_s for i, b in built.items()
-            if ids[i] in fns and not b.compiled and b.first_call_s >= LONG_CALL_S}
+            if ids[i] in fns and not b.compiled and long_call.is_long(b.first_call_s)}
 
 
 def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built: dict[int, Built], ids: list[str],
@@ -225,8 +225,8 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
                       warmup_calls=timing.warmup_calls[cid], timer="cuda_graph" if graph else timing.timer,
                       stopped_by=timing.member_stopped_by[cid], recompiled=recompiled)
         if timing.member_stopped_by[cid] == "long_call":
-            b.notes.append(f"a long call ({timing.samples_s[cid][-1]:.1f} s >= {LONG_CALL_S:.0f} s): warmed up once "
-                           f"and timed until two calls agreed within {LONG_CALL_AGREE:.0%} (no more repetition)")
+            warm_s = b.first_call_s if not b.compiled else (timing.warmup_s_spent or {}).get(cid, math.nan)
+            b.notes.append(long_call.note(warm_s, timing.samples_s[cid]))
         record_contention(b, rows[i], load.result)
         if others:
             dropped = [display_name(cells[j].impl) for j in range(len(cells)) if ids[j] in timing.failures]
@@ -298,7 +298,8 @@ def plan_unit(cells: list[Cell], settings: Settings, peak_gflops_per_s: float | 
             plans[cell.cell_id] = budget.Plan(cell.cell_id, math.nan, math.nan, math.nan, math.nan, floor,
                                               f"no prediction ({type(exc).__name__}: {exc})")
     timeout = budget.unit_timeout(list(plans.values()))
-    return plans, dataclasses.replace(settings, cell_timeout_s=timeout)
+    long = tuple(c for c, p in plans.items() if settings.work_pass and long_call.is_long(p.call_s))
+    return plans, dataclasses.replace(settings, cell_timeout_s=timeout, first_call_memory=long)
 
 
 def _skipped_row(cell: Cell, run_id: str, reason: str) -> dict:

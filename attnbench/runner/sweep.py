@@ -57,6 +57,9 @@ class Settings:
     work_pass: bool = True  # measure peak memory and count FLOPs (the first round does; later ones reuse it: for_round)
     accuracy: str = "on"  # issue 38: on | off, each ok row's error against the float64 reference (measure.accuracy)
     setup: str = "per-call"  # issue 37: per-call | once, whether the timed call includes prepare() (runner.setup)
+    # cells whose first call also measures peak memory: predicted long calls (attnbench.measure.long_call), set by
+    # runner.group.plan_unit; their memory pass would repeat a call of seconds to minutes
+    first_call_memory: tuple[str, ...] = ()
 
 
 def for_round(settings: Settings, round_index: int) -> Settings:
