@@ -374,14 +374,15 @@ def test_a_forward_level_causal_flag_is_the_spec_s_causality_when_no_mask_is_pas
     assert arguments(plan, replace(SPEC, causal=False), x, 0, None, False) == {"is_causal": False}
     step = arguments(plan, SPEC, x, 3, None, True)  # after 3 cached tokens: SDPA's flag would align top-left
     assert step["is_causal"] is False and step["attn_mask"].shape[-2:] == (4, 7)
-    df = run_matrix([R + "forward_forms.py:FlagAttention"], kinds=["forward", "backward"])
-    assert (df.status == "pass").sum() >= 10 and not df.status.isin(["fail", "error"]).any(), \
-        df[df.status.isin(["fail", "error"])][["shape", "message"]].to_string()
+    df = run_matrix([R + "forward_forms.py:FlagAttention", R + "forward_forms.py:FlagDefaultTrue"],
+                    kinds=["forward", "backward"])
+    assert (df.status == "pass").sum() >= 20 and not df.status.isin(["fail", "error"]).any(), \
+        df[df.status.isin(["fail", "error"])][["impl", "shape", "message"]].to_string()
 
 
 def test_a_causal_flag_the_class_ignores_is_dropped_and_the_mask_passed(repo_cwd):
     plan = registry.get(R + "forward_forms.py:IgnoresFlag").factory.context
-    assert plan.causal_arg is None and plan.mask == "mask" and plan.mask_form.kind == "hidden"
+    assert plan.mask_required and plan.mask == "mask" and plan.mask_form.kind == "hidden"
     df = run_matrix([R + "forward_forms.py:IgnoresFlag"], kinds=["forward"])
     assert (df.status == "pass").sum() >= 5 and not df.status.isin(["fail", "error"]).any()
 

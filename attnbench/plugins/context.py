@@ -113,7 +113,8 @@ class ContextPlan:
     table_form: str = "complex"  # freqs_cis: "complex" (Meta), "real" (..., head_dim // 2, 2) (gpt-fast) or "matrix"
     # (..., head_dim // 2, 2, 2) rotation matrices [[cos, -sin], [sin, cos]]; a probe decides
     causal_arg: str | None = None  # a forward-level causal flag (CAUSAL_ARGS)
-    mask_required: bool = False  # the mask parameter has no default: it is passed even beside a causal flag
+    mask_required: bool = False  # the mask is always passed, even beside a causal flag (then False): it has no default,
+    # or the class does not honour its flag (a probe)
     cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
 
     @property
@@ -410,18 +411,19 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
 
 def _masking(plan: ContextPlan) -> ContextPlan:
     """``plan`` as it calls a class that has both a mask and a causal flag when the mask says it all (a window): the
-    flag left at the class's default, the mask passed, so that the probe decides the mask's form."""
-    return replace(plan, causal_arg=None, mask_required=True) if plan.causal_arg and plan.mask else plan
+    mask passed and the flag False (not the class's default, which may be True: SDPA refuses both), so that the probe
+    decides the mask's form."""
+    return replace(plan, mask_required=True) if plan.causal_arg and plan.mask else plan
 
 
 def _with_flag(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
-    """``plan`` keeping its causal flag when the flag alone (no mask) makes the class causal, else without it (the
-    mask is then always passed: a flag the class does not honour is left at its default)."""
+    """``plan`` as it is when the flag alone (no mask) makes the class causal; else one that always passes the mask
+    (with the flag False): a class that does not honour its flag."""
     if not (plan.causal_arg and plan.mask) or plan.mask_required:
         return plan
     if _moves(build, plan, probe, plan.mask_form, plan.full_tables) is True:
         return plan
-    return replace(plan, causal_arg=None)
+    return replace(plan, mask_required=True)
 
 
 def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:

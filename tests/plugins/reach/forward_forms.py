@@ -2,6 +2,7 @@
 
 * ``FlagAttention``: ``forward(x, attn_mask=None, is_causal=False)`` handing both to SDPA, which refuses the two
   together (timm-, x-transformers- and many training repositories' style);
+* ``FlagDefaultTrue``: the same with the flag on by default (a mask beside it must come with ``is_causal=False``);
 * ``IgnoresFlag``: takes ``is_causal`` but masks only through its mask (the flag is dead code): the mask must be passed;
 * ``MatrixRope``: ``forward(x, freq_cis)`` with each frequency's rotation as a ``(T, head_dim/2, 2, 2)`` matrix
   ``[[cos, -sin], [sin, cos]]`` applied to interleaved pairs (``freq_cis``: the spelling some ports use).
@@ -32,6 +33,12 @@ class _Heads(nn.Module):
 
 class FlagAttention(_Heads):
     def forward(self, x, attn_mask=None, is_causal=False):
+        q, k, v = self.qkv(x)
+        return self.out(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal))
+
+
+class FlagDefaultTrue(_Heads):
+    def forward(self, x, attn_mask=None, is_causal=True):
         q, k, v = self.qkv(x)
         return self.out(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal))
 
