@@ -52,6 +52,15 @@ class AttentionClock:
     def _leave_bw(self, module, grad_in, grad_out):
         self._tock(-id(module))
 
+    def call(self, step: Callable[[], object]) -> tuple[object, float]:
+        """One call of ``step`` with the clock on: its output and the share of its wall time spent in the modules."""
+        self.seconds = 0.0
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        out = step()
+        synchronize(self.device)
+        return out, self.seconds / (time.perf_counter() - t0)
+
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
@@ -66,12 +75,7 @@ def attention_share(step: Callable[[], object], modules: list[nn.Module], device
     t_end = time.perf_counter() + budget_s
     try:
         while len(shares) < steps and (len(shares) < 3 or time.perf_counter() < t_end):
-            clock.seconds = 0.0
-            synchronize(device)
-            t0 = time.perf_counter()
-            step()
-            synchronize(device)
-            shares.append(clock.seconds / (time.perf_counter() - t0))
+            shares.append(clock.call(step)[1])
     finally:
         clock.remove()
     low, mid, high = np.percentile(shares, [10, 50, 90])
@@ -84,10 +88,6 @@ def observed_call(step: Callable[[], object], modules: list[nn.Module], device: 
     a 90-second generation averages over its 200 steps and every layer; the share pass would repeat it 3 times)."""
     clock = AttentionClock(modules, device, backward=False)
     try:
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = step()
-        synchronize(device)
-        return out, clock.seconds / max(time.perf_counter() - t0, 1e-12)
+        return clock.call(step)
     finally:
         clock.remove()

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.plugins.module_cache import AppendingCache
+
 
 @dataclass(frozen=True)
 class CacheObject:
@@ -92,19 +94,14 @@ class LayerCache:
     attnbench_state = True  # plugins.cache_state snapshots and restores it
 
     def __init__(self) -> None:
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
+        self.layers: dict[int, AppendingCache] = {}  # each layer's keys and values, appended as a module cache's
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int = 0, *args, **kwargs):
         """``cache_kwargs`` (positionally or as ``kwargs=``, as transformers 5 passes them) are not needed here."""
-        if layer_idx in self.keys:
-            key_states = torch.cat([self.keys[layer_idx], key_states], dim=-2)
-            value_states = torch.cat([self.values[layer_idx], value_states], dim=-2)
-        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
-        return key_states, value_states
+        return self.layers.setdefault(layer_idx, AppendingCache()).update(None, key_states, value_states)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return int(self.keys[layer_idx].shape[-2]) if layer_idx in self.keys else 0
+        return int(self.layers[layer_idx].k.shape[-2]) if layer_idx in self.layers else 0
 
 
 LAYER = CacheObject(make=lambda spec, batch, device, dtype: LayerCache(),

@@ -373,10 +373,6 @@ def _measure(built: Built, settings: Settings, row: dict, peak_gflops_per_s: flo
         accuracy.record(built, settings, row, passthrough=(CellTimeout,))
 
 
-def _finite(x) -> bool:
-    return x is not None and isinstance(x, int | float) and math.isfinite(x)
-
-
 def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> dict:
     """One row from the rows of the same ok cell measured in several rounds (and processes): raw samples
     pooled, in groups (``sample_groups``) over which the CI is hierarchical; peak memory is the largest
@@ -476,7 +472,7 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
                 seed = zlib.crc32(str(row.get("cell_id")).encode())
                 pairs = paired_base(row, base), _as_list(row["cycle_s"])
                 s, lo, hi = paired_speedup(split_groups(pairs[0], mine), split_groups(pairs[1], mine), seed=seed)
-                if s == s and sum(1 for b, m in zip(*pairs, strict=True) if _finite(b) and _finite(m)) < 2:
+                if s == s and sum(1 for b, m in zip(*pairs, strict=True) if math.isfinite(b) and math.isfinite(m)) < 2:
                     row.update(speedup=s, speedup_ci_low=math.nan, speedup_ci_high=math.nan)
                     why = ("speed-up from one paired cycle (a long call leaves after one): no interval; --rounds 2 "
                            "gives one")
