@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import InputShapeError, InvalidSpecError, PluginLoadError, UnavailableError, UnknownImplementationError
+from attnbench.plugins import signatures
 from attnbench.plugins.binding import ALIASES, RESIDUAL_DROPOUT
 from attnbench.plugins.catalog import Implementation, register_prefix
 from attnbench.spec import AttnSpec
@@ -149,7 +150,7 @@ def _classes(module_path: str, cls_name: str) -> tuple[type, type]:
     def is_config(obj) -> bool:
         return isinstance(obj, type) and issubclass(obj, PretrainedConfig) and obj is not PretrainedConfig
 
-    hint = inspect.signature(layer_cls.__init__).parameters.get("config")
+    hint = signatures.signature(layer_cls.__init__).parameters.get("config")
     annotation = getattr(hint, "annotation", None)
     if isinstance(annotation, str):
         annotation = getattr(module, annotation, None)
@@ -166,7 +167,7 @@ def _classes(module_path: str, cls_name: str) -> tuple[type, type]:
 
 def _config_fields(config_cls: type) -> set[str]:
     """Fields the config class's constructor takes by name (and the names its ``attribute_map`` forwards)."""
-    params = set(inspect.signature(config_cls).parameters)
+    params = set(signatures.signature(config_cls).parameters)
     return params | set(getattr(config_cls, "attribute_map", {}) or {})
 
 
@@ -175,7 +176,7 @@ def _first(fields: set[str], candidates) -> str | None:
 
 
 def _forward_params(layer_cls: type) -> set[str]:
-    return set(inspect.signature(layer_cls.forward).parameters)
+    return set(signatures.signature(layer_cls.forward).parameters)
 
 
 def capabilities(layer_cls: type, config_cls: type, backend: str) -> dict:
@@ -205,7 +206,7 @@ def rotary_class(layer_cls: type) -> type | None:
     ``(x, position_ids)``), from the layer's module; None when it has none."""
     module = inspect.getmodule(layer_cls)
     found = [v for n, v in vars(module).items() if n.endswith("RotaryEmbedding") and isinstance(v, type)
-             and issubclass(v, nn.Module) and "config" in inspect.signature(v.__init__).parameters]
+             and issubclass(v, nn.Module) and "config" in signatures.signature(v.__init__).parameters]
     return found[0] if len(found) == 1 else None
 
 
@@ -402,7 +403,7 @@ class HFAttention(nn.Module):
 
 @functools.lru_cache(maxsize=256)
 def _params_cached(fn) -> frozenset[str]:
-    return frozenset(inspect.signature(fn).parameters)
+    return frozenset(signatures.signature(fn).parameters)
 
 
 def _params_of(fn) -> frozenset[str]:
@@ -411,7 +412,7 @@ def _params_of(fn) -> frozenset[str]:
 
 def _construct(layer_cls: type, config, spec: AttnSpec) -> nn.Module:
     """``layer_cls(config, layer_idx=0)``, with ``is_causal`` where the class takes it (BERT)."""
-    params = inspect.signature(layer_cls.__init__).parameters
+    params = signatures.signature(layer_cls.__init__).parameters
     kwargs = {}
     if "layer_idx" in params:
         kwargs["layer_idx"] = 0

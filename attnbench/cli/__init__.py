@@ -10,12 +10,17 @@ while this process does.
 """
 
 import sys
+import time
 
-from attnbench.runner.executors import ahead
+STARTED = time.perf_counter()
+"""When the command began (the first thing its entry point imports): its start-up is counted from here, not from the
+process's creation, which a shell line (``pip install ... && attnbench run``) made before its earlier commands ran."""
+
+from attnbench.runner.executors import ahead  # noqa: E402
 
 ahead.start_for(sys.argv)
 
-from attnbench.cli import asv, check, ci, listing, profile, report, run  # noqa: E402, F401  (each registers its command)
+from attnbench.cli import adapt, asv, check, ci, listing, profile, report, run  # noqa: E402, F401  (each registers its command)
 from attnbench.cli.app import _split, cli, console, err_console, main  # noqa: E402
 
 __all__ = ["_split", "cli", "console", "err_console", "main"]

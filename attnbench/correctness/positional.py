@@ -18,13 +18,12 @@ rotated at their positions, cached keys rotated once).
 
 from __future__ import annotations
 
-import inspect
-
 import pandas as pd
 import torch
 
 from attnbench.correctness.cases import Case, CaseResult, Shape, build, inputs, rel_error, row, seed_for, tolerance
 from attnbench.devices import DTYPES
+from attnbench.plugins import signatures
 from attnbench.spec import AttnSpec, RopeScaling
 from attnbench.weights import random_weights
 
@@ -66,7 +65,7 @@ def cases() -> list[Case]:
 
 def start_argument(module: torch.nn.Module) -> str | None:
     """The name of ``module.forward``'s start-position parameter (:data:`START_NAMES`), or ``None``."""
-    params = inspect.signature(getattr(module, "_orig_mod", module).forward).parameters
+    params = signatures.signature(getattr(module, "_orig_mod", module).forward).parameters
     return next((n for n in START_NAMES if n in params), None)
 
 

@@ -12,11 +12,13 @@ import enum
 import inspect
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
+import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins import signatures
 from attnbench.plugins.mla import latent_dim
 from attnbench.spec import AttnSpec
 
@@ -76,7 +78,7 @@ CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "model_arg
 _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
                     "min_torch", "gqa", "sliding_window", "non_causal", "kv_cache",
-                    "rope", "qk_norm", "score_scale", "softcap", "masks", "varlen")
+                    "rope", "qk_norm", "score_scale", "softcap", "masks", "varlen", "qkv_bias")
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
 """Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""
@@ -153,6 +155,9 @@ class Binding:
     config_factory: Callable | None = None  # spec -> the class's own config object (plugins.configs); else SpecConfig
     config_note: str = ""  # how that config is filled, for check -v
     modules: tuple[tuple[str, str], ...] = ()  # (parameter, PROJECTIONS role): an nn.Linear built from the spec
+    notes: tuple[str, ...] = ()  # how roles no name gave were decided (plugins.roles), for check -v
+    causal_flags: tuple[tuple[str, bool], ...] = ()  # (parameter, its value for causal attention), found by a probe
+    cast: str = ""  # the dtype the class builds its weights in when not the default's: cast as a whole (plugins.stages)
 
     def make_config(self, spec: AttnSpec):
         """The config object the constructor receives for ``spec``."""
@@ -173,12 +178,19 @@ class Binding:
         return self.style == "keywords" and len({"d_in", "d_out"} & self.fields) == 1
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
+        module = self._build(spec)
+        if self.cast and isinstance(module, nn.Module):  # built in bfloat16 (a class attribute, .half()): as a whole
+            module = module.to(torch.get_default_dtype())
+        return module
+
+    def _build(self, spec: AttnSpec) -> nn.Module:
         values = spec_values(spec)
+        flags = {p: v if spec.causal else not v for p, v in self.causal_flags}
         if self.style == "spec":
             return self.target(spec)
         if self.style == "config":
             return self.target(**{self.config_param: self.make_config(spec)}, **dict(self.extras),
-                               **projections(self.modules, values))
+                               **projections(self.modules, values), **flags)
         if self.style == "positional":
             args = [values[f] for f in _BOOK_ORDER]
             return self.target(*args[:-1], qkv_bias=args[-1]) if self._takes_qkv_keyword() else self.target(*args)
@@ -186,7 +198,7 @@ class Binding:
         kwargs = {}
         for param, field in self.params:
             kwargs[param] = 0.0 if field == "residual_dropout" else width if field == "d_in" else values[field]
-        return self.target(**kwargs, **dict(self.extras), **projections(self.modules, values))
+        return self.target(**kwargs, **dict(self.extras), **projections(self.modules, values), **flags)
 
     def _takes_qkv_keyword(self) -> bool:
         params = _signature(self.target).parameters.values()
@@ -208,12 +220,14 @@ class Binding:
             return f"{name}({self.config_param}={config}{extras})"
         if self.style == "positional":
             return f"{name}({', '.join(_BOOK_ORDER)}) by position"
-        return f"{name}({', '.join(f'{p}={f}' for p, f in self.params)}{extras})"
+        notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        extras += "".join(f", {p}=<{v} when causal, {not v} when not>" for p, v in self.causal_flags)
+        return f"{name}({', '.join(f'{p}={f}' for p, f in self.params)}{extras}){notes}"
 
 
 def _signature(target) -> inspect.Signature:
     try:
-        return inspect.signature(target)
+        return signatures.signature(target)
     except (TypeError, ValueError) as exc:
         raise PluginLoadError(f"cannot read the signature of {target!r} ({exc}); point --impl at a factory "
                               f"make_attention(spec) instead ({GUIDE})") from exc
@@ -233,6 +247,8 @@ def bind(target: Callable) -> Binding:
     known += [(p.name, "residual_dropout") for p in named if p.name in RESIDUAL_DROPOUT]
     if not inspect.isclass(target) and len(named) >= 1 and (named[0].name == "spec" or (len(required) <= 1 and not known)):
         return Binding(target, "spec")
+    if inspect.isclass(target) and [p.name for p in required] == ["spec"]:  # the adapter protocol (plugins.adapt)
+        return Binding(target, "spec")
     if len(required) == 1 and not known and (required[0].name in CONFIG_NAMES or required[0].name.endswith(("config", "cfg"))):
         return Binding(target, "config", config_param=required[0].name, extras=extras, modules=modules)
     if not known or (required and not any(p.name in dict(known) for p in required)):
@@ -240,16 +256,65 @@ def bind(target: Callable) -> Binding:
             raise PluginLoadError(f"{getattr(target, '__qualname__', target)} takes projection modules "
                                   f"({', '.join(dict(modules))}) but no parameter says its width and heads; give it a "
                                   f"config or named widths, or point --impl at a factory make_attention(spec) ({GUIDE})")
-        return Binding(target, "positional")  # no required parameter's name says what it is
-    unknown = [p.name for p in required if p.name not in dict(known)]
+        positional = Binding(target, "positional")  # the book's order: kept when the class builds with it
+        if not required or _builds(positional):
+            return positional
+        solved = _by_roles(target, required, known, extras, modules)
+        return solved or positional  # nothing fits: its construction failure is the first cause (inference.py)
+    unknown = [p for p in required if p.name not in dict(known)]
     if unknown:
-        shown = ", ".join(p.name for p in named)
-        raise PluginLoadError(
-            f"cannot call {getattr(target, '__qualname__', target)}({shown}): attnbench does not know what to pass "
-            f"for {', '.join(map(repr, unknown))} (it binds parameters by name: {_alias_summary()}); give "
-            f"{'them defaults' if len(unknown) > 1 else 'it a default'}, rename, or point --impl at a factory "
-            f"make_attention(spec) ({GUIDE})")
+        from attnbench.plugins.roles import solvable
+
+        solved = _by_roles(target, unknown, known, extras, modules) if all(map(solvable, unknown)) else None
+        if solved is not None:
+            return solved
+        _refuse_unknown(target, named, unknown)
     return Binding(target, "keywords", params=tuple(known), extras=extras, modules=modules)
+
+
+def _refuse_unknown(target, named, unknown) -> None:
+    """One refusal naming the constructor parameters no role fits: those a probe cannot decide (a ``str``, a tuple, a
+    module) when there are any, since nothing can be built without them; else every unknown one."""
+    from attnbench.plugins.roles import solvable
+
+    blocking = [p for p in unknown if not solvable(p)] or unknown
+    shown = ", ".join(p.name for p in named)
+    what = ", ".join(repr(p.name) + ("" if p.annotation is p.empty else f" ({getattr(p.annotation, '__name__', p.annotation)})")
+                     for p in blocking)
+    why = "a probe cannot choose a value of its type" if blocking is not unknown else \
+        "no name attnbench knows, and no assignment of width, heads, kv heads, head dim, context length, dropout or " \
+        "bias built a class of multi-head attention's size"
+    raise PluginLoadError(
+        f"cannot call {getattr(target, '__qualname__', target)}({shown}): attnbench does not know what to pass for "
+        f"{what}: {why}; give {'them defaults' if len(blocking) > 1 else 'it a default'}, or run `attnbench adapt "
+        f"FILE:Class`, which writes an adapter with a TODO for each ({GUIDE})")
+
+
+def _builds(binding: Binding) -> bool:
+    """Does ``binding`` build its class at the probes' sizes (:data:`~attnbench.plugins.roles.PROBES`)?"""
+    from attnbench.plugins.roles import PROBES
+
+    try:
+        for spec in PROBES:
+            binding(replace(spec, num_kv_heads=None))
+    except Exception:
+        return False
+    return True
+
+
+def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
+    """A keywords binding with roles for the ``unknown`` parameters decided by probes (:mod:`attnbench.plugins.roles`),
+    or None when no assignment fits."""
+    from attnbench.plugins.roles import solve
+
+    def build_with(params):
+        return Binding(target, "keywords", params=(*known, *params), extras=extras, modules=modules)
+
+    solved, _ = solve(build_with, target, list(unknown), {f for _, f in known})
+    if solved is None:
+        return None
+    return Binding(target, "keywords", params=(*known, *solved.params), extras=extras, modules=modules,
+                   notes=(solved.note,))
 
 
 PROJECTION_WORDS = {"q": "d_in, d_out, bias=qkv_bias", "kv": "d_in, num_kv_heads * head_dim, bias=qkv_bias",
@@ -291,11 +356,6 @@ def choice_extras(target, params: list[inspect.Parameter]) -> tuple[tuple[str, o
         if members:
             out.append((p.name, (plain or members)[0]))
     return tuple(out)
-
-
-def _alias_summary() -> str:
-    return "; ".join(f"{field}: {'/'.join(names[:4])}" for field, names in ALIASES.items()
-                     if field not in ("num_kv_heads", "window", "causal"))
 
 
 def capabilities(obj) -> dict:

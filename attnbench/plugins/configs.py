@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import sys
 
+from attnbench.plugins import signatures
 from attnbench.plugins.binding import ALIASES, Binding, hf_rope_scaling, spec_values
 from attnbench.spec import AttnSpec
 
@@ -30,7 +31,7 @@ _CONFIG_SUFFIXES = ("Config", "Args", "Params", "Hparams", "Configuration")
 def own_config_type(target, param: str) -> type | None:
     """The config type ``target``'s ``param`` takes: its annotation, or the one config dataclass of its module."""
     try:
-        annotation = inspect.signature(target).parameters[param].annotation
+        annotation = signatures.signature(target).parameters[param].annotation
     except (TypeError, ValueError, KeyError):
         return None
     module = sys.modules.get(getattr(target, "__module__", ""), None)

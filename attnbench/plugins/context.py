@@ -28,6 +28,7 @@ and what is supplied, raised when the plug-in loads (never one failure per case)
 from __future__ import annotations
 
 import inspect
+import typing
 import warnings
 from dataclasses import dataclass, replace
 
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins import signatures
 from attnbench.plugins.cache_objects import cache_object_for
 from attnbench.plugins.module_cache import AppendingCache, build_own_cache, describe_attr_cache
 from attnbench.spec import AttnSpec
@@ -78,15 +80,16 @@ class MaskForm:
     def make(self, hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         m = hidden if self.kind == "hidden" else ~hidden if self.kind == "keep" else \
             torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(hidden, float("-inf"))
-        return m[None, None] if self.dims == 4 else m
+        return m[None, None] if self.dims == 4 else m[None] if self.dims == 3 else m
 
     def describe(self) -> str:
         words = {"hidden": "bool, True = hidden (the book's)", "keep": "bool, True = attend",
                  "additive": "additive float, -inf = hidden"}[self.kind]
-        return f"{words}, {'(T_new, T_total)' if self.dims == 2 else '(1, 1, T_new, T_total)'}"
+        return f"{words}, {SHAPES[self.dims]}"
 
 
-MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4) for k in ("hidden", "keep", "additive"))
+SHAPES = {2: "(T_new, T_total)", 3: "(1, T_new, T_total), broadcast over the batch", 4: "(1, 1, T_new, T_total)"}
+MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3) for k in ("hidden", "keep", "additive"))
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,8 @@ class ContextPlan:
         if self.span_arg:
             lines.append(f"bound {self.span_arg}: the end of the cache's filled part while decoding, None otherwise")
         if self.nones:
-            lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in; none here)")
+            lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in, or a required one typed "
+                         "Optional; none here)")
         if self.window_arg:
             lines.append(f"bound {self.window_arg}: the spec's window as (left, right): (window - 1, 0), (-1, 0) for none")
         if self.causal_arg:
@@ -178,7 +182,7 @@ def plan_for(target) -> ContextPlan | None:
     if forward is None:
         return None
     try:
-        params = list(inspect.signature(forward).parameters.values())[1:]  # self
+        params = list(signatures.signature(forward).parameters.values())[1:]  # self
     except (TypeError, ValueError):
         return None
     named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -188,7 +192,8 @@ def plan_for(target) -> ContextPlan | None:
     names = [p.name for p in rest]
     known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"} | \
         set(NONE_NAMES) | set(WINDOW_ARGS) | set(CAUSAL_ARGS) | set(SPAN_ARGS)
-    unknown = [p.name for p in rest if p.default is p.empty and p.name not in known]
+    optional = tuple(p.name for p in rest if p.default is p.empty and p.name not in known and admits_none(p))
+    unknown = [p.name for p in rest if p.default is p.empty and p.name not in known and p.name not in optional]
     name = getattr(target, "__qualname__", repr(target))
     if unknown:
         raise PluginLoadError(f"{name}.forward needs {', '.join(map(repr, unknown))}, which attnbench cannot supply "
@@ -208,12 +213,24 @@ def plan_for(target) -> ContextPlan | None:
     if not (required or tables or position or cache or causal_arg or any(n in WINDOW_ARGS for n in names)):
         return None  # e.g. forward(x, attention_mask=None): it masks by itself
     mask = next((n for n in names if n in MASK_NAMES), None)
-    optional = any(p.name == position and p.default is None for p in rest)
+    optional_position = any(p.name == position and p.default is None for p in rest)
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
-                       position_optional=optional, nones=tuple(n for n in names if n in NONE_NAMES),
+                       position_optional=optional_position,
+                       nones=tuple(n for n in names if n in NONE_NAMES or n in optional),
                        window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
                        span_arg=next((n for n in names if n in SPAN_ARGS), None),
                        mask_required=mask in required)
+
+
+def admits_none(p: inspect.Parameter) -> bool:
+    """Is ``p`` annotated ``Optional[...]`` / ``X | None`` (a required argument its class accepts as None: a
+    ``masks: Optional[Tensor]`` that its SDPA path expects to be None)? The causal probe still decides."""
+    ann = p.annotation
+    if ann is p.empty:
+        return False
+    if isinstance(ann, str):
+        return "Optional" in ann or "None" in ann.replace(" ", "").split("|")
+    return type(None) in typing.get_args(ann)
 
 
 def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:

@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins import signatures, stages
 from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, bind, capabilities
 from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
@@ -46,7 +47,7 @@ def _forward_params(target) -> set[str]:
     if forward is None:
         return set()
     try:
-        return set(inspect.signature(forward).parameters)
+        return set(signatures.signature(forward).parameters)
     except (TypeError, ValueError):
         return set()
 
@@ -80,8 +81,9 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     if read is not None:
         lines.append(f"config fields read (what it reads is what it supports): {', '.join(read) or 'none'}")
         names, where = set(read), "reads config field"
-    elif binding.style == "keywords":
-        names, where = {p for p, _ in binding.params}, "constructor takes"
+    elif binding.style == "keywords":  # a role a probe gave (plugins.roles) counts as its field's first name
+        names, where = {p for p, _ in binding.params} | {ALIASES[f][0] for _, f in binding.params if f in ALIASES}, \
+            "constructor takes"
     else:
         names, where = set(), ""
 
@@ -96,7 +98,7 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     elif "window_size" in names and "sliding_window" not in declared:
         lines.append("sliding_window: no (window_size alone can size a cache; declare "
                      "attnbench_capabilities = {'sliding_window': True} if it is a sliding window)")
-    causal_names = [n for n in ALIASES["causal"] if n in names]
+    causal_names = [n for n in ALIASES["causal"] if n in names] + [p for p, _ in binding.causal_flags]
     if causal_names and "non_causal" not in declared:
         caps["non_causal"] = True
         lines.append(f"non_causal: yes ({where} {causal_names[0]})")
@@ -420,21 +422,39 @@ def environment_cause(exc: BaseException) -> str | None:
     return None
 
 
-def refuse_if_cannot_run(binding: Binding) -> None:
-    """Build the class once on a probe; raise one :class:`PluginLoadError` naming the cause when its constructor
-    cannot run here (:func:`environment_cause`), before any probe could report a later, misleading symptom.
-    Any other failure is left to the probes and cases, which show sizes the class refuses."""
-    from attnbench.plugins.layout import SQUARE_PROBE
+def _probe(binding: Binding) -> AttnSpec:
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
 
-    name = getattr(binding.target, "__qualname__", repr(binding.target))
+    return SQUARE_PROBE if binding.same_width_only else PROBE
+
+
+def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
+    """The context plan, after the class is known to be causal: with its default flags, else with a constructor flag
+    that a probe finds makes it so (:func:`~attnbench.plugins.stages.causal_by_flag`). A class no flag makes causal
+    keeps its plan's refusal, or (a ``forward(x)``) is left to the causal cases."""
     try:
-        binding(replace(SQUARE_PROBE, rope_theta=10000.0))
-    except Exception as exc:
-        cause = environment_cause(exc)
-        if cause is not None:
-            raise PluginLoadError(f"{name} cannot be built on this machine: {cause}; run it where that is "
-                                  "available, or point --impl at a factory that builds it for one process on this "
-                                  "device") from None
+        plan = plan_with_probe(obj, binding)
+    except PluginLoadError as exc:
+        if "not causal" not in str(exc):
+            raise
+        flagged = stages.causal_by_flag(binding, lambda b: plan_with_probe(obj, b) is not None)
+        if flagged is None:
+            raise
+        return flagged, plan_with_probe(obj, flagged)
+    return (binding if plan is not None else _forward_x_causal_stage(binding)), plan
+
+
+def _forward_x_causal_stage(binding: Binding) -> Binding:
+    """A ``forward(x)`` class that is not causal as built: the constructor flag that makes it causal, if one does."""
+    if not stages.bool_flags(binding):  # nothing to flip: its forward is not run here (a crash would end a driver)
+        return binding
+    probe = replace(_probe(binding), causal=True)
+    try:
+        if stages.forward_is_causal(binding, probe):
+            return binding
+    except Exception:  # the cases will show what it raises
+        return binding
+    return stages.causal_by_flag(binding, lambda b: stages.forward_is_causal(b, probe)) or binding
 
 
 def _takes_mask(target) -> bool:
@@ -453,14 +473,14 @@ def implementation_fields(obj, source: str) -> dict:
     from attnbench.plugins.layout import with_layout
 
     binding = with_own_config(bind(obj), skip=("window",) if _takes_mask(obj) else ())
-    refuse_if_cannot_run(binding)
+    binding = stages.construct(binding, _probe(binding), environment_cause)
     inferred: dict = {}
     if binding.same_width_only:
         inferred["same_width_only"] = True
     if binding.style == "keywords" and "dropout" not in binding.fields:
         inferred["dropout"] = ()  # nothing to pass the rate to: the class has no attention dropout
     declared = capabilities(obj)
-    plan = plan_with_probe(obj, binding)
+    binding, plan = _causal_stage(obj, binding)
     variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
     own = dict(caps.pop("own", {}))
@@ -481,6 +501,7 @@ def implementation_fields(obj, source: str) -> dict:
             own["window_offset"] = 1
             evidence.append("window: counts the current token apart (built with window=3 on a probe, each query kept 4 "
                             "keys: i - j <= window): for a spec window of N keys it is built with window N - 1")
+    has_bias = has_bias and caps.pop("qkv_bias", True) is not False  # declared: no q/k/v bias (an adapter's)
     factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
                           requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
     evidence += apply_measured(factory, caps, declared, obj)

@@ -27,6 +27,8 @@ import re
 
 import torch
 
+from attnbench.plugins import signatures
+
 CACHE_ATTRS = ("kv_cache", "cache", "kv", "layer_cache", "past_key_value")
 """Attribute names a forward reads its installed cache object from (``self.kv_cache.update(...)``)."""
 
@@ -82,7 +84,7 @@ def cache_builder(target) -> str | None:
         if not callable(method):
             continue
         try:
-            params = list(inspect.signature(method).parameters.values())[1:]  # self
+            params = list(signatures.signature(method).parameters.values())[1:]  # self
         except (TypeError, ValueError):
             continue
         names = {p.name for p in params}
@@ -96,7 +98,7 @@ def build_own_cache(module, method: str, batch: int, length: int, device, dtype)
     """``module.<method>(...)`` for ``batch`` sequences of up to ``length`` tokens on ``device`` in ``dtype``, its
     parameters bound by name (those it has; the others keep their defaults)."""
     fn = getattr(module, method)
-    names = set(inspect.signature(fn).parameters)
+    names = set(signatures.signature(fn).parameters)
     kwargs = {n: batch for n in BATCH_NAMES if n in names}
     kwargs.update({n: length for n in LENGTH_NAMES if n in names})
     kwargs.update({k: v for k, v in (("device", device), ("dtype", dtype)) if k in names})

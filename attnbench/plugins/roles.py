@@ -1,0 +1,146 @@
+"""Constructor parameters whose names say nothing attnbench knows, given their role by probes.
+
+``MultiHeadAttention(n_state: int, n_head: int)``, ``Attn(width, nh, max_t)``: the names are the author's, and no
+table of aliases (:data:`~attnbench.plugins.binding.ALIASES`) can hold them all. Each unknown required parameter gets
+candidate *roles* (the spec fields a constructor can take: width, heads, kv heads, head dim, context length, dropout,
+bias), ordered by what its name and annotation hint; then probes decide. An assignment is kept when the class builds
+with it at two probe sizes and its weight matrices hold exactly as many elements as multi-head attention of that size
+has (``d_in·d_out`` for the queries, ``d_in·kv_heads·head_dim`` each for keys and values, ``d_out·d_out`` for the output,
+fused or not); a class whose forward takes only ``x`` must also return ``(B, T, d_out)``. The first assignment that
+passes, in hint order, wins; ``check -v`` prints it with what the probe saw.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import re
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from attnbench.spec import AttnSpec
+
+INT_ROLES = ("d_in", "num_heads", "num_kv_heads", "head_dim", "context_length")
+HINTS: dict[str, tuple[str, ...]] = {
+    "d_in": ("dim", "state", "embd", "embed", "emb", "width", "hidden", "model", "channels", "feat", "size", "d"),
+    "num_heads": ("head", "nh", "heads"),
+    "num_kv_heads": ("kv", "group", "query_groups"),
+    "head_dim": ("head_dim", "head_size", "dk", "dh", "hd"),
+    "context_length": ("ctx", "len", "block", "pos", "seq", "max", "context", "window"),
+    "dropout": ("drop", "pdrop", "p"),
+    "qkv_bias": ("bias",),
+}
+"""Fragments of a parameter's name that make a role its first candidate (probes still decide)."""
+PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4, num_kv_heads=2),
+          AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5))
+"""Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size."""
+MAX_TRIES = 120
+
+
+@dataclass(frozen=True)
+class Solved:
+    """Roles found for a constructor's unknown parameters, and the words ``check -v`` prints about them."""
+
+    params: tuple[tuple[str, str], ...]
+    note: str
+
+
+def _annotation(p: inspect.Parameter):
+    ann = p.annotation
+    return {"int": int, "float": float, "bool": bool}.get(ann, ann) if isinstance(ann, str) else ann
+
+
+def solvable(p: inspect.Parameter) -> bool:
+    """Can a probe give ``p`` a role: unannotated, or annotated ``int``, ``float`` or ``bool`` (a ``str`` layout name, a
+    tuple or a module is for the user to say: ``attnbench adapt``)?"""
+    return _annotation(p) in (inspect.Parameter.empty, int, float, bool)
+
+
+def _score(p: inspect.Parameter, role: str) -> int:
+    words = [w for w in re.split(r"[_\d]+", p.name.lower()) if w] or [p.name.lower()]
+    frags = HINTS[role]
+    return sum(3 if w in frags else 1 if any(f in w for f in frags if len(f) > 2) else 0 for w in words)
+
+
+def _candidates(p: inspect.Parameter, taken: set[str]) -> list[str]:
+    """The roles ``p`` may have, most likely first: by its annotation's type, then by the fragments of its name."""
+    ann = _annotation(p)
+    roles = list(INT_ROLES) if ann is int else ["dropout"] if ann is float else ["qkv_bias"] if ann is bool else \
+        [*INT_ROLES, "dropout", "qkv_bias"] if ann is inspect.Parameter.empty else []
+    return sorted((r for r in roles if r not in taken), key=lambda r: -_score(p, r))
+
+
+def guess(p: inspect.Parameter, taken: set[str]) -> str | None:
+    """The role ``p``'s name hints at (for an adapter, when no probe could run), or None."""
+    best = _candidates(p, taken)[:1]
+    return best[0] if best and _score(p, best[0]) > 0 else None
+
+
+def weight_elements(spec: AttnSpec) -> int:
+    """Elements of multi-head attention's weight matrices at ``spec``: queries, keys and values, output."""
+    kv = (spec.num_kv_heads or spec.num_heads) * spec.head_dim
+    return spec.d_in * spec.d_out + 2 * spec.d_in * kv + spec.d_out * spec.d_out
+
+
+def _fits(module: nn.Module, spec: AttnSpec, forward_only_x: bool) -> bool:
+    matrices = sum(p.numel() for p in module.parameters() if p.dim() >= 2)
+    if matrices != weight_elements(spec):
+        return False
+    if not forward_only_x:
+        return True
+    x = torch.randn(1, 5, spec.d_in)
+    try:
+        with torch.no_grad():
+            out = module.float().eval()(x)
+    except Exception:
+        return False
+    out = out[0] if isinstance(out, tuple) else out
+    return isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 5, spec.d_out)
+
+
+def _forward_only_x(target) -> bool:
+    forward = getattr(target, "forward", None)
+    try:
+        from attnbench.plugins.signatures import signature
+
+        params = [p for p in list(signature(forward).parameters.values())[1:] if p.default is p.empty]
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 1
+
+
+def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str]) -> tuple[Solved | None, list[str]]:
+    """Roles for ``unknown`` (required constructor parameters no name binds): ``build_with(params)(spec)`` builds
+    the class with ``params`` ((parameter, spec field) pairs) added. Returns the first assignment, in hint order,
+    under which the class fits multi-head attention at both :data:`PROBES` (None when none does), and what each
+    failed try raised (the first true cause, when nothing fits)."""
+    options = [_candidates(p, taken) for p in unknown]
+    only_x = _forward_only_x(target)
+    errors: list[str] = []
+    for tries, combo in enumerate(itertools.product(*options)):
+        if tries >= MAX_TRIES:
+            break
+        if len(set(combo)) < len(combo):
+            continue
+        params = tuple(zip((p.name for p in unknown), combo, strict=True))
+        if "num_kv_heads" not in combo and "num_kv_heads" not in taken:
+            probes = tuple(replace(s, num_kv_heads=None) for s in PROBES)
+        else:
+            probes = PROBES
+        try:
+            fits = all(_fits(build_with(params)(s), s, only_x) for s in probes)
+        except Exception as exc:  # this assignment does not build: the next one may
+            errors.append(f"{', '.join(f'{p}={f}' for p, f in params)}: {type(exc).__name__}: {_first(exc)}")
+            continue
+        if fits:
+            return Solved(params, f"{', '.join(p for p, _ in params)}: roles decided by a probe: at two sizes the "
+                                  "class builds and its weight matrices hold what multi-head attention of that size "
+                                  f"holds; {tries} other assignment(s) tried first"), errors
+    return None, errors
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else "")[:160]
