@@ -452,29 +452,40 @@ def _adapter(module: HFAttention) -> Adapter:
             p.requires_grad_(False)
             frozen.append(p)
 
-    if _fused(layer):  # GPT-2: c_attn (d_in, 3 d_out) and c_proj (d_out, d_out), stored (in, out)
-        from transformers.pytorch_utils import Conv1D
+    if _fused(layer):
+        return _fused_adapter(layer, freeze, frozen)
+    return _split_adapter(module, freeze, frozen)
 
-        if not isinstance(getattr(layer, "c_proj", None), Conv1D):
-            raise PluginLoadError(f"{type(layer).__name__} has c_attn but no Conv1D c_proj")
-        freeze(layer.c_attn.bias)
-        qkv_bias = not frozen
 
-        def to_state(w: CanonicalWeights, s: AttnSpec) -> dict[str, torch.Tensor]:
-            state = {"layer.c_attn.weight": torch.cat([w.W_q, w.W_k, w.W_v]).t(), "layer.c_proj.weight": w.W_o.t(),
-                     "layer.c_proj.bias": w.b_o}
-            if qkv_bias:
-                state["layer.c_attn.bias"] = torch.cat([w.b_q, w.b_k, w.b_v])
-            return state
+def _fused_adapter(layer: nn.Module, freeze, frozen: list) -> Adapter:
+    """GPT-2: ``c_attn`` (d_in, 3 d_out) and ``c_proj`` (d_out, d_out), ``Conv1D`` stored (in, out)."""
+    from transformers.pytorch_utils import Conv1D
 
-        def from_state(st, s: AttnSpec) -> CanonicalWeights:
-            W_q, W_k, W_v = st["layer.c_attn.weight"].t().split([s.d_out, s.kv_dim, s.kv_dim])
-            b = st["layer.c_attn.bias"].split([s.d_out, s.kv_dim, s.kv_dim]) if s.qkv_bias else (None,) * 3
-            return CanonicalWeights(W_q=W_q, W_k=W_k, W_v=W_v, b_q=b[0], b_k=b[1], b_v=b[2],
-                                    W_o=st["layer.c_proj.weight"].t(), b_o=st["layer.c_proj.bias"])
+    if not isinstance(getattr(layer, "c_proj", None), Conv1D):
+        raise PluginLoadError(f"{type(layer).__name__} has c_attn but no Conv1D c_proj")
+    freeze(layer.c_attn.bias)
+    qkv_bias = not frozen
 
-        return Adapter(to_state, from_state)
+    def to_state(w: CanonicalWeights, s: AttnSpec) -> dict[str, torch.Tensor]:
+        state = {"layer.c_attn.weight": torch.cat([w.W_q, w.W_k, w.W_v]).t(), "layer.c_proj.weight": w.W_o.t(),
+                 "layer.c_proj.bias": w.b_o}
+        if qkv_bias:
+            state["layer.c_attn.bias"] = torch.cat([w.b_q, w.b_k, w.b_v])
+        return state
 
+    def from_state(st, s: AttnSpec) -> CanonicalWeights:
+        W_q, W_k, W_v = st["layer.c_attn.weight"].t().split([s.d_out, s.kv_dim, s.kv_dim])
+        b = st["layer.c_attn.bias"].split([s.d_out, s.kv_dim, s.kv_dim]) if s.qkv_bias else (None,) * 3
+        return CanonicalWeights(W_q=W_q, W_k=W_k, W_v=W_v, b_q=b[0], b_k=b[1], b_v=b[2],
+                                W_o=st["layer.c_proj.weight"].t(), b_o=st["layer.c_proj.bias"])
+
+    return Adapter(to_state, from_state)
+
+
+def _split_adapter(module: HFAttention, freeze, frozen: list) -> Adapter:
+    """Separate ``q_proj/k_proj/v_proj/o_proj`` style ``nn.Linear`` layers (or ``module.out_proj`` for a layer without
+    an output projection); biases the model lacks are held at zero in the reference."""
+    layer, spec = module.layer, module.spec
     names = [_find(layer, c) for c in (_Q, _K, _V)]
     if None in names:
         children = ", ".join(n for n, _ in layer.named_children()) or "none"
@@ -488,9 +499,7 @@ def _adapter(module: HFAttention) -> Adapter:
         freeze(getattr(layer, n).bias)
     has_qkv_bias = getattr(layer, names[0]).bias is not None and not frozen
     has_o_bias = o_linear.bias is not None
-    held = set()
-    if spec.qkv_bias and not has_qkv_bias:  # Mistral: no biases at all
-        held |= {"b_q", "b_k", "b_v"}
+    held = {"b_q", "b_k", "b_v"} if spec.qkv_bias and not has_qkv_bias else set()  # Mistral: no biases at all
     if not has_o_bias:  # Llama without attention_bias, Mistral, Qwen2
         held.add("b_o")
 
