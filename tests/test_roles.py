@@ -31,6 +31,22 @@ def test_a_real_convention_passes_check_unchanged(repo_cwd, capsys, cls):
     assert re.search(r"PASS \(\d+ passed", out), out
 
 
+@pytest.mark.parametrize("target", ["kwargs_config_padding_mask.py:KwargsConfigAttention",
+                                    "rope_and_length_by_other_names.py:RopeArgAttention",
+                                    "width_named_n_state.py:StateWidthAttention"])
+def test_reach_conventions_pass(repo_cwd, capsys, target):
+    """Classes reproducing minimind (a **kwargs config, a padding mask left None), lit-llama (``rope``,
+    ``max_seq_length``) and Whisper (``n_state``; a mask whose content is ignored): tests/plugins/reach_roles."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/" + target, "--kind", "forward,backward,causality,decode"],
+                         capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_whole_block_is_refused_as_such(repo_cwd, capsys):
+    code, _, err = run(["check", R + "WholeBlock"], capsys)
+    assert code == 2 and "is a whole block, not an attention layer" in err and "attn (TwoInts)" in err
+
+
 def test_two_unknown_ints_get_width_and_heads_by_the_projections_shapes(repo_cwd):
     from attnbench.plugins import import_file
 

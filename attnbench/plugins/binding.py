@@ -290,6 +290,18 @@ def _refuse_unknown(target, named, unknown) -> None:
         f"FILE:Class`, which writes an adapter with a TODO for each ({GUIDE})")
 
 
+def _refuse_block(target) -> None:
+    """Refuse a class that built under some role assignment but is a whole transformer block (plugins.stages)."""
+    from attnbench.plugins.roles import BUILT
+    from attnbench.plugins.stages import whole_block
+
+    module, spec = BUILT.pop(target, (None, None))
+    block = whole_block(module, spec) if module is not None else None
+    if block is not None:
+        raise PluginLoadError(f"{getattr(target, '__qualname__', target)} is a whole block, not an attention layer: "
+                              f"{block}; check the attention class itself (FILE:Class)")
+
+
 def _builds(binding: Binding) -> bool:
     """Does ``binding`` build its class at the probes' sizes (:data:`~attnbench.plugins.roles.PROBES`)?"""
     from attnbench.plugins.roles import PROBES
@@ -312,6 +324,7 @@ def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
 
     solved, _ = solve(build_with, target, list(unknown), {f for _, f in known})
     if solved is None:
+        _refuse_block(target)
         return None
     return Binding(target, "keywords", params=(*known, *solved.params), extras=extras, modules=modules,
                    notes=(solved.note,))

@@ -76,7 +76,13 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
     """``spec -> cls(...)``: the fields that name a spec field get its value (a value the spec does not have,
     like ``rope_scaling=None``, keeps the class's default), the rest, and those of the spec fields in ``skip``,
     their defaults."""
-    tracked = _tracking(cls)
+    try:
+        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in signatures.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        takes_kwargs = False
+    # a subclass of a config whose __init__ is its own (it reads **kwargs) may get a generated one instead (a
+    # PreTrainedConfig subclass is re-made a dataclass): such a config is built as it is, its reads not tracked
+    tracked = cls if takes_kwargs else _tracking(cls)
 
     def make(spec: AttnSpec):
         values = spec_values(spec)
@@ -85,11 +91,19 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
             value = _field_value(f.name, spec, values) if f.init and _BY_NAME.get(f.name) not in skip else None
             if value is not None:
                 kwargs[f.name] = value
+        if takes_kwargs:  # a config that reads its fields from **kwargs (a PreTrainedConfig subclass): every alias
+            kwargs.update({a: v for a, v in aliases(spec).items() if a not in kwargs and v is not None})
         config = tracked(**kwargs)
         config.__dict__["_attnbench_read"] = None
         return config
 
     return make
+
+
+def aliases(spec: AttnSpec) -> dict:
+    """Every alias of every spec field (:data:`~attnbench.plugins.binding.ALIASES`) with the spec's value."""
+    values = spec_values(spec)
+    return {alias: _field_value(alias, spec, values) for alias in _BY_NAME}
 
 
 def describe(cls: type, skip: tuple[str, ...] = ()) -> str:

@@ -44,16 +44,22 @@ from attnbench.spec import AttnSpec
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
 TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
                "freqs_cis": "complex", "freq_cis": "complex", "freqs_cos": "cos per frequency",
-               "freqs_sin": "sin per frequency"}
-CIS_NAMES = ("freqs_cis", "freq_cis")
+               "freqs_sin": "sin per frequency", "rope": "complex", "rope_cache": "complex"}
+CIS_NAMES = ("freqs_cis", "freq_cis", "rope", "rope_cache")  # rope: lit-llama's RoPECache, real (T, head_dim/2, 2)
 """One table of each frequency's rotation: complex (Meta), real ``(..., 2)`` (gpt-fast) or ``(..., 2, 2)`` matrices."""
 PER_FREQUENCY = (*CIS_NAMES, "freqs_cos", "freqs_sin")
 """Tables with each frequency once, ``(T, head_dim/2)``: they carry no pairing (the class pairs; a probe measures it)."""
 PAIR_NAMES = ("position_embeddings", "cos_sin")
 TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
-              "seq_half": "(1, T, 1, head_dim/2), each frequency once"}
+              "seq_half": "(1, T, 1, head_dim/2), each frequency once", "2d": "(T, head_dim), a pair too"}
 """The shapes cos/sin tables can be given in (``""``: the default, tried first); a probe decides."""
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
+POSITION_WORDS = ("pos", "positions", "position", "indices", "index", "idx", "offset")
+"""Words in an unknown required forward parameter's name that make it a candidate for the step's positions
+(``kv_write_indices``: where the cache is written), given as ids ``(T,)``; the causal probe, which runs the class
+with it, decides (a wrong guess is refused there, never passed silently)."""
+LENGTH_NAMES = ("max_seq_length", "max_seq_len", "context_length", "block_size", "max_len", "seq_len_max")
+"""A forward-level context length (lit-llama's ``max_seq_length``): the spec's ``context_length``."""
 NONE_NAMES = ("ve", "value_embeds", "value_embed", "v_first", "value_residual")
 """Optional extra inputs a layer mixes in when its model gives them (nanochat's value embeddings): ``None``."""
 SPAN_ARGS = ("input_pos_maxp1",)
@@ -119,6 +125,8 @@ class ContextPlan:
     mask_required: bool = False  # the mask is always passed, even beside a causal flag (then False): it has no default,
     # or the class does not honour its flag (a probe)
     cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
+    lengths: tuple[str, ...] = ()  # forward-level context lengths (LENGTH_NAMES): the spec's
+    unmasked: str | None = None  # an optional mask left at None: no form of it made the class causal, None did
 
     @property
     def rope_style(self) -> str:
@@ -144,7 +152,8 @@ class ContextPlan:
                          f"{', shaped ' + TABLE_DIMS[self.table_dims] if self.table_dims else ''} "
                          "(forms decided by a probe)")
         if self.position:
-            kind = POSITION_NAMES[self.position]
+            kind = POSITION_NAMES.get(self.position, "ids (T,), a position by its name's word (the causal probe ran the "
+                                                     "class with it)")
             kind += ", a tensor (T_new,) while decoding into its own cache" if kind == "int" and self.cache_builder else ""
             none = "; None outside decoding (decided by a probe)" if self.position_none else ""
             lines.append(f"bound {self.position}: the absolute position of the step's first token ({kind}){none}")
@@ -155,6 +164,11 @@ class ContextPlan:
         if self.nones:
             lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in, or a required one typed "
                          "Optional; none here)")
+        if self.unmasked:
+            lines.append(f"left {self.unmasked} at None: no mask form made the class causal, and without one it is "
+                         "(a padding mask, or a class that masks by itself): causal attention only")
+        if self.lengths:
+            lines.append(f"bound {', '.join(self.lengths)}: the spec's context_length")
         if self.window_arg:
             lines.append(f"bound {self.window_arg}: the spec's window as (left, right): (window - 1, 0), (-1, 0) for none")
         if self.causal_arg:
@@ -191,7 +205,10 @@ def plan_for(target) -> ContextPlan | None:
     x, rest = named[0].name, named[1:]
     names = [p.name for p in rest]
     known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"} | \
-        set(NONE_NAMES) | set(WINDOW_ARGS) | set(CAUSAL_ARGS) | set(SPAN_ARGS)
+        set(NONE_NAMES) | set(WINDOW_ARGS) | set(CAUSAL_ARGS) | set(SPAN_ARGS) | set(LENGTH_NAMES)
+    guessed = None if any(p.name in POSITION_NAMES for p in rest) else \
+        next((p.name for p in rest if p.default is p.empty and p.name not in known and position_word(p.name)), None)
+    known |= {guessed} if guessed else set()
     optional = tuple(p.name for p in rest if p.default is p.empty and p.name not in known and admits_none(p))
     unknown = [p.name for p in rest if p.default is p.empty and p.name not in known and p.name not in optional]
     name = getattr(target, "__qualname__", repr(target))
@@ -207,19 +224,25 @@ def plan_for(target) -> ContextPlan | None:
     if ("cos" in tables) != ("sin" in tables):
         raise PluginLoadError(f"{name}.forward takes {'cos' if 'cos' in tables else 'sin'} without "
                               f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
-    position = next((n for n in names if n in POSITION_NAMES), None)
+    position = next((n for n in names if n in POSITION_NAMES), None) or guessed
     cache = next((n for n in names if n in CACHE_NAMES), None)
     causal_arg = next((n for n in names if n in CAUSAL_ARGS), None)
-    if not (required or tables or position or cache or causal_arg or any(n in WINDOW_ARGS for n in names)):
+    if not (required or tables or position or cache or causal_arg or any(n in WINDOW_ARGS + LENGTH_NAMES for n in names)):
         return None  # e.g. forward(x, attention_mask=None): it masks by itself
     mask = next((n for n in names if n in MASK_NAMES), None)
     optional_position = any(p.name == position and p.default is None for p in rest)
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
+                       lengths=tuple(n for n in names if n in LENGTH_NAMES),
                        position_optional=optional_position,
                        nones=tuple(n for n in names if n in NONE_NAMES or n in optional),
                        window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
                        span_arg=next((n for n in names if n in SPAN_ARGS), None),
                        mask_required=mask in required)
+
+
+def position_word(name: str) -> bool:
+    """Does a parameter's name hold a :data:`POSITION_WORDS` word (``kv_write_indices``, ``pos``, ``offsets``)?"""
+    return any(w in POSITION_WORDS for w in name.lower().split("_"))
 
 
 def admits_none(p: inspect.Parameter) -> bool:
@@ -287,7 +310,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     if plan.position and plan.position_none and not decoding:
         kwargs[plan.position] = None
     elif plan.position:
-        kind = POSITION_NAMES[plan.position]
+        kind = POSITION_NAMES.get(plan.position, "ids (T,)")
         ids = torch.arange(start, start + T, device=device)
         if kind == "int" and decoding and plan.cache_builder:  # its own preallocated cache is written at positions
             kind = "ids (T,)"
@@ -295,6 +318,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     if plan.span_arg:
         kwargs[plan.span_arg] = start + T if decoding else None
     kwargs.update(dict.fromkeys(plan.nones))
+    kwargs.update(dict.fromkeys(plan.lengths, spec.context_length))
     if plan.window_arg:
         left = -1 if spec.window is None else spec.window - 1
         kwargs[plan.window_arg] = (left, 0 if spec.causal else left)
@@ -318,7 +342,7 @@ def _shaped(table: torch.Tensor, dims: str) -> torch.Tensor:
     """A ``(T, head_dim)`` half-style table in the shape ``dims`` (:data:`TABLE_DIMS`)."""
     if dims == "seq_half":
         return table[:, : table.shape[-1] // 2][None, :, None]
-    return table[None] if dims == "3d" else table[None, None] if dims == "4d" else table
+    return table[None] if dims == "3d" else table[None, None] if dims == "4d" else table  # "" and "2d": (T, head_dim)
 
 
 def _split(result, plan: ContextPlan, t_new: int):
@@ -443,6 +467,19 @@ def _with_flag(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     return replace(plan, mask_required=True)
 
 
+def _without_optional_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:
+    """``plan`` with an optional mask left at its default (None) when no mask form made the class causal but it is
+    causal by itself without one (minimind: its ``attention_mask`` is a ``(B, T)`` padding mask); else None."""
+    if not plan.mask or plan.mask_required:
+        return None
+    bare = replace(plan, mask=None, unmasked=plan.mask)
+    for pairs, dims in [("complex", d) for d in TABLE_DIMS] if plan.tables else [("complex", "")]:
+        chosen = replace(bare, table_form=pairs, table_dims=dims)
+        if _moves(build, chosen, probe, None, chosen.full_tables) is True:
+            return chosen
+    return None
+
+
 def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     """``plan`` with its mask form and table form decided on ``probe`` (causal, no RoPE): the first form under which
     the class's outputs are causal (the class is compared with itself, never with the reference). Raises
@@ -464,5 +501,8 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
                 if verdict is True:
                     return _with_flag(build, chosen, probe)
                 tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
+    unmasked = _without_optional_mask(build, plan, probe)
+    if unmasked is not None:
+        return unmasked
     raise PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply "
                           f"({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")

@@ -28,7 +28,7 @@ from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, bind, c
 from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.configs import with_own_config
-from attnbench.plugins.context import ContextPlan, bind_context, plan_for, probe_mask
+from attnbench.plugins.context import ContextPlan, arguments, bind_context, plan_for, probe_mask
 from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
 from attnbench.plugins.measured import apply_measured
@@ -318,10 +318,13 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
         caps["sliding_window"] = True
         lines.append(f"sliding_window: yes (forward takes {plan.window_arg}: attnbench supplies the spec's window)")
     if plan.mask:
+        read = _mask_content_read(binding, plan)
         for key in ("sliding_window", "non_causal"):
             if key not in declared:
-                caps[key] = True
-                lines.append(f"{key}: yes (forward takes {plan.mask}: attnbench supplies the mask's content)")
+                caps[key] = read
+                lines.append(f"{key}: yes (forward takes {plan.mask}: attnbench supplies the mask's content)" if read
+                             else f"{key}: no (forward takes {plan.mask}, but a probe found its content ignored: a "
+                                  "windowed mask gives the causal output, so only whether one is passed counts)")
     if plan.attr_cache and "kv_cache" not in declared:
         caps["kv_cache"] = True
         lines.append(f"kv_cache: yes (forward reads self.{plan.attr_cache}, a cache object its caller installs; a "
@@ -339,6 +342,26 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
                      f"putting the previous cache back)" if returned is None else
                      f"kv_cache: no (forward takes {plan.cache}, but {returned}: the cache is passed in, not kept by the class)")
     return caps, lines
+
+
+def _mask_content_read(binding: Binding, plan: ContextPlan) -> bool:
+    """Does the class read its mask's content? On a probe, a 2-key window in the chosen form changes the output of a
+    causal one (Whisper's SDPA path only asks whether a mask is passed). True when the probe cannot tell."""
+    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
+
+    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, causal=True, window=None)
+    try:
+        module = binding(probe).eval()
+        x = torch.randn(1, 6, probe.d_in, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            outs = []
+            for spec in (probe, replace(probe, window=2)):
+                kwargs = arguments(replace(plan, mask_required=True), spec, x, 0, None, False)
+                out = module(x, **{k: v for k, v in kwargs.items() if k != plan.x})
+                outs.append(out[0] if isinstance(out, tuple) else out)
+    except Exception:  # the cases will show what it does with a window
+        return True
+    return not torch.allclose(outs[0], outs[1])
 
 
 def _returns_cache(binding: Binding, plan: ContextPlan) -> str | None:

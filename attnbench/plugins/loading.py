@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
+import linecache
 import re
 import sys
+import sysconfig
+import traceback
 from pathlib import Path
 from types import ModuleType
 
@@ -77,7 +81,7 @@ def import_file(path_text: str) -> ModuleType:
     folder = str(resolved.parent)
     sys.path.insert(0, folder)
     try:
-        _run(path_text, lambda: spec.loader.exec_module(module))
+        _run(f"importing plug-in {path_text!r}", lambda: spec.loader.exec_module(module))
     except PluginLoadError:
         del sys.modules[mod_name]
         raise
@@ -94,28 +98,136 @@ def _import_package_module(path_text: str, root: Path, dotted: str) -> ModuleTyp
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() != Path(path_text).resolve():
         raise PluginLoadError(f"{path_text!r} is module {dotted} of a package under {root}, but another {dotted} "
                               f"is already imported from {loaded.__file__}; check one of the two at a time")
-    return _run(path_text, lambda: importlib.import_module(dotted))
+    return _run(f"importing plug-in {path_text!r}", lambda: importlib.import_module(dotted))
 
 
-def _run(path_text: str, load):
-    """``load()``, its failures one :class:`PluginLoadError` line naming the cause (:func:`import_failure`)."""
+def _run(what: str, load, module: str = ""):
+    """``load()`` (``what``: importing a file, or the ``module``), its failures a :class:`PluginLoadError` naming the
+    first cause (:func:`import_error`); a ``module`` that is itself missing (or its package) is "not found"."""
     try:
-        with plugin_exits(f"importing plug-in {path_text!r}"):
+        with plugin_exits(what):
             return load()
     except PluginExit as exc:
         raise PluginLoadError(str(exc)) from None
     except Exception as exc:
-        raise PluginLoadError(import_failure(f"importing plug-in {path_text!r}", exc)) from None
+        if module and isinstance(exc, ModuleNotFoundError) and exc.name and _is_prefix(exc.name, module):
+            raise PluginLoadError(f"module {module!r} not found ({exc}); install it or add its folder to "
+                                  "PYTHONPATH") from None
+        raise import_error(what, exc) from None
+
+
+def import_module_path(mod_path: str) -> ModuleType:
+    """Import ``package.module`` (the ``module:Class`` form). A module that is not there is "not found"; a module
+    that is there but fails while it is imported (a dependency missing, an assert) is named like a plug-in file's
+    (:func:`import_error`)."""
+    return _run(f"importing {mod_path!r}", lambda: importlib.import_module(mod_path), module=mod_path)
+
+
+def _is_prefix(name: str, dotted: str) -> bool:
+    """``name`` is ``dotted`` or one of the packages it sits in (``pkg`` of ``pkg.mod``)."""
+    return dotted == name or dotted.startswith(name + ".")
 
 
 def import_failure(what: str, exc: BaseException) -> str:
-    """``what`` failed, in one line naming the cause: a missing package by its name (and how to install it),
-    anything else as its type and first line."""
+    """``what`` failed, in one line naming the cause (:func:`import_error`'s message)."""
+    return str(import_error(what, exc))
+
+
+def import_error(what: str, exc: BaseException) -> PluginLoadError:
+    """``what`` (importing a file or a module) failed with ``exc``: a :class:`PluginLoadError` whose headline is the
+    first true cause: a missing package by its name (and how to install it), CUDA when the failing line or the
+    message asks for it on a machine without, else the exception's type and first line, or for one without a
+    message (a bare ``assert``) the failing line itself. Its details name the innermost frame in the user's files
+    (``file:line: source``)."""
+    frame = user_frame(exc)
+    where = [f"at {frame[0]}:{frame[1]}: {frame[2]}"] if frame else []
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]
-        return (f"{what} failed: it imports {exc.name!r}, which is not installed here (pip install {top}, or "
-                f"install the project it comes from)")
-    return f"{what} failed: {type(exc).__name__}: {first_line(exc)}"
+        return PluginLoadError(f"{what} failed: it imports {exc.name!r}, which is not installed here",
+                               details=where, fix=f"pip install {top}, or install the project it comes from")
+    message = first_line(exc)
+    if isinstance(exc, SyntaxError):
+        return PluginLoadError(f"{what} failed: {type(exc).__name__}: {exc.msg}", details=where)
+    if not message and frame:  # a bare assert or raise: the failing line says what it wanted
+        cause, where = f"{type(exc).__name__} at {Path(frame[0]).name}:{frame[1]}: {frame[2]}", []
+    else:
+        cause = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    if _needs_cuda(message, frame):
+        return PluginLoadError(f"{what} failed: it needs CUDA, which this machine does not have ({cause})",
+                               details=where, fix="run it on a machine with CUDA, or point --impl at a file that "
+                                               "imports without it")
+    return PluginLoadError(f"{what} failed: {cause}", details=where)
+
+
+def _needs_cuda(message: str, frame: tuple[str, int, str] | None) -> bool:
+    """The failure asks for CUDA (its message or the failing line says so) and this machine has none."""
+    import torch
+
+    said = f"{message} {frame[2] if frame else ''}".lower()
+    return ("cuda" in said or "nvidia" in said) and not torch.cuda.is_available()
+
+
+_LIBRARY = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                                                      "platlib")})
+_OURS = str(Path(__file__).resolve().parents[1])
+
+
+def user_frame(exc: BaseException) -> tuple[str, int, str] | None:
+    """``(file, line, source)`` of the innermost frame of ``exc`` in the user's files: not attnbench's, not
+    Python's import machinery, not the standard library's or an installed package's (an installed package's
+    when every frame is one: the module checked is installed); the file as given when it is under the current
+    folder, its source the failing statement on one line. A ``SyntaxError`` names the line it points at."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        text = (exc.text or "").strip()
+        return _shown(exc.filename), exc.lineno, text if len(text) <= 100 else text[:98].rstrip() + " …"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<") and not str(Path(f.filename).resolve()).startswith(_OURS)]
+    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_LIBRARY)]
+    frame = (own or frames or [None])[-1]
+    if frame is None or not frame.lineno:
+        return None
+    first, last = _statement(frame.filename, frame.lineno)
+    return _shown(frame.filename), first, _source(frame.filename, first, last)
+
+
+def _shown(filename: str) -> str:
+    """``filename`` relative to the current folder when it is under it, else as it is."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return filename
+
+
+def _source(filename: str, first: int, last: int, limit: int = 100) -> str:
+    """Lines ``first``..``last`` of ``filename`` (a statement: an ``assert`` over two lines, both; at most four) on
+    one line of at most ``limit`` characters, without comments."""
+    text = " ".join(_code(linecache.getline(filename, n)) for n in range(first, min(last, first + 3) + 1)).strip()
+    return text if len(text) <= limit else text[:limit - 2].rstrip() + " …"
+
+
+def _code(line: str) -> str:
+    """``line`` without its comment and a continuation backslash, stripped."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote and line[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            line = line[:i]
+            break
+    return line.strip().removesuffix("\\").strip()
+
+
+def _statement(filename: str, line: int) -> tuple[int, int]:
+    """The first and last line of the innermost statement of ``filename`` that holds line ``line``."""
+    try:
+        tree = ast.parse(Path(filename).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return line, line
+    spans = [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+             if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno)]
+    return min(spans, key=lambda span: span[1] - span[0], default=(line, line))
 
 
 def first_line(exc: BaseException) -> str:

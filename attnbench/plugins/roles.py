@@ -37,6 +37,8 @@ PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4
           AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5))
 """Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size."""
 MAX_TRIES = 120
+BUILT: dict = {}
+"""Class -> (module, spec) of the first role assignment that built it, for the refusal of one that fits none."""
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,12 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
         else:
             probes = PROBES
         try:
-            fits = all(_fits(build_with(params)(s), s, only_x) for s in probes)
+            built = [(build_with(params)(s), s) for s in probes]
         except Exception as exc:  # this assignment does not build: the next one may
             errors.append(f"{', '.join(f'{p}={f}' for p, f in params)}: {type(exc).__name__}: {_first(exc)}")
             continue
+        BUILT.setdefault(target, built[0])  # the first assignment that built (a whole block is told by it)
+        fits = all(_fits(module, s, only_x) for module, s in built)
         if fits:
             return Solved(params, f"{', '.join(p for p, _ in params)}: roles decided by a probe: at two sizes the "
                                   "class builds and its weight matrices hold what multi-head attention of that size "

@@ -50,7 +50,28 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
     if built is None:
         raise PluginLoadError(f"{_name(binding)} cannot be built: {binding.describe()} raised {failures[0]} (and at "
                               f"d_model 64, 4 heads: {failures[-1]}); {ADAPT_HINT}") from None
+    block = whole_block(built, spec)
+    if block is not None:
+        raise PluginLoadError(f"{_name(binding)} is a whole block, not an attention layer: {block}; check the attention class "
+                              "itself (FILE:Class)")
     return with_dtype(binding, built)
+
+
+def whole_block(module, spec: AttnSpec) -> str | None:
+    """Why ``module`` (built at ``spec``) is a transformer block rather than an attention layer: an attention submodule
+    (a child whose name or class says attention) beside weight matrices of more than twice what attention of that size holds
+    (an MLP); None otherwise."""
+    from attnbench.plugins.roles import weight_elements
+
+    if not isinstance(module, nn.Module):
+        return None
+    attn = next(((n, type(m).__name__) for n, m in module.named_children()
+                 if any(w in f"{n} {type(m).__name__}".lower() for w in ("attention", "attn"))), None)
+    matrices = sum(p.numel() for p in module.parameters() if p.dim() >= 2)
+    if attn is None or matrices <= 2 * weight_elements(spec):
+        return None
+    return (f"its submodule {attn[0]} ({attn[1]}) is the attention, beside {matrices} weight-matrix elements where "
+            f"attention of this size holds {weight_elements(spec)} (an MLP, norms and residuals around it)")
 
 
 def _first_line(exc: BaseException) -> str:

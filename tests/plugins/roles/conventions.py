@@ -89,3 +89,17 @@ class BrokenInit(nn.Module):
 
     def forward(self, x):
         return x
+
+
+class WholeBlock(nn.Module):
+    """A transformer block (Whisper's ``ResidualAttentionBlock`` shape): norms, attention, MLP, residuals."""
+
+    def __init__(self, n_state: int, n_head: int):
+        super().__init__()
+        self.attn, self.attn_ln = TwoInts(n_state, n_head), nn.LayerNorm(n_state)
+        self.mlp, self.mlp_ln = nn.Sequential(nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state)), \
+            nn.LayerNorm(n_state)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_ln(x))
+        return x + self.mlp(self.mlp_ln(x))
