@@ -33,10 +33,12 @@ def test_a_real_convention_passes_check_unchanged(repo_cwd, capsys, cls):
 
 @pytest.mark.parametrize("target", ["kwargs_config_padding_mask.py:KwargsConfigAttention",
                                     "rope_and_length_by_other_names.py:RopeArgAttention",
-                                    "width_named_n_state.py:StateWidthAttention"])
+                                    "width_named_n_state.py:StateWidthAttention",
+                                    "string_causal_mask.py:StringMaskAttention"])
 def test_reach_conventions_pass(repo_cwd, capsys, target):
     """Classes reproducing minimind (a **kwargs config, a padding mask left None), lit-llama (``rope``,
-    ``max_seq_length``) and Whisper (``n_state``; a mask whose content is ignored): tests/plugins/reach_roles."""
+    ``max_seq_length``), Whisper (``n_state``; a mask whose content is ignored) and lingua (a constructor theta beside
+    forward tables, rotation matrices): tests/plugins/reach_roles."""
     code, out, err = run(["check", "tests/plugins/reach_roles/" + target, "--kind", "forward,backward,causality,decode"],
                          capsys)
     assert code == 0 and "PASS" in out, out + err

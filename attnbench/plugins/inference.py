@@ -82,8 +82,8 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
         lines.append(f"config fields read (what it reads is what it supports): {', '.join(read) or 'none'}")
         names, where = set(read), "reads config field"
     elif binding.style == "keywords":  # a role a probe gave (plugins.roles) counts as its field's first name
-        names, where = {p for p, _ in binding.params} | {ALIASES[f][0] for _, f in binding.params if f in ALIASES}, \
-            "constructor takes"
+        names, where = {p for p, _ in binding.params} | {ALIASES[f][0] for p, f in binding.params
+                                                         if f in ALIASES and p not in ALIASES[f]}, "constructor takes"
     else:
         names, where = set(), ""
 
@@ -103,7 +103,7 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
         caps["non_causal"] = True
         lines.append(f"non_causal: yes ({where} {causal_names[0]})")
 
-    positional, positional_lines = infer_positional(binding, names, where, declared)
+    positional, positional_lines = _positional(binding, names, where, declared, plan)
     caps.update(positional)
     lines += positional_lines
     forward = _forward_params(target)
@@ -127,6 +127,17 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     for key in sorted(set(declared) & {"gqa", "sliding_window", "non_causal", "kv_cache"}):
         lines.append(f"{key}: {'yes' if declared[key] else 'no'} (declared in attnbench_capabilities)")
     return caps, lines
+
+
+def _positional(binding: Binding, names: set[str], where: str, declared: dict, plan) -> tuple[dict, list[str]]:
+    """:func:`infer_positional`, with a constructor's theta ignored when the forward takes the tables (lingua: they
+    carry the rotation, and the theta builds nothing)."""
+    lines = []
+    if plan is not None and plan.tables and any(n in names for n in ALIASES["rope_theta"]):
+        names = names - set(ALIASES["rope_theta"])
+        lines.append("rope_theta: passed to the constructor, but the forward takes the tables: they carry the rotation")
+    caps, more = infer_positional(binding, names, where, declared)
+    return caps, lines + more
 
 
 def infer_positional(binding: Binding, names: set[str], where: str, declared: dict) -> tuple[dict, list[str]]:

@@ -633,7 +633,8 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     lines += [line if line.endswith("attnbench_capabilities)") or line.startswith(("config fields", "bound ")) else f"inferred {line}"
               for line in getattr(factory, "evidence", ())]
     dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]
-    for qkv_bias in (False, True):
+    mla = bool(getattr(factory, "mla", False))  # issue 46: DeepSeek MLA has no q/k/v biases (the spec forbids them)
+    for qkv_bias in (False,) if mla else (False, True):
         module, first_error = None, None
         for spec in (PROBE, SQUARE_PROBE, *other_specs):
             if impl.same_width_only and spec.d_in != spec.d_out:

@@ -37,6 +37,8 @@ PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4
           AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5))
 """Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size."""
 MAX_TRIES = 120
+PATH_WORDS = {"file", "path", "dir", "vocab", "tokenizer", "ckpt", "checkpoint", "url", "filename", "fname", "root"}
+"""Words that make a parameter a path: no probe gives it an int."""
 BUILT: dict = {}
 """Class -> (module, spec) of the first role assignment that built it, for the refusal of one that fits none."""
 
@@ -57,6 +59,9 @@ def _annotation(p: inspect.Parameter):
 def solvable(p: inspect.Parameter) -> bool:
     """Can a probe give ``p`` a role: unannotated, or annotated ``int``, ``float`` or ``bool`` (a ``str`` layout name, a
     tuple or a module is for the user to say: ``attnbench adapt``)?"""
+    words = set(re.split(r"[_\d]+", p.name.lower()))
+    if words & PATH_WORDS:  # a small int given to open() closes a standard stream: never probed
+        return False
     return _annotation(p) in (inspect.Parameter.empty, int, float, bool)
 
 
