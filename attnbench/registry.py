@@ -41,7 +41,7 @@ from attnbench.plugins.catalog import (  # noqa: F401  (re-exported: the registr
     register_prefix,
     unregister,
 )
-from attnbench.plugins.exits import PluginExit, plugin_exits
+from attnbench.plugins.loading import import_module_path
 from attnbench.resolve import Ready, Skip, variant_skip_reason  # noqa: F401  (re-exported)
 from attnbench.spec import AttnSpec
 from attnbench.weights import adapter_for
@@ -98,15 +98,7 @@ def _load_file(path_text: str, attr: str, name: str) -> Implementation:
 
 
 def _load_module(mod_path: str, attr: str, name: str) -> Implementation:
-    try:
-        with plugin_exits(f"importing {mod_path!r}"):
-            module = importlib.import_module(mod_path)
-    except PluginExit as exc:
-        raise PluginLoadError(str(exc)) from None
-    except ModuleNotFoundError as exc:
-        raise PluginLoadError(f"module {mod_path!r} not found ({exc}); install it or add its folder to PYTHONPATH") from exc
-    except Exception as exc:
-        raise PluginLoadError(f"importing {mod_path!r} failed: {type(exc).__name__}: {exc}") from exc
+    module = import_module_path(mod_path)  # a missing module is "not found"; a missing dependency is named as such
     return _attr(module, attr, name, source=f"{mod_path}:{attr}", origin="module")
 
 

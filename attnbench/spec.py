@@ -38,7 +38,9 @@ class RopeScaling:
 
 
 _TEXT_FIELDS = {"rope_theta": float, "rope_style": str, "rope_scaling": str, "qk_norm": str, "norm_eps": float,
-                "scale": float, "softcap": float, "rope_sign": int}
+                "scale": float, "softcap": float, "rope_sign": int, "rope_head_dim": int}
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""DeepSeek-style multi-head latent attention (issue 46): set with ``kv_lora_rank``, off (all ``None``) otherwise."""
 
 
 def _number(v: float) -> str:
@@ -94,6 +96,20 @@ class AttnSpec:
     adds ``-slope_h * |i - j|`` after the soft-cap; ``prefix`` lets the first ``prefix`` tokens see each other both
     ways (causal only); ``documents`` (start positions of documents 2, 3, ...) keeps each token inside its document;
     ``sinks`` puts a learned per-head logit (the canonical weights' ``sinks``) in each softmax's denominator.
+
+    Partial rotary (issue 46): ``rope_head_dim`` rotates only the FIRST ``rope_head_dim`` dimensions of each query and
+    key head, the rest pass unrotated (GPT-NeoX, Phi, GPT-J's ``rotary_dim``, Hugging Face's ``partial_rotary_factor``);
+    frequencies ``theta ** (-2j / rope_head_dim)``, pairs inside the rotated slice as ``rope_style`` says (``half``:
+    ``j`` with ``j + rope_head_dim/2``; ``interleaved``: ``2j`` with ``2j + 1``). ``None``: the whole head.
+
+    DeepSeek-style MLA (issue 46; DeepSeek-V2/V3, Kimi K2; on when ``kv_lora_rank`` is set, :data:`MLA_FIELDS`):
+    the query is ``W_q x`` (``q_lora_rank=None``: full rank) or ``W_q RMSNorm(W_dq x)`` through a ``q_lora_rank``
+    latent; each query head is ``[nope | rope]`` of ``qk_nope_head_dim + qk_rope_head_dim``. ``W_dkv x`` gives the kv
+    latent (``kv_lora_rank``, then RMSNorm) and ONE rotary key ``k_pe`` of ``qk_rope_head_dim`` per token, shared by
+    every head. Head ``h``'s key is ``[W_UK_h c_kv | k_pe]`` and its value ``W_UV_h c_kv`` (``v_head_dim`` wide); the
+    rope slices of q and ``k_pe`` are rotated (``rope_theta``, ``rope_style``: DeepSeek's own code pairs
+    ``interleaved``), scores scaled by ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5`` (or ``scale``), and the
+    heads' values (``num_heads * v_head_dim``) projected to ``d_out``. The latent norms use ``norm_eps``.
     """
 
     d_in: int
@@ -121,6 +137,14 @@ class AttnSpec:
     # RoPE's direction: 1 turns pair j by +position * freq_j (the textbook's, Meta's, HF's); -1 by -position * freq_j
     # (nanochat's). The two are one function up to reflecting q and k; a class's own direction is measured (issue 36).
     rope_sign: int = 1
+    # Issue 46: partial rotary (rotate the first rope_head_dim dims of each head; None = all), and DeepSeek-style MLA
+    # (kv_lora_rank None = off; see the class docstring and attnbench.correctness.mla_reference)
+    rope_head_dim: int | None = None
+    q_lora_rank: int | None = None  # None: a full-rank query projection
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_out", "context_length", "num_heads"):
@@ -150,6 +174,7 @@ class AttnSpec:
         if not isinstance(self.causal, bool):
             raise InvalidSpecError(f"causal must be True or False, got {self.causal!r}")
         self._check_positional()
+        self._check_mla()
         masks.check_fields(self)
 
     def _check_positional(self) -> None:
@@ -163,7 +188,9 @@ class AttnSpec:
             positive(name)
         if self.rope_style not in ROPE_STYLES:
             raise InvalidSpecError(f"rope_style={self.rope_style!r}; use one of {', '.join(ROPE_STYLES)}")
-        if self.rope_theta is not None and self.head_dim % 2:
+        if self.rope_head_dim is not None:
+            self._check_rope_head_dim()
+        elif self.rope_theta is not None and not self.is_mla and self.head_dim % 2:
             raise InvalidSpecError(f"RoPE rotates pairs of dimensions: head_dim={self.head_dim} must be even "
                                    "(choose d_out and num_heads so d_out // num_heads is even, or rope_theta=None)")
         if self.rope_scaling is not None:
@@ -175,6 +202,67 @@ class AttnSpec:
             raise InvalidSpecError(f"rope_sign={self.rope_sign!r}; use 1 (pairs turn by +theta) or -1 (by -theta)")
         if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
             raise InvalidSpecError(f"qk_norm={self.qk_norm!r}; use one of {', '.join(QK_NORMS)} or None")
+
+    def _check_rope_head_dim(self) -> None:
+        r = self.rope_head_dim
+        if isinstance(r, bool) or not isinstance(r, int) or r < 2 or r % 2 or r > self.head_dim:
+            raise InvalidSpecError(f"rope_head_dim={r!r} must be an even int from 2 to head_dim={self.head_dim} (the "
+                                   "first rope_head_dim dims of each head are rotated), or None to rotate the whole head")
+        if self.rope_theta is None:
+            raise InvalidSpecError(f"rope_head_dim={r} needs rope_theta (it says how much of each head RoPE rotates)")
+        if self.is_mla:
+            raise InvalidSpecError("MLA rotates the last qk_rope_head_dim dims of each query head and its shared key: "
+                                   "leave rope_head_dim None")
+
+    def _check_mla(self) -> None:
+        set_ = [n for n in MLA_FIELDS if getattr(self, n) is not None]
+        for name in set_:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidSpecError(f"{name} must be a positive int or None, got {value!r}")
+        if not self.is_mla:
+            if set_:
+                raise InvalidSpecError(f"{', '.join(set_)} {'is a' if len(set_) == 1 else 'are'} DeepSeek MLA field"
+                                       f"{'s' * (len(set_) > 1)}: set kv_lora_rank too (the kv latent's width, 512 in "
+                                       f"DeepSeek-V3), or leave {'it' if len(set_) == 1 else 'them'} None")
+            return
+        lacking = [n for n in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if getattr(self, n) is None]
+        if lacking:
+            raise InvalidSpecError(f"DeepSeek MLA (kv_lora_rank={self.kv_lora_rank}) needs {', '.join(lacking)} "
+                                   "(DeepSeek-V3: qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)")
+        if self.qk_rope_head_dim % 2:
+            raise InvalidSpecError(f"RoPE rotates pairs: qk_rope_head_dim={self.qk_rope_head_dim} must be even")
+        if self.rope_theta is None:
+            raise InvalidSpecError("DeepSeek MLA rotates its qk_rope_head_dim slice: set rope_theta (DeepSeek-V3: 10000)")
+        fixes = [(self.kv_heads != self.num_heads, "leave num_kv_heads None (each head's keys and values come from the "
+                                                   "one shared latent)"),
+                 (self.qk_norm is not None, "leave qk_norm None (MLA normalises its latents, not q and k)"),
+                 (self.qkv_bias, "set qkv_bias=False (DeepSeek's MLA projections have no bias)")]
+        for wrong, fix in fixes:
+            if wrong:
+                raise InvalidSpecError(f"DeepSeek MLA (kv_lora_rank={self.kv_lora_rank}): {fix}")
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether this is DeepSeek-style multi-head latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query/key head: ``qk_nope_head_dim + qk_rope_head_dim`` under MLA, else ``head_dim``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many dimensions of each head RoPE rotates: ``qk_rope_head_dim`` (MLA: the last ones), else
+        ``rope_head_dim`` (the first ones), else ``head_dim``."""
+        if self.is_mla:
+            return self.qk_rope_head_dim
+        return self.head_dim if self.rope_head_dim is None else self.rope_head_dim
+
+    def mla_kwargs(self) -> dict:
+        """The DeepSeek MLA fields that are set (:data:`MLA_FIELDS`; empty when not MLA)."""
+        return {n: getattr(self, n) for n in MLA_FIELDS if getattr(self, n) is not None}
 
     @property
     def head_dim(self) -> int:
@@ -195,7 +283,7 @@ class AttnSpec:
     def is_variant(self) -> bool:
         """Whether this is anything but the book's causal multi-head attention (GQA/MQA, a window, non-causal)."""
         return (self.kv_heads != self.num_heads or self.window is not None or not self.causal
-                or bool(self.mask_kinds))
+                or bool(self.mask_kinds) or self.is_mla)
 
     @property
     def mask_kinds(self) -> tuple[str, ...]:
@@ -204,8 +292,9 @@ class AttnSpec:
 
     @property
     def score_scale(self) -> float:
-        """What scores are multiplied by: ``scale``, or ``head_dim ** -0.5`` when it is ``None``."""
-        return self.head_dim ** -0.5 if self.scale is None else float(self.scale)
+        """What scores are multiplied by: ``scale``, or ``qk_head_dim ** -0.5`` (``head_dim ** -0.5`` but under MLA)
+        when it is ``None``."""
+        return self.qk_head_dim ** -0.5 if self.scale is None else float(self.scale)
 
     @property
     def is_positional(self) -> bool:
@@ -222,6 +311,8 @@ class AttnSpec:
                 out["rope_scaling"] = self.rope_scaling
             if self.rope_sign != 1:
                 out["rope_sign"] = self.rope_sign
+            if self.rope_head_dim is not None:
+                out["rope_head_dim"] = self.rope_head_dim
         if self.qk_norm is not None:
             out.update(qk_norm=self.qk_norm, norm_eps=self.norm_eps)
         if self.scale is not None:
@@ -260,9 +351,9 @@ class AttnSpec:
 
     def kwargs(self) -> dict:
         """The constructor's keyword arguments, in the book's order, plus the variant fields that differ
-        from the defaults, plus the positional fields that differ (so ``AttnSpec(**spec.kwargs()) == spec``)."""
+        from the defaults, plus the positional and MLA fields that differ (so ``AttnSpec(**spec.kwargs()) == spec``)."""
         book = {k: getattr(self, k) for k in ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")}
-        out = {**book, **self.variant_kwargs(), **self.positional_kwargs()}
+        out = {**book, **self.variant_kwargs(), **self.positional_kwargs(), **self.mla_kwargs()}
         if self.norm_eps != 1e-6:
             out["norm_eps"] = self.norm_eps
         if self.rope_style != "half":

@@ -11,6 +11,14 @@ A weight layout is described by an :class:`Adapter`: a *differentiable* map from
 to the module's parameter names (``to_state``) and its inverse (``from_state``). Because ``to_state``
 is differentiable, gradients with respect to the canonical parameters of any implementation can be
 taken with :func:`torch.func.functional_call`, whatever its layout.
+
+DeepSeek-style MLA (issue 46, ``spec.is_mla``) has canonical weights of its own shapes (:func:`mla_shapes`): ``W_dq``
+and its latent norm's gain ``g_dq`` (with ``q_lora_rank``), ``W_q`` the query (up-)projection whose head ``h`` is rows
+``h*qk_head_dim:(h+1)*qk_head_dim`` split ``[nope | rope]``, ``W_dkv`` the kv down-projection (DeepSeek's ``wkv_a``:
+the first ``kv_lora_rank`` rows the latent, the last ``qk_rope_head_dim`` the shared rotary key ``k_pe``), ``g_dkv``
+the kv latent norm's gain, ``W_k`` = W_UK (head ``h``'s ``qk_nope_head_dim`` rows), ``W_v`` = W_UV (head ``h``'s
+``v_head_dim`` rows), and ``W_o`` ``(d_out, num_heads * v_head_dim)``. DeepSeek's ``wkv_b`` is ``[W_UK_h; W_UV_h]``
+stacked per head.
 """
 
 from __future__ import annotations
@@ -49,6 +57,12 @@ class CanonicalWeights:
     g_k: torch.Tensor | None = None
     # Issue 37: the per-head attention-sink logits (num_heads,) when spec.sinks (attnbench.correctness.masks), else None.
     sinks: torch.Tensor | None = None
+    # Issue 46, DeepSeek-style MLA only (mla_shapes): the query's down-projection and its latent norm's gain (with
+    # q_lora_rank), the kv down-projection [latent | k_pe] and the kv latent norm's gain.
+    W_dq: torch.Tensor | None = None  # (q_lora_rank, d_in)
+    g_dq: torch.Tensor | None = None  # (q_lora_rank,)
+    W_dkv: torch.Tensor | None = None  # (kv_lora_rank + qk_rope_head_dim, d_in)
+    g_dkv: torch.Tensor | None = None  # (kv_lora_rank,)
 
     def items(self) -> list[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` pairs of the parameters that exist, in canonical order."""
@@ -73,9 +87,16 @@ class CanonicalWeights:
                 "b_q": (spec.d_out,), "b_k": (kv,), "b_v": (kv,),
                 "W_o": (spec.d_out, spec.d_out), "b_o": (spec.d_out,), **gain_shapes(spec),
                 "sinks": (spec.num_heads,)}
+        if getattr(spec, "is_mla", False):
+            want = {**mla_shapes(spec), "sinks": (spec.num_heads,)}
+            lacking = [n for n in mla_shapes(spec) if getattr(self, n) is None]
+            if lacking:
+                raise ValueError(f"spec is DeepSeek MLA (kv_lora_rank={spec.kv_lora_rank}) but the weights lack "
+                                 f"{', '.join(lacking)} (random_weights(spec) draws them)")
         for name, t in self.items():
             if tuple(t.shape) != want.get(name, ()):
-                raise ValueError(f"canonical {name} has shape {tuple(t.shape)}, expected {want.get(name)}")
+                raise ValueError(f"canonical {name} has shape {tuple(t.shape)}, expected {want.get(name)}"
+                                 + ("" if name in want else " (a weight this spec does not have)"))
         if (self.b_q is None) == spec.qkv_bias:
             raise ValueError(f"spec.qkv_bias={spec.qkv_bias} but the weights {'lack' if spec.qkv_bias else 'have'} q/k/v biases")
         if (self.g_q is None or self.g_k is None) == (spec.qk_norm is not None):
@@ -93,6 +114,18 @@ def gain_shapes(spec: AttnSpec) -> dict[str, tuple[int]]:
     if spec.qk_norm == "full":
         return {"g_q": (spec.d_out,), "g_k": (spec.kv_dim,)}
     return {}
+
+
+def mla_shapes(spec: AttnSpec) -> dict[str, tuple[int, ...]]:
+    """The canonical weights of DeepSeek-style MLA and their shapes (issue 46; see the module docstring)."""
+    h, r = spec.num_heads, spec.kv_lora_rank
+    shapes = {"W_q": (h * spec.qk_head_dim, spec.q_lora_rank or spec.d_in),
+              "W_k": (h * spec.qk_nope_head_dim, r), "W_v": (h * spec.v_head_dim, r),
+              "W_o": (spec.d_out, h * spec.v_head_dim), "b_o": (spec.d_out,),
+              "W_dkv": (r + spec.qk_rope_head_dim, spec.d_in), "g_dkv": (r,)}
+    if spec.q_lora_rank is not None:
+        shapes.update(W_dq=(spec.q_lora_rank, spec.d_in), g_dq=(spec.q_lora_rank,))
+    return shapes
 
 
 _DRAWN: OrderedDict[tuple, CanonicalWeights] = OrderedDict()
@@ -163,6 +196,8 @@ def _draw(spec: AttnSpec, seed: int, dtype: torch.dtype, scale: str) -> Canonica
     def draw(*shape: int, std: float) -> torch.Tensor:
         return (torch.randn(*shape, generator=g, dtype=torch.float64) * std).to(dtype)
 
+    if getattr(spec, "is_mla", False):
+        return _draw_mla(spec, g, draw, scale)
     if scale == "unit":
         s_in, s_out, s_b = 1 / math.sqrt(spec.d_in), 1 / math.sqrt(spec.d_out), 0.5
     else:  # linear
@@ -185,6 +220,28 @@ def _draw(spec: AttnSpec, seed: int, dtype: torch.dtype, scale: str) -> Canonica
     if getattr(spec, "sinks", False):  # issue 37: sink logits in [-1, 2), distinct per head (a head mix-up shows)
         gains["sinks"] = (3 * torch.rand(spec.num_heads, generator=g, dtype=torch.float64) - 1).to(dtype)
     return replace(w, **gains)
+
+
+def _draw_mla(spec: AttnSpec, g: torch.Generator, draw: Callable[..., torch.Tensor], scale: str) -> CanonicalWeights:
+    """DeepSeek MLA's canonical weights (:func:`mla_shapes`): each matrix ``N(0, 1/fan_in)`` (``unit``: unit-variance
+    latents, queries and keys, so scores are O(1)) or ``nn.Linear``-like (``linear``); latent-norm gains in
+    ``[0.5, 1.5)``, never 1 and different for q and kv (a skipped or swapped norm changes the output)."""
+    def unit(name: str) -> torch.Tensor:
+        rows, fan_in = shapes[name]
+        return draw(rows, fan_in, std=(1 if scale == "unit" else 1 / math.sqrt(3)) / math.sqrt(fan_in))
+
+    shapes = mla_shapes(spec)
+    order = ["W_dq", "W_q", "W_dkv", "W_k", "W_v", "W_o"]  # drawn in this order, each from the one generator
+    mats = {n: unit(n) for n in order if n in shapes}
+    b_o = draw(spec.d_out, std=0.5 if scale == "unit" else 1 / math.sqrt(3 * shapes["W_o"][1]))
+    gains = {n: (0.5 + torch.rand(shapes[n], generator=g, dtype=torch.float64)).to(b_o.dtype)
+             for n in ("g_dq", "g_dkv") if n in shapes}
+    sinks = None
+    if getattr(spec, "sinks", False):
+        sinks = (3 * torch.rand(spec.num_heads, generator=g, dtype=torch.float64) - 1).to(b_o.dtype)
+    return CanonicalWeights(W_q=mats["W_q"], W_k=mats["W_k"], W_v=mats["W_v"], b_q=None, b_k=None, b_v=None,
+                            W_o=mats["W_o"], b_o=b_o, sinks=sinks, W_dq=mats.get("W_dq"), g_dq=gains.get("g_dq"),
+                            W_dkv=mats["W_dkv"], g_dkv=gains["g_dkv"])
 
 
 @dataclass(frozen=True)

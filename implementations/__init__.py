@@ -5,4 +5,19 @@ into the ``attnbench`` namespace by ``pyproject.toml`` so it can never collide w
 top-level package called ``implementations`` in a user's environment.
 """
 
-from attnbench.implementations import book, flex, fused, gqa, hf, kv_cache, masked, paged, per_head_linear, rope, sdpa, torch_mha, varlen  # noqa: F401
+from attnbench.implementations import (  # noqa: F401
+    book,
+    flex,
+    fused,
+    gqa,
+    hf,
+    kv_cache,
+    masked,
+    mla_deepseek,
+    paged,
+    per_head_linear,
+    rope,
+    sdpa,
+    torch_mha,
+    varlen,
+)

@@ -27,9 +27,13 @@ Two ways to attend through the block tables:
   empty cache attends over the call's own keys (causal, no pages read), as serving systems run prefills; decode steps and
   chunks appended to a non-empty cache read the pages.
 
-A plan (:meth:`PagedCache.prepare`: the pages for the new tokens reserved, the gather index and mask, or the block
-mask) is built by every cached call; ``prepare(x, lengths=...)`` builds it apart and ``forward(..., prepared=plan)``
-uses it (the ``prepare``/``prepared=`` protocol of setup steps).
+A plan (:meth:`PagedCache.plan_call`: the pages for the new tokens reserved, the gather index and mask, or the block
+mask) is built by every cached call; ``plan_call(x, lengths=...)`` builds it apart and ``forward(x, use_cache=True,
+planned=plan)`` uses it. It is not the ``prepare``/``prepared=`` setup protocol of :mod:`attnbench.runner.setup`:
+planning reserves pages and advances the sequences (it is half of a cached call, not a repeatable setup), and the full
+forward (``use_cache=False``: the inference, forward and forward+backward cells) has no setup step, so ``setup_s`` is
+NaN on those rows (named ``prepare``, the runner timed it apart as that setup, call after call, until the cache was
+full: an error row).
 """
 
 from __future__ import annotations
@@ -150,10 +154,11 @@ class PagedCache(CachedAttention):
                                   "tokens; call reset_cache() or build the layer with a larger context_length")
         return lengths
 
-    def prepare(self, x: torch.Tensor, lengths=None) -> Plan:
-        """Reserve the pages of ``x``'s new tokens and build what attending needs (the setup step of a call)."""
+    def plan_call(self, x: torch.Tensor, lengths=None) -> Plan:
+        """Reserve the pages of ``x``'s new tokens and build what attending needs: the first half of a cached call
+        (it changes the cache: the sequences' lengths advance), for ``forward(x, use_cache=True, planned=plan)``."""
         if self.window is not None and x.shape[1] > self.window:
-            raise InputShapeError(f"prepare plans a chunk of at most window={self.window} tokens, got {x.shape[1]}; "
+            raise InputShapeError(f"plan_call plans a chunk of at most window={self.window} tokens, got {x.shape[1]}; "
                                   "forward(x, use_cache=True) splits a longer chunk itself")
         lengths = self._start(x, lengths)
         P, rows, toks, pages, slots = self.page_size, [], [], [], []
@@ -186,12 +191,14 @@ class PagedCache(CachedAttention):
         return torch.tensor(table, dtype=torch.long, device=device), torch.tensor(self.first, device=device)
 
     # -- attention ---------------------------------------------------------------------------------
-    def forward(self, x, use_cache: bool = False, lengths=None, prepared: Plan | None = None):
+    def forward(self, x, use_cache: bool = False, lengths=None, planned: Plan | None = None):
+        """The full forward (``use_cache=False``: the cache is neither read nor changed), or the next tokens through
+        the pages (``lengths``: new tokens per row; ``planned``: a :meth:`plan_call` of this ``x``)."""
         if not use_cache:
             return super().forward(x)
-        if prepared is None and self.window is not None and x.shape[1] > self.window:
+        if planned is None and self.window is not None and x.shape[1] > self.window:
             return self._in_windows(x, lengths)
-        plan = self.prepare(x, lengths) if prepared is None else prepared
+        plan = self.plan_call(x, lengths) if planned is None else planned
         q, k, v = self.project(x)  # (b, nh, t, hd), (b, n_kv, t, hd) x 2
         rows, toks, pages, slots = plan.dest
         self.pool_k[pages, slots] = k[rows, :, toks]  # (n, n_kv, hd) into the pages' slots

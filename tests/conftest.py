@@ -97,6 +97,28 @@ def _private_drift_calibration(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_DRIFT_FILE", str(tmp_path_factory.mktemp("drift") / "drift.json"))
 
 
+MOCK_CEILING = {"gflops_per_s": 1e6, "gflops_rel": 0.02, "gbytes_per_s": 1e6, "gbytes_rel": 0.02,
+                "cache_bytes": 32 * 2**20, "date": "mock", "conditions": {"mock": True}}
+"""The roofline ceilings every test's rows see (issue 49): far above any CPU, so no real row reads implausible."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mock_roofline_ceilings(tmp_path_factory):
+    """No test reads, writes or measures this machine's roofline ceilings (~/.cache/attnbench/ceilings.json): the
+    session's file holds :data:`MOCK_CEILING` for every dtype and thread count here (measuring processes inherit it)."""
+    import json
+    import os
+
+    from attnbench.measure import roofline
+
+    path = tmp_path_factory.mktemp("ceilings") / "ceilings.json"
+    keys = [roofline.machine_key("cpu", d, t) for d in roofline.DTYPES for t in range(1, max(8, os.cpu_count() or 1) + 1)]
+    path.write_text(json.dumps(dict.fromkeys(keys, MOCK_CEILING)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(roofline.ENV_FILE, str(path))
+        yield path
+
+
 @pytest.fixture(autouse=True)
 def _private_machine_lock(tmp_path_factory, monkeypatch):
     """No test takes this user's machine lock (~/.cache/attnbench/locks): each sees a lock folder of its own, so a

@@ -402,11 +402,71 @@ def test_a_cell_that_moved_apart_from_the_shift_is_still_caught_and_disagreeing_
     assert len(half.regressions) == 4 and not any("alike" in n for n in half.notes)
 
 
-def test_a_difference_timed_under_other_load_is_inconclusive_and_fails_no_gate():
+def _loaded(df: pd.DataFrame, other: float, steal: float = 0.0) -> pd.DataFrame:
+    """``df`` as if timed while other processes took ``other`` of the CPU time (and steal ``steal``)."""
+    df = df.copy()
+    df["contended"], df["other_cpu_frac"], df["steal_frac"] = "yes", other, steal
+    return df
+
+
+def test_a_slowdown_the_load_can_explain_is_inconclusive_never_a_pass():
+    """Issue 45: inconclusive is its own verdict (exit 3), not a pass and not a regression."""
     da, db = _pair(1.5)
-    db["contended"], db["other_cpu_frac"], db["steal_frac"] = "yes", 0.6, 0.0
-    res = compare_runs(da, db)
+    res = compare_runs(da, _loaded(db, 0.6))
     cell = res.cells.iloc[0]
-    assert cell["change"].startswith("inconclusive: read slower while other load") and not cell["regression"]
-    assert not res.has_regression and "1 cell(s) differed while other load took the CPUs" in res.summary()
+    # u = 0.6 + the resolution of a 40 x 1.5 ms region (2 / (100 x 0.06 s) = 0.33): (1 + u) / (1 - u), about 28x
+    assert cell["change"].startswith("inconclusive: read slower while other load took the CPUs in B")
+    assert cell["inconclusive"] and not cell["regression"] and 20 < cell["load_bound"] < 40
+    assert not res.has_regression and len(res.inconclusive) == 1
+    assert "1 cell(s) read slower beyond the threshold while other load took the CPUs" in res.summary()
     assert compare_runs(*_pair(1.5)).has_regression  # the same samples, timed on a quiet machine
+
+
+def test_a_slowdown_too_large_for_the_measured_load_is_a_regression_whatever_the_load():
+    """Issue 45: 321 us -> 4.1 ms, 12.8x, with the other core of two busy read "inconclusive" and exited 0."""
+    da, db = _pair(12.8)
+    cell = compare_runs(da, _loaded(db, 0.5)).cells.iloc[0]
+    # u = 0.5 + 2 / (100 x 40 x 12.8 ms) = 0.539: the load explains at most 1.539 / 0.461 = 3.34x
+    assert cell["load_bound"] == pytest.approx(3.34, abs=0.02)
+    assert cell["regression"] and not cell["inconclusive"] and cell["ci_low"] > cell["load_bound"]
+    assert cell["change"] == "slower, beyond the 3.34x the load in B can explain"
+    # the same slowdown under a load that could explain it (others took 90%) stays inconclusive
+    assert compare_runs(da, _loaded(db, 0.9)).cells.iloc[0]["inconclusive"]
+
+
+def test_load_in_a_cannot_make_b_slower_and_a_faster_reading_under_load_is_no_verdict():
+    da, db = _pair(1.5)
+    slower = compare_runs(_loaded(da, 0.6), db).cells.iloc[0]
+    assert slower["regression"] and slower["load_bound"] == 1.0 and slower["change"] == "slower"
+    faster = compare_runs(*(_loaded(d, 0.6) for d in _pair(0.6))).cells.iloc[0]  # A's load may have made it
+    assert not faster["improvement"] and not faster["inconclusive"] and not faster["regression"]
+    assert faster["change"] == "read faster while other load took the CPUs in A and B (contended): no verdict"
+
+
+def test_identical_runs_both_loaded_are_not_inconclusive():
+    """Two runs of the same code, both timed under load: the noise is neither a regression nor inconclusive."""
+    verdicts = [compare_runs(*(_loaded(d, 0.5) for d in _pair(1.0, sigma=0.15, seed=seed))).cells.iloc[0]
+                for seed in range(10)]
+    assert not any(v["regression"] or v["inconclusive"] for v in verdicts), [v["change"] for v in verdicts]
+
+
+def test_cli_exit_status_3_for_inconclusive_1_beyond_the_load_0_for_identical_loaded_runs(tmp_path, capsys):
+    from attnbench.results.compare import EXIT_INCONCLUSIVE
+
+    cell = Cell(impl="sdpa", seq_len=256)
+    quiet = ok_row(cell, lognormal(1e-3, seed=1), contended="no", other_cpu_frac=0.02, steal_frac=0.0)
+    a = write_run(tmp_path, "a", [quiet])
+    codes = {}
+    for name, factor, other in (("inconclusive", 1.5, 0.6), ("beyond", 12.8, 0.5), ("same", 1.0, 0.5)):
+        row = ok_row(cell, lognormal(1e-3 * factor, seed=2), contended="yes", other_cpu_frac=other, steal_frac=0.0)
+        b = write_run(tmp_path, name, [row])
+        try:
+            main(["compare", str(a), str(b), "-o", str(tmp_path / f"cmp-{name}")])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        codes[name] = (code, capsys.readouterr())
+    assert EXIT_INCONCLUSIVE == 3 and codes["inconclusive"][0] == 3
+    assert "INCONCLUSIVE (exit 3)" in codes["inconclusive"][1].err and "OK" not in codes["inconclusive"][1].out
+    assert codes["beyond"][0] == 1 and "FAIL" in codes["beyond"][1].out
+    assert codes["same"][0] == 0 and "OK: no significant slowdown" in codes["same"][1].out

@@ -9,6 +9,7 @@ from sample_runs import failed_row, synthetic_run
 
 from attnbench.cli import main
 from attnbench.results.store import load_run
+from tests.refusal_text import refusal_text  # a refusal: an error: headline, a few short indented lines
 
 PLUGINS = Path(__file__).parent / "plugins"
 TINY = ["--seq", "16", "--batch", "1", "--heads", "2", "--d-model", "16", "--mode", "forward", "--rounds", "1",
@@ -74,7 +75,7 @@ def test_run_of_an_impossible_shape_is_a_usage_error_before_anything_runs(tmp_pa
     code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--impl", "sdpa", "--d-model", "30", "--heads", "4"],
                        capsys)
     assert code == 2
-    (line,) = error_lines(err)
+    line = refusal_text(err)
     assert "--d-model 30 is not divisible by --heads 4" in line and "multiple of 4" in line
     assert not list(tmp_path.iterdir())  # no run folder, no report
 
@@ -120,7 +121,7 @@ def test_out_on_a_path_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
     blocker.write_text("not a folder")
     code, _, err = cli(["run", "--out", str(blocker / "results"), *TINY, "--impl", "sdpa"], capsys)
     assert code == 2 and "Traceback" not in err
-    (line,) = [x for x in err.splitlines() if x.strip()]
+    line = refusal_text(err)  # one refusal: an error: headline, then at most a few short lines
     assert line.startswith("error: cannot write") and "choose another --out" in line
 
 
@@ -136,7 +137,7 @@ def test_an_unwritable_out_is_one_line(code_, words, tmp_path, capsys, monkeypat
     monkeypatch.setattr(Path, "mkdir", refuse)
     code, _, err = cli(["run", "--out", str(tmp_path / "ro"), *TINY, "--impl", "sdpa"], capsys)
     assert code == 2
-    (line,) = [x for x in err.splitlines() if x.strip()]
+    line = refusal_text(err)
     assert words in line and "choose another --out" in line
 
 
@@ -157,7 +158,7 @@ def test_a_full_disk_is_one_line_leaves_no_tmp_and_resume_completes_the_run(tmp_
     code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--impl", "sdpa,weight_split"], capsys)
     run_dir = only_run(tmp_path)
     assert code == 2 and "Traceback" not in err
-    line = error_lines(err)[-1]
+    line = refusal_text(err[err.rindex("error: "):])
     assert "the disk is full" in line and f"attnbench run --resume {run_dir}" in line
     assert not list(run_dir.rglob("*.tmp"))
     assert len(load_run(run_dir)[0]) == 1  # the first cell is kept
@@ -183,7 +184,7 @@ def test_a_bad_toml_is_one_line_naming_its_key(toml, words, tmp_path, capsys):
     path.write_text(toml)
     code, _, err = cli(["run", str(path), "--out", str(tmp_path / "out"), "--no-report"], capsys)
     assert code == 2 and not (tmp_path / "out").exists()
-    (line,) = [x for x in err.splitlines() if x.strip()]
+    line = refusal_text(err)
     assert words in line and "--" not in line.split(":")[0]
     if not toml:
         assert "is empty" in line
@@ -278,3 +279,42 @@ def test_console_marks_a_fraction_of_peak_over_100_percent_and_explains_it(tmp_p
     run_cli._print_over_peak(df)
     out = capsys.readouterr().out
     assert "130%*" in out and "ran faster than the peak GEMM measured in this run" in out
+
+
+# --- issue 45: the closing line names the first failed cell, not the first skipped one -------------------------
+
+def test_closing_line_names_the_first_failed_cell_after_skipped_ones():
+    import pandas as pd
+
+    from attnbench.cli.run import failure_line
+    from attnbench.results.schema import Cell
+
+    ok, skipped, error = Cell("sdpa", seq_len=16), Cell("sdpa", seq_len=16, num_kv_heads=1), Cell("wrapper", seq_len=16)
+    df = pd.DataFrame([{"cell_id": ok.cell_id, "status": "ok", "error": ""},
+                       {"cell_id": skipped.cell_id, "status": "skipped", "error": "does not support grouped-query"},
+                       {"cell_id": error.cell_id, "status": "error", "error": "RuntimeError: boom"}])
+    line = failure_line(df)
+    assert line.startswith("1 of 3 cells failed (1 error)")
+    assert line.endswith(f"; first: {error.cell_id}: error: RuntimeError: boom")
+    assert "skipped" not in line
+
+
+def test_closing_line_of_a_run_with_nothing_measured_still_names_a_cell():
+    import pandas as pd
+
+    from attnbench.cli.run import failure_line
+
+    df = pd.DataFrame([{"cell_id": "a", "status": "skipped", "error": "needs CUDA"}])
+    assert failure_line(df) == "no cell was measured (1 skipped); first: a: skipped: needs CUDA"
+
+
+def test_run_closing_line_skips_past_skipped_cells_to_the_error(tmp_path, capsys):
+    # neither declares grouped-query attention: the kv1 group (first, as --kv-heads orders it) is two skipped rows
+    # ahead of the mha group's error row
+    code, _, err = cli(["run", "--out", str(tmp_path), *TINY, "--kv-heads", "1,mha",
+                        "--impl", f"sdpa,{PLUGINS / 'faulty.py'}:Raises"], capsys)
+    df, _ = load_run(only_run(tmp_path))
+    assert code == 1 and "skipped" in set(df.status) and "error" in set(df.status)
+    (line,) = error_lines(err)
+    first = line.split("; first: ", 1)[1]
+    assert first.startswith(f"{df[df.status == 'error'].cell_id.iloc[0]}: error:") and "deliberate failure" in first

@@ -20,6 +20,7 @@ from attnbench.measure import machine_lock
 from attnbench.results.lock import RUN_LOCK_NAME, RunLockedError, lock_run
 from attnbench.results.schema import Cell, empty_row
 from attnbench.results.store import RunStore, load_run
+from tests.refusal_text import refusal_text  # a refusal: an error: headline, a few short indented lines
 
 # Helper processes load the lock modules without the package's __init__ (which imports torch: seconds each on a
 # loaded machine); the modules themselves are the real ones.
@@ -347,7 +348,7 @@ def test_cli_resume_of_a_live_run_and_no_wait_exit_2_with_one_line(tmp_path, cap
             main(["run", "--resume", str(store.path)])
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error: ") and "being written by pid" in err and len(err.splitlines()) == 1
+        assert "being written by pid" in refusal_text(err)
     finally:
         store.close()
     proc = _machine_holder()
@@ -356,8 +357,9 @@ def test_cli_resume_of_a_live_run_and_no_wait_exit_2_with_one_line(tmp_path, cap
             main(["run", "--impl", "sdpa", "--seq", "16", "--heads", "2", "--d-model", "16", "--out", str(tmp_path / "r"),
                   "--no-wait", "-q", "--no-report"])
         assert exc.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith("error: another measurement is running") and f"pid {proc.pid}" in err[-1]
+        err = capsys.readouterr().err
+        text = refusal_text(err[err.index("error: "):])
+        assert text.startswith("error: another measurement is running") and f"pid {proc.pid}" in text
     finally:
         proc.kill()
         proc.wait()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnbench import registry
+from attnbench.correctness.cases import computes_mla
 from attnbench.errors import AttnbenchError, InputShapeError, InvalidSpecError, UnavailableError
 from attnbench.spec import AttnSpec
 
@@ -78,6 +79,9 @@ def test_spec_check_input(case):
 def test_builtin_forward_rejects_bad_inputs(name):
     impl = registry.get(name)
     spec = AttnSpec(8, 8, 5, 0.0, 2) if impl.same_width_only else SPEC
+    if computes_mla(impl):  # issue 46: a DeepSeek-style MLA built-in computes nothing else
+        spec = AttnSpec(6, 8, 5, 0.0, 2, rope_theta=100.0, kv_lora_rank=4, qk_nope_head_dim=4, qk_rope_head_dim=2,
+                        v_head_dim=4)
     module = impl.build(spec)
     with torch.no_grad():
         try:

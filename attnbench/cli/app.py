@@ -1,21 +1,37 @@
 """The ``attnbench`` command line: a thin layer over the Python API.
 
-Errors a user can cause (:class:`~attnbench.errors.AttnbenchError`) print as one line
-``error: ...`` and exit with status 2, never with a traceback.
+Errors a user can cause (:class:`~attnbench.errors.AttnbenchError`) print as one line ``error: ...`` (a long one
+as that headline and a few short indented lines: :func:`~attnbench.errors.refusal_lines`) and exit with status 2,
+never with a traceback.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 from rich.console import Console
 
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, refusal_lines
 from attnbench.runner import interrupts
 
-# Wide when piped (logs, CI): rich would otherwise wrap every table at 80 columns.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+PIPED_WIDTH = 200
+"""Columns of the console when stdout is not a terminal and ``COLUMNS`` is not set (logs, CI): rich would otherwise
+wrap every table at 80 columns."""
+
+
+def console_width(stream=None, environ=None) -> int | None:
+    """The console's width: ``None`` (rich asks the terminal, or reads ``COLUMNS``) on a terminal or when ``COLUMNS``
+    is set to a number, else :data:`PIPED_WIDTH`. ``COLUMNS`` is how a user sizes output to a file or a pipe."""
+    stream = sys.stdout if stream is None else stream
+    environ = os.environ if environ is None else environ
+    if stream.isatty() or str(environ.get("COLUMNS", "")).strip().isdigit():
+        return None
+    return PIPED_WIDTH
+
+
+console = Console(highlight=False, width=console_width())
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -52,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except AttnbenchError as exc:
-        err_console.print(f"error: {exc}", markup=False)
+        for line in refusal_lines(exc):  # a headline naming the first cause, then a few short indented lines
+            err_console.print(line, markup=False)
         sys.exit(2)
     except interrupts.Terminated as exc:
         err_console.print(f"terminated by {interrupts.name(exc.signum)}", markup=False)

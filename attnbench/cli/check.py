@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from pathlib import Path
 
 import click
 from rich.table import Table
@@ -13,7 +14,7 @@ from attnbench.cli.grouped import grouped
 
 CHECK_SECTIONS = (
     ("What to check", ("impls", "device", "scope", "kinds", "seed")),
-    ("Output", ("all_cases", "verbose")),
+    ("Output", ("all_cases", "verbose", "json_path")),
     ("Execution", ("case_timeout",)),
 )
 """``attnbench check --help``'s sections, common options first."""
@@ -29,6 +30,9 @@ CHECK_SECTIONS = (
 @click.option("--kind", "kinds", multiple=True, help="Only these case kinds (forward, backward, causality, ...).")
 @click.option("--all-cases", is_flag=True, help="Print every case, not just the summary and the failures.")
 @click.option("-v", "--verbose", is_flag=True, help="Print how each plug-in is constructed and where its weights map.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write every case and the measured properties (deterministic, batch_invariant, ...: "
+              "docs/correctness.md, Properties) to this JSON file.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Draw other weights and inputs for every case.")
 @click.option("--case-timeout", "--timeout", "case_timeout", metavar="SECONDS|none",
               help="Seconds after which a case fails as a timeout (and its implementation's later cases are skipped). "
@@ -37,7 +41,7 @@ CHECK_SECTIONS = (
               help="block / model: the implementation inside a tiny transformer block or GPT against the float64 "
               "reference block or model, and (model) generation with == without the KV cache == the reference.")
 def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool,
-              verbose: bool, seed: int, case_timeout: str | None, scope: str) -> None:
+              verbose: bool, seed: int, case_timeout: str | None, scope: str, json_path: str | None = None) -> None:
     """Run the correctness matrix on IMPL (or --impl) and print one summary line per implementation.
 
     With no IMPL: every registered implementation available here (hf: names only when named).
@@ -56,6 +60,8 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     if (impl_args or impls) and not names:
         raise click.BadParameter("is empty; name implementations (attnbench list), or leave it out to check every "
                                  "available one", param_hint="--impl")
+    for name in names or []:
+        _file_without_class(name)
     resolved = [available(name, device) for name in names or []]  # unknown names fail before anything runs
     for impl in resolved:  # construct and map weights once: a setup error is one line, not one per case
         lines = prepared(impl, device)
@@ -83,8 +89,42 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
             console.print(f"  {line}", markup=False)
     if verbose:
         _print_exercised(results)
+        _print_properties(results)
+    if json_path:
+        _write_json(results, json_path)
     if n_bad:
         sys.exit(1)
+
+
+def _file_without_class(name: str) -> None:
+    """``check my_attn.py`` names a file, not a class: a :class:`UnknownImplementationError` naming the file's
+    ``nn.Module`` classes and, when one of them is plainly the attention class (the only class, or the only one whose
+    name says attention), the command that checks it. Any other name passes through untouched."""
+    import inspect
+
+    from torch import nn
+
+    from attnbench.errors import UnknownImplementationError
+    from attnbench.plugins import import_file, split_display_name
+
+    display, target = split_display_name(name)
+    if not target.endswith(".py") or ":" in target:
+        return
+    if not Path(target).expanduser().is_file():
+        raise UnknownImplementationError(f"{target}: no such file (a plug-in is given as path/to/file.py:Class)")
+    module = import_file(target)  # a file that does not import: a PluginLoadError, one line
+    classes = [n for n, v in vars(module).items()
+               if inspect.isclass(v) and issubclass(v, nn.Module) and v.__module__ == module.__name__]
+    if not classes:
+        raise UnknownImplementationError(f"{target} names a file, not a class, and it defines no nn.Module class; "
+                                         "a plug-in is given as path/to/file.py:Class")
+    named = [c for c in classes if "att" in c.lower()]
+    pick = classes[0] if len(classes) == 1 else named[0] if len(named) == 1 else None
+    prefix = f"{display}=" if display else ""
+    how = (f"check {pick} with `attnbench check {prefix}{target}:{pick}`" if pick else
+           f"name one as FILE.py:Class, e.g. `attnbench check {prefix}{target}:{classes[0]}`")
+    raise UnknownImplementationError(f"{target} names a file, not a class; its nn.Module classes: "
+                                     f"{', '.join(classes)}; {how}")
 
 
 def summary_line(impl_name: str, rows) -> str:
@@ -147,6 +187,26 @@ def matrix_table(results, device: str, scope: str = "layer") -> Table:
                       "-" if r.worst_error != r.worst_error else f"{r.worst_error:.2e}",
                       "-" if r.tolerance != r.tolerance else f"{r.tolerance:.0e}", style="bold" if bad else None)
     return table
+
+
+def _print_properties(results) -> None:
+    """``NAME properties (1 thread, torch 2.x): deterministic float32 bitwise; ...`` (issue 48)."""
+    from attnbench.correctness.invariance import summary_lines
+
+    for line in summary_lines(results):
+        console.print(line, markup=False)
+
+
+def _write_json(results, path: str) -> None:
+    """``{"cases": [...], "properties": [...]}`` to ``path``: every case's row and each measured
+    property as fields (:func:`attnbench.correctness.invariance.properties`)."""
+    import json
+
+    from attnbench.correctness.invariance import properties
+
+    cases = results.astype(object).where(results.notna(), None).to_dict(orient="records")
+    text = json.dumps({"cases": cases, "properties": properties(results)}, indent=1)
+    Path(path).write_text(text + "\n")
 
 
 def _print_exercised(results) -> None:

@@ -55,7 +55,9 @@ def run_counted(*, preset, sweep_file, settings: dict, axes: dict, out: str, qui
                       "compare two of them with attnbench compare)", markup=False)
     failed = {s: n for s, n in counts.items() if s not in ("ok", "skipped")}
     if failed or not counts.get("ok"):
-        first = df[df.status != "ok"].iloc[0] if (df.status != "ok").any() else None
+        from attnbench.cli.run import first_failed
+
+        first = first_failed(df, tuple(failed))
         said = ", ".join(f"{n} {s}" for s, n in counts.items())
         err_console.print(f"error: {'no cell was counted' if not counts.get('ok') else 'some cells failed'} ({said})"
                           + (f"; first: {first.cell_id}: {first.status}: {first.error}" if first is not None else ""),
@@ -79,17 +81,20 @@ def instruction_table(df: pd.DataFrame, title: str) -> Table:
 
 
 def print_instruction_compare(result, label_a: str, label_b: str) -> None:
-    """The instruction layer of ``attnbench compare``: every compared cell, and the top changed functions of each
-    cell that moved."""
+    """The instruction layer of ``attnbench compare``: the threshold and how it was set, every compared cell (with
+    each run's repeat spread and the cell's threshold), and the top changed functions of each cell that moved."""
     from attnbench.results.compare_instructions import fmt_count
 
-    table = Table(title=f"instructions per call, B ({label_b}) vs A ({label_a}); fails beyond {result.threshold:.2%}")
-    for col in ("impl", "cell", "A", "B", "B/A", "B - A", "change"):
-        table.add_column(col, justify="right" if col in ("A", "B", "B/A", "B - A") else "left", overflow="fold")
+    console.print(f"instruction threshold: {result.describe_threshold()}", markup=False)
+    table = Table(title=f"instructions per call, B ({label_b}) vs A ({label_a})")
+    for col in ("impl", "cell", "A", "B", "B/A", "B - A", "spread A/B", "fails beyond", "change"):
+        table.add_column(col, justify="left" if col in ("impl", "cell", "change") else "right", overflow="fold")
     for r in result.cells.itertuples():
         style = "bold red" if r.regression else "green" if r.improvement else None
+        spreads = "/".join(f"{v:.3%}" if v == v else "–" for v in (r.spread_a, r.spread_b))
         table.add_row(r.impl, str(r.cell_id).split("|", 1)[-1], fmt_count(r.instructions_a), fmt_count(r.instructions_b),
-                      f"{r.ratio:.5f}x", f"{r.delta:+,.0f}", r.change, style=style)
+                      f"{r.ratio:.5f}x", f"{r.delta:+,.0f}", spreads, f"{r.threshold:.2%} ({r.threshold_source})",
+                      r.change, style=style)
     console.print(table)
     for r in result.cells.itertuples():
         if r.ratio != 1 and r.top_functions:
@@ -104,10 +109,11 @@ def print_instruction_compare(result, label_a: str, label_b: str) -> None:
         console.print(f"{len(result.unmatched)} cell(s) counted in one run only, not compared", markup=False)
 
 
-def compare_counted(a, b, threshold: float) -> int | None:
+def compare_counted(a, b, threshold: float | None = None) -> int | None:
     """``attnbench compare``'s instruction layer when the runs hold counts: print it and return the exit status (1:
-    a cell counts more than ``threshold`` more instructions in B; 2: nothing compared). None when neither run holds
-    counts (the timing comparison applies)."""
+    a cell counts more than its threshold more instructions in B; 2: nothing compared). ``threshold``: a fixed one,
+    None: each cell's from its recorded repeat spread (:func:`attnbench.results.compare_instructions.cell_threshold`).
+    None when neither run holds counts (the timing comparison applies)."""
     from attnbench.results.compare_instructions import compare_instructions, has_instructions
     from attnbench.results.store import load_run
 
@@ -126,9 +132,10 @@ def compare_counted(a, b, threshold: float) -> int | None:
     if not len(result.cells):
         err_console.print("error: no cell was counted (ok) in both runs, so nothing was compared", markup=False)
         return 2
+    limit = f"{threshold:.2%}" if threshold is not None else "its threshold (set by its counts' noise)"
     if result.has_regression:
-        console.print(f"[bold red]FAIL[/]: {len(result.regressions)} cell(s) execute more than {threshold:.2%} more "
+        console.print(f"[bold red]FAIL[/]: {len(result.regressions)} cell(s) execute more than {limit} more "
                       "instructions per call in B")
         return 1
-    console.print(f"[green]OK[/]: no cell executes more than {threshold:.2%} more instructions per call in B")
+    console.print(f"[green]OK[/]: no cell executes more than {limit} more instructions per call in B")
     return 0

@@ -16,7 +16,6 @@ import click
 import numpy as np
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
@@ -106,7 +105,9 @@ def _table(title: str, shown: list[str], rows: list[dict], sp_col: str) -> Table
 
 
 def _shortened(df, failing: dict) -> tuple[pd.DataFrame, dict]:
-    """``df`` and ``failing`` with plug-in file names shortened for the console (the results keep the full names)."""
+    """``df`` and ``failing`` with plug-in file names shortened for the console (the results keep the full names).
+    ``failing`` is keyed as ``--impl`` named them: ``NAME=path.py:Class`` rows are called ``NAME``, so it is too."""
+    failing = {_row_name(k): v for k, v in failing.items()}
     names = short_names(list(df["impl"].astype(str)) + [str(b) for b in df.get("baseline", pd.Series()).dropna()])
     if all(k == v for k, v in names.items()):
         return df, failing
@@ -115,6 +116,14 @@ def _shortened(df, failing: dict) -> tuple[pd.DataFrame, dict]:
     if "baseline" in df:
         df["baseline"] = df["baseline"].map(lambda b: names.get(str(b), b) if isinstance(b, str) else b)
     return df, {names.get(k, k): v for k, v in failing.items()}
+
+
+def _row_name(name: str) -> str:
+    """The ``impl`` a row of ``--impl name`` carries: the short name of ``NAME=path.py:Class``, else ``name``."""
+    from attnbench.plugins import split_display_name
+
+    display, target = split_display_name(name)
+    return display if display is not None else target
 
 
 def _row_values(r, shape: dict) -> list[str]:
@@ -204,12 +213,18 @@ def _print_over_peak(df) -> None:
         console.print(f"note: * {len(over_bw)} decode cell(s) read faster than the peak bandwidth measured in this "
                       "run (the best of several tries): the KV cache fit in a cache, or the peak met a busy moment; "
                       "their % BW overstates the share of memory bandwidth", markup=False)
+    from attnbench.measure.roofline import implausible_rows, implausible_text
+
+    for _, r in implausible_rows(df).iterrows():  # issue 49: faster than a measured ceiling beyond its uncertainty
+        console.print(f"warning: implausible row {implausible_text(r)}", markup=False, soft_wrap=True)
 
 
 def _flags(r) -> str:
-    """The flag column: ``unstable`` (two modes) and/or ``contended`` (others took the CPUs while it was timed)."""
+    """The flag column: ``unstable`` (two modes), ``contended`` (others took the CPUs while it was timed),
+    ``implausible`` (faster than a measured ceiling: :mod:`attnbench.measure.roofline`)."""
     flags = ["unstable"] if str(getattr(r, "stability", "")) == "unstable" else []
     flags += ["contended"] if str(getattr(r, "contended", "")) == "yes" else []
+    flags += ["implausible"] if str(getattr(r, "plausibility", "")) == "implausible" else []  # issue 49
     return ", ".join(flags)
 
 
@@ -470,25 +485,15 @@ def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:
 
 
 def _progress(quiet: bool, units_per_cell=lambda: 1):
-    """The progress bar (None when quiet) and the engine's ``progress(i, total, cell, row)`` callback that drives it;
-    the bar counts cells (the engine counts each cell's rounds in each process: ``units_per_cell()`` of them, asked
-    once the run has started, so that a resumed run's errors come from the engine first)."""
+    """The progress bar (None when quiet) and the engine's ``progress(i, total, cell, row)`` callback that drives it
+    (:class:`attnbench.cli.progress.RunProgress`: it counts cells, ``units_per_cell()`` of the engine's units each,
+    and its ETA comes from the plan's predictions)."""
     if quiet:
         return None, None
-    progress_bar = Progress(TextColumn("[bold]cell"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                            console=err_console, transient=False)
-    task = progress_bar.add_task("", total=None)
-    units: list[int] = []
+    from attnbench.cli.progress import RunProgress
 
-    def on_progress(i, total, cell, row):
-        if not progress_bar.live.is_started:  # started by the first cell: errors before it print cleanly
-            units.append(units_per_cell())
-            progress_bar.start()
-        progress_bar.update(task, total=total // units[0], completed=i // units[0],
-                            description=cell.cell_id if row is None else f"{cell.cell_id} -> {row['status']}")
-
-    return progress_bar, on_progress
+    on_progress = RunProgress(err_console, units_per_cell)
+    return on_progress.bar, on_progress
 
 
 def _status_counts(df) -> dict[str, int]:
@@ -641,7 +646,7 @@ def failure_line(df) -> str | None:
         return None
     counts = df.status.value_counts()
     failed = {s: int(counts[s]) for s in FAILED if s in counts}
-    first = df[df.status != "ok"].iloc[0] if (df.status != "ok").any() else None
+    first = first_failed(df, FAILED)
     reason = f"; first: {first.cell_id}: {first.status}: {first.error}" if first is not None else ""
     said = ", ".join(f"{n} {s}" for s, n in counts.items())
     if not int(counts.get("ok", 0)):
@@ -649,6 +654,15 @@ def failure_line(df) -> str | None:
     if failed:
         return (f"{sum(failed.values())} of {len(df)} cells failed ({', '.join(f'{n} {s}' for s, n in failed.items())}); "
                 f"their rows and reasons are in the results{reason}")
+    return None
+
+
+def first_failed(df, failed=FAILED):
+    """The row the closing line names: the first whose status is in ``failed`` (a failure, not a ``skipped`` cell);
+    when there is none, the first row that is not ``ok`` (a run of skipped cells says why one was); else None."""
+    for mask in (df.status.isin(failed), df.status != "ok"):
+        if mask.any():
+            return df[mask].iloc[0]
     return None
 
 
@@ -661,15 +675,19 @@ def _prestarted(settings: dict, device: str | None):
     return prestarted(Settings(**settings), devices)
 
 
-def _startup_s(df) -> float:
-    """Seconds this command spent before its run session (imports, the sweep): the process's age less the session's
-    wall time; 0 when this process is not the command (a test calling the CLI in-process)."""
-    from attnbench.runner import phases
+def _startup_s(df, argv: list[str] | None = None) -> float:
+    """Seconds this command spent before its run session (imports, the sweep, the probe): the time since the command
+    began (:data:`attnbench.cli.STARTED`, its entry point's first import) less the session's wall time. Not
+    the process's age (``/proc/self/stat``): a shell that runs ``pip install ... && attnbench run`` execs the
+    command in the process it forked before pip ran. 0 when this process is not the command (a test calling the
+    CLI in-process)."""
+    from attnbench import cli
     from attnbench.runner.executors.ahead import own_command
 
-    age = phases.process_age_s() if own_command(sys.argv) else None
     session = df.attrs.get("session_wall_s")
-    return max(age - session, 0.0) if age is not None and session is not None else 0.0
+    if not own_command(sys.argv if argv is None else argv) or session is None:
+        return 0.0
+    return max(time.perf_counter() - cli.STARTED - session, 0.0)
 
 
 def _record_phases(run_dir: Path, df, startup_s: float = 0.0, report_s: float = 0.0) -> str:

@@ -26,6 +26,7 @@ from torch import nn
 from attnbench.correctness import precision
 from attnbench.correctness.reference import reference_forward
 from attnbench.devices import DTYPES
+from attnbench.errors import UnavailableError
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights, adapter_for, export_weights, fit_gains, load_weights, zero_held
 
@@ -179,10 +180,28 @@ def composed(module: nn.Module) -> bool:
     return bool(getattr(getattr(adapter_for(module), "layout", None), "composed", False))
 
 
+def computes_mla(impl) -> bool:
+    """Whether ``impl`` declares DeepSeek-style MLA (issue 46): its factory has ``mla = True``
+    (``implementations/mla_deepseek.py``)."""
+    return bool(getattr(getattr(impl, "factory", None), "mla", False))
+
+
+def mla_skip_reason(impl, spec: AttnSpec) -> str | None:
+    """Why ``impl`` cannot run ``spec``'s DeepSeek-style MLA (it does not declare it), or ``None``."""
+    if getattr(spec, "is_mla", False) and not computes_mla(impl):
+        return (f"does not support DeepSeek-style MLA (kv_lora_rank={spec.kv_lora_rank}: a latent with a rotary key "
+                "shared by all heads; a class that computes it declares `mla = True` on its factory)")
+    return None
+
+
 def build(impl, spec: AttnSpec, device: torch.device | str, dtype: str, w: CanonicalWeights,
           train: bool = False) -> Built:
     """``impl`` built for ``spec`` on ``device`` in ``dtype`` with ``w`` loaded (in ``train`` mode or eval), and the
-    weights every reference for it must use (see :class:`Built`)."""
+    weights every reference for it must use (see :class:`Built`). An MLA spec for an implementation that does not
+    declare MLA is an :class:`~attnbench.errors.UnavailableError` (a skipped case, :func:`mla_skip_reason`)."""
+    reason = mla_skip_reason(impl, spec)
+    if reason:
+        raise UnavailableError(reason)
     own = impl.own_spec(spec) if hasattr(impl, "own_spec") else spec  # what the class always does, filled in
     if own != spec:
         spec, w = own, fit_gains(w, own, seed=7)
@@ -212,13 +231,15 @@ def _observe_working(impl, built: Built, device) -> None:
         return  # built-ins compute in the dtype they are given (their matrix shows it); compiled code is not traced
     key = (getattr(impl, "name", repr(impl)), built.spec, built.dtype, str(device), SEED.get())
     if key not in _WORKING_CACHE:
-        _WORKING_CACHE[key] = _working(built, device)  # None: not observable (kept, so it is not tried every case)
+        _WORKING_CACHE[key] = _working(built, device, getattr(impl, "factory", None))  # None: not observable
     if _WORKING_CACHE[key] is not None:
         precision.WORKING.set(_WORKING_CACHE[key])
 
 
-def _working(built: Built, device) -> precision.Working | None:
-    """What ``built``'s module computes in, and the tolerances that follow; None when it cannot be observed."""
+def _working(built: Built, device, factory=None) -> precision.Working | None:
+    """What ``built``'s module computes in, and the tolerances that follow; None when it cannot be observed (kept,
+    so it is not tried every case). ``factory(spec)`` builds the class again: its buffers are compared with a
+    float64 build of them (:mod:`attnbench.correctness.buffers`)."""
     spec = built.spec
     g = torch.Generator().manual_seed(11)
     # every position the spec allows: float32 tables lose precision as the angles grow, so the floor must see them
@@ -226,7 +247,7 @@ def _working(built: Built, device) -> precision.Working | None:
     try:  # on a copy: the case must meet the module as built (a first call may set state: a cache, a fold)
         module = copy.deepcopy(built.module).eval()
         observed = precision.observe(module, lambda: module(x.to(device=device, dtype=DTYPES[built.dtype])),
-                                     DTYPES[built.dtype])
+                                     DTYPES[built.dtype], rebuild=factory and (lambda: factory(spec)))
     except Exception:  # the case itself shows what fails; nothing is excused without an observation
         return None
     return precision.working_for(observed, reference, rel_error, x, built.weights, spec, TOLERANCE[built.dtype],

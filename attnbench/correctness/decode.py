@@ -56,6 +56,13 @@ DECODE_SHAPES = [  # (prefill = DECODE_PREFILL tokens, then the patterns up to s
     Shape("decode_rope_interleaved_window", 1, 12, AttnSpec(16, 16, 12, 0.0, 2, window=4, rope_theta=500_000.0,
                                                               rope_style="interleaved")),
     Shape("decode_rope_half_gqa", 2, 10, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=2, rope_theta=500.0)),  # plain RoPE
+    # DeepSeek-style MLA (issue 46; where declared): a low-rank query, interleaved RoPE (DeepSeek's pairs) ...
+    Shape("decode_mla_qlora", 2, 11, AttnSpec(32, 32, 12, 0.0, 4, rope_theta=100.0, rope_style="interleaved",
+                                              q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                                              v_head_dim=5)),
+    # ... and a full-rank query, rotate-half pairs, d_in != d_out, v_head_dim != qk_head_dim
+    Shape("decode_mla_full_q", 1, 12, AttnSpec(24, 16, 12, 0.0, 2, rope_theta=1000.0, kv_lora_rank=10,
+                                               qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=4)),
 ]
 DECODE_PREFILL = {"decode_window_long_prefill": 7}  # default 5
 EVAL_DROPOUT = 0.2

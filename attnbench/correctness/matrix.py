@@ -29,7 +29,19 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.correctness import basic, decode, mask_cases, paged, positional, precision, properties, varlen, watchdog
+from attnbench.correctness import (
+    basic,
+    decode,
+    invariance,
+    mask_cases,
+    mla_cases,
+    paged,
+    positional,
+    precision,
+    properties,
+    varlen,
+    watchdog,
+)
 from attnbench.correctness.cases import (  # noqa: F401  (re-exported: the matrix's public names)
     GRAD_TOLERANCE,
     SEED,
@@ -74,7 +86,8 @@ VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped w
 def shape_specs() -> dict[str, AttnSpec]:
     """Every shape id of the matrix and its spec (for what ``check -v`` says was exercised)."""
     shapes = (SHAPES + VARIANT_SHAPES + DECODE_SHAPES + paged.PAGED_SHAPES + positional.POSITIONAL_SHAPES
-              + positional.START_SHAPES + mask_cases.MASK_SHAPES + varlen.VARLEN_SHAPES)
+              + positional.START_SHAPES + mask_cases.MASK_SHAPES + varlen.VARLEN_SHAPES + mla_cases.MLA_SHAPES
+              + [invariance.SHAPE, invariance.VARLEN_SHAPE])
     return {s.id: s.spec for s in shapes}
 
 
@@ -103,15 +116,20 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     out += positional.cases()
     out += mask_cases.cases()  # issue 37: ALiBi, prefix-LM, documents, sinks
     out += varlen.cases()  # issue 37
+    out += mla_cases.cases()  # issue 46: DeepSeek-style MLA (forward, backward; its decode shapes are decode's)
+    out += invariance.cases()  # issue 48: determinism, batch/chunk/layout invariance (stated, not judged)
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
     **basic.RUNNERS, "decode": decode.run_decode, "paged_decode": paged.run_paged_decode, **properties.RUNNERS,
-    **positional.RUNNERS, **varlen.RUNNERS}
+    **positional.RUNNERS, **varlen.RUNNERS, **invariance.RUNNERS}
 """Case kind -> runner: the plain kinds, the decode property, the round-2 properties, then the start positions."""
-CASE_MODES = {**basic.CASE_MODES, "decode": "decode", "paged_decode": "decode", **properties.CASE_MODES, **positional.CASE_MODES}
+CASE_MODES = {**basic.CASE_MODES, "decode": "decode", "paged_decode": "decode", **properties.CASE_MODES, **positional.CASE_MODES,
+              **invariance.CASE_MODES}
 """How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
+CASE_LENGTHS = {**varlen.CASE_LENGTHS, **invariance.CASE_LENGTHS}
+"""Kinds that take variable-length implementations only (issues 37, 48)."""
 CASE_DROPOUT = {**basic.CASE_DROPOUT, **properties.CASE_DROPOUT}
 """The dropout each case kind builds with (the others: none)."""
 
@@ -122,7 +140,7 @@ def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu
     shape = case.shape
     outcome = resolve(impl, shape.spec, device=device, dtype=case.dtype, mode=CASE_MODES.get(case.kind, "inference"),
                       batch=shape.batch, seq_len=shape.seq_len, dropout=CASE_DROPOUT.get(case.kind, 0.0),
-                      lengths=varlen.CASE_LENGTHS.get(case.kind, ""))  # issue 37: varlen cases take varlen impls only
+                      lengths=CASE_LENGTHS.get(case.kind, ""))  # issue 37: varlen cases take varlen impls only
     if isinstance(outcome, Skip):
         return CaseResult(impl.name, case.kind, shape.id, case.dtype, device, "skip", None, None, outcome.reason)
     dev = outcome.device

@@ -10,7 +10,9 @@ class at float64's 1e-9 calls correct code wrong; skipping its float64 cases hid
   submodule each op ran. Ops below the case's dtype are grouped into *parts*: a q/k norm (by the module's name),
   RoPE tables (cos/sin ops, rotary modules, complex products), softmax, or the op by name. A float64 buffer whose
   values are all float32 numbers (tables built in float32 before the module was cast) is a part too: it is not
-  visible as an op.
+  visible as an op. So is a float64 buffer that is only float32-*accurate* (``inv_freq`` in float32, the tables
+  finished in float64): given a way to build the class again, :func:`observe` compares its buffers by name with a
+  float64 build of them (:mod:`attnbench.correctness.buffers`).
 * **Derive a floor.** :func:`floor_errors` computes the harness's own reference with the *same parts* in float32
   (``reference_forward(..., lowp=...)``) and measures its error against the all-float64 reference, forward and
   gradients, at the case's spec. An unknown part makes the floor the error of the whole math in float32.
@@ -35,6 +37,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from attnbench.correctness import buffers
 from attnbench.plugins.qk_norm import role  # the q/k norm names the weight mapping already knows
 
 FLOOR_FACTOR = 8.0
@@ -62,6 +65,7 @@ class Observed:
     kinds: set[str] = field(default_factory=set)
     below32: list[str] = field(default_factory=list)
     moves: list[str] = field(default_factory=list)  # conversions and views below the case's dtype
+    buffer_errors: dict[str, float] = field(default_factory=dict)  # float32-accurate buffer -> difference from float64
 
     def add(self, part: str, kind: str, dtype: torch.dtype) -> None:
         self.parts.setdefault(part, set()).add(dtype)
@@ -131,16 +135,31 @@ def _float32_buffers(module: nn.Module, observed: Observed) -> None:
     if observed.dtype != torch.float64:
         return
     for name, buf in module.named_buffers():
-        if buf.dtype != torch.float64 or buf.numel() < 2:
-            continue
-        if torch.equal(buf, buf.round()) or not torch.equal(buf, buf.float().double()):
+        if not buffers.float32_valued(buf):
             continue  # integers (masks, positions) or true float64 values
         kind = "rope" if _ROPE_WORDS.search(name) else "other"
         observed.add("RoPE tables" if kind == "rope" else f"buffer {name} (float32 values)", kind, torch.float32)
 
 
-def observe(module: nn.Module, call, dtype: torch.dtype) -> Observed:
-    """Run ``call()`` (one forward of ``module``) and return what it computed below ``dtype``."""
+def _float32_accurate_buffers(module: nn.Module, observed: Observed, rebuild) -> None:
+    """Float64 buffers accurate to float32 only, though their values are not float32 numbers (``inv_freq`` in
+    float32, the tables finished in float64): ``rebuild()`` builds the class again, as the case did and in float64
+    throughout, and the buffers are compared by name (:mod:`attnbench.correctness.buffers`)."""
+    if rebuild is None or observed.dtype != torch.float64 or not buffers.has_floating_buffers(module):
+        return
+    found = buffers.float32_accurate(rebuild)
+    observed.buffer_errors.update(found)
+    for kind in ("rope", "other"):
+        names = [n for n in found if (kind == "rope") == bool(_ROPE_WORDS.search(n))]
+        if names:
+            observed.add(f"buffer{'s' * (len(names) > 1)} {', '.join(names)} (built float32-accurate by the "
+                         "constructor)", kind, torch.float32)
+
+
+def observe(module: nn.Module, call, dtype: torch.dtype, rebuild=None) -> Observed:
+    """Run ``call()`` (one forward of ``module``) and return what it computed below ``dtype``. ``rebuild``, a
+    function that constructs the same class again for the same spec (not cast, no weights loaded), lets a float64
+    observation also compare the buffers the constructor builds with a float64 build of them."""
     observed = Observed(dtype)
     where: list[str] = []
     hooks = []
@@ -160,6 +179,7 @@ def observe(module: nn.Module, call, dtype: torch.dtype) -> Observed:
         for h in hooks:
             h.remove()
     _float32_buffers(module, observed)
+    _float32_accurate_buffers(module, observed, rebuild)
     if observed.moves and not observed.parts:  # values rounded through a lower dtype and back: precision lost all the same
         observed.add(f"a round trip through a lower dtype ({observed.moves[0]})", "other", torch.float32)
     return observed

@@ -4,8 +4,10 @@ Written as plainly as possible (one explicit loop over heads, slicing the canoni
 so that it shares no reshape, transpose or mask convention with the implementations under test.
 It implements every variant of :class:`~attnbench.spec.AttnSpec`: grouped-query and multi-query
 attention (query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``), sliding windows and
-non-causal attention, and the positional fields (issue 26): QK-norm, RoPE at absolute positions, a score
-scale and soft-capping (:mod:`attnbench.correctness.rope` holds the small functions).
+non-causal attention, and the positional fields (issue 26): QK-norm, RoPE at absolute positions (of the whole
+head, or of its first ``rope_head_dim`` dimensions), a score scale and soft-capping
+(:mod:`attnbench.correctness.rope` holds the small functions). DeepSeek-style MLA (issue 46) has a reference of its
+own, :mod:`attnbench.correctness.mla_reference`, which shares this module's masks and softmax.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from attnbench.correctness import masks
-from attnbench.correctness.rope import apply_rope, rms_norm, rope_tables
+from attnbench.correctness.rope import apply_rope_part, rms_norm, rope_tables
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
 
@@ -54,15 +56,18 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
     working in float32 there is judged against.
     """
     b, T, _ = x.shape
-    d_out = w.W_q.shape[0]
-    hd = d_out // num_heads
-    group = num_heads // (w.W_k.shape[0] // hd)  # query heads per kv head
     allowed = allowed_pairs(T, T, window, causal, device=x.device)
     if spec is not None and (spec.prefix is not None or spec.documents):
         pos = torch.arange(start_pos, start_pos + T, device=x.device)
         allowed = masks.keep(pos[:, None], pos[None, :], causal=causal, window=window, prefix=spec.prefix,
                              documents=spec.documents)
     alibi = masks.alibi_bias(num_heads, T, device=x.device, dtype=x.dtype) if spec is not None and spec.alibi else None
+    if getattr(spec, "is_mla", False):  # issue 46: DeepSeek-style MLA (it imports this module: imported here)
+        from attnbench.correctness.mla_reference import mla_forward
+
+        return mla_forward(x, w, spec, allowed, alibi, start_pos, lowp)
+    hd = w.W_q.shape[0] // num_heads
+    group = num_heads // (w.W_k.shape[0] // hd)  # query heads per kv head
     q, k = _queries_keys(x, w, hd, spec, start_pos, lowp)  # (b, T, heads, hd) each, normed and rotated
     v = F.linear(x, w.W_v, w.b_v).unflatten(-1, (-1, hd))
     scale = spec.score_scale if spec is not None else 1 / math.sqrt(hd)
@@ -70,18 +75,26 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
     for h in range(num_heads):
         kv = h // group
         scores = torch.einsum("bid,bjd->bij", q[:, :, h], k[:, :, kv]) * scale  # (b, T, T)
-        if spec is not None and spec.softcap is not None:
-            scores = spec.softcap * torch.tanh(scores / spec.softcap)
-        if alibi is not None:
-            scores = scores + alibi[h]
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        if w.sinks is not None:  # one more logit per query row, dropped after the softmax
-            scores = torch.cat([scores, w.sinks[h].to(scores.dtype).expand(b, T, 1)], dim=-1)
-        probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype) if "softmax" in lowp else torch.softmax(scores, dim=-1)
-        probs = probs[..., :T]
+        probs = head_probs(scores, h, w, spec, allowed, alibi, lowp)
         heads.append(probs @ v[:, :, kv])  # (b, T, hd)
     context = torch.cat(heads, dim=-1)  # (b, T, d_out), head h in columns h*hd:(h+1)*hd
     return F.linear(context, w.W_o, w.b_o)
+
+
+def head_probs(scores: torch.Tensor, h: int, w: CanonicalWeights, spec: AttnSpec | None, allowed: torch.Tensor,
+               alibi: torch.Tensor | None, lowp: frozenset[str] = frozenset()) -> torch.Tensor:
+    """Head ``h``'s attention probabilities ``(b, T, T)`` from its scaled scores ``(b, T, T)``: soft-cap, ALiBi, the
+    mask ``allowed``, the sink logit ``w.sinks[h]`` in the denominator, softmax (in float32 when ``lowp`` says)."""
+    b, T = scores.shape[0], scores.shape[-1]
+    if spec is not None and spec.softcap is not None:
+        scores = spec.softcap * torch.tanh(scores / spec.softcap)
+    if alibi is not None:
+        scores = scores + alibi[h]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if w.sinks is not None:  # one more logit per query row, dropped after the softmax
+        scores = torch.cat([scores, w.sinks[h].to(scores.dtype).expand(b, scores.shape[1], 1)], dim=-1)
+    probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype) if "softmax" in lowp else torch.softmax(scores, dim=-1)
+    return probs[..., :T]
 
 
 def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec | None,
@@ -99,9 +112,10 @@ def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec 
         q, k = rms_norm(q, w.g_q, spec.norm_eps, norm_dtype), rms_norm(k, w.g_k, spec.norm_eps, norm_dtype)
     if spec is not None and spec.rope_theta is not None:
         positions = range(start_pos, start_pos + x.shape[1])
-        cos, sin = rope_tables(positions, hd, spec.rope_theta, spec.rope_scaling, spec.rope_style, dtype=x.dtype,
+        r = getattr(spec, "rope_head_dim", None) or hd  # issue 46: the first r dims of each head (partial rotary)
+        cos, sin = rope_tables(positions, r, spec.rope_theta, spec.rope_scaling, spec.rope_style, dtype=x.dtype,
                                compute_dtype=torch.float32 if "rope" in lowp else torch.float64)
         sin = sin * getattr(spec, "rope_sign", 1)  # -1: pairs turn by -theta (nanochat), a convention, not a bug
-        q = apply_rope(q.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
-        k = apply_rope(k.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
+        q = apply_rope_part(q.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
+        k = apply_rope_part(k.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
     return q, k

@@ -2,7 +2,9 @@
 
 Conventions (:data:`attnbench.spec.ROPE_STYLES`): ``half`` pairs dimension ``j`` with ``j + head_dim/2``
 (``rotate_half``: Llama/HF/NeoX), ``interleaved`` pairs ``2j`` with ``2j + 1`` (GPT-J, the original Meta code);
-pair ``j`` turns by ``position * inv_freq[j]`` in both.
+pair ``j`` turns by ``position * inv_freq[j]`` in both. A rotary slice narrower than the head (issue 46,
+:func:`apply_rope_part`) rotates the first ``r`` dimensions (partial rotary) or the last ones (DeepSeek MLA's
+``[nope | rope]`` query heads) with tables of width ``r``, pairs inside that slice; the rest pass unchanged.
 """
 
 from __future__ import annotations
@@ -66,6 +68,21 @@ def rotate(x: torch.Tensor, style: str = "half") -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half") -> torch.Tensor:
     """``x`` ``(..., T, head_dim)`` rotated by tables ``(T, head_dim)`` (:func:`rope_tables`)."""
     return x * cos.to(x.dtype) + rotate(x, style) * sin.to(x.dtype)
+
+
+def apply_rope_part(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half",
+                    part: str = "first") -> torch.Tensor:
+    """``x`` ``(..., T, d)`` with only ``r = cos.shape[-1]`` of its dimensions rotated by tables ``(T, r)``: the
+    ``first`` ``r`` (partial rotary: GPT-NeoX, Phi, ``partial_rotary_factor``) or the ``last`` ``r`` (DeepSeek MLA's
+    query heads ``[nope | rope]``); pairs are formed inside that slice (:func:`rotate`), the rest pass unchanged."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return apply_rope(x, cos, sin, style)
+    if part == "first":
+        return torch.cat([apply_rope(x[..., :r], cos, sin, style), x[..., r:]], dim=-1)  # (..., T, d)
+    if part == "last":
+        return torch.cat([x[..., :-r], apply_rope(x[..., -r:], cos, sin, style)], dim=-1)  # (..., T, d)
+    raise ValueError(f"part={part!r}; use 'first' or 'last'")
 
 
 def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float = 1e-6,

@@ -7,7 +7,9 @@ Shared by ``attnbench check`` and the pytest plug-in (:mod:`attnbench.testing.pl
 from __future__ import annotations
 
 from attnbench import registry
+from attnbench.correctness.cases import computes_mla
 from attnbench.correctness.matrix import SHAPES
+from attnbench.correctness.mla_cases import MLA_SHAPES
 from attnbench.errors import UnavailableError
 from attnbench.plugins import preflight
 
@@ -23,4 +25,5 @@ def available(name: str, device: str) -> registry.Implementation:
 
 def prepared(impl: registry.Implementation, device: str) -> list[str]:
     """Construct ``impl`` and map its weights once (raises the setup error); the lines ``check -v`` prints."""
-    return preflight(impl, device, other_specs=[shape.spec for shape in SHAPES])
+    shapes = MLA_SHAPES if computes_mla(impl) else SHAPES  # issue 46: an MLA built-in builds for MLA specs only
+    return preflight(impl, device, other_specs=[shape.spec for shape in shapes])

@@ -38,6 +38,12 @@ def peak_gbytes_per_s(device: str, budget_s: float = 0.5) -> float:
 
 @functools.cache
 def _peak(device: str, threads: int, budget_s: float) -> float:
+    return max(stream_rates(device, budget_s))
+
+
+def stream_rates(device: str, budget_s: float) -> list[float]:
+    """GB/s of each of :data:`~attnbench.measure.flops.PEAK_TRIES` tries, each the better of a copy and a triad
+    (in the calling thread count): the peak is their best, their spread its uncertainty (:mod:`attnbench.measure.roofline`)."""
     from attnbench.devices import parse_device
     from attnbench.measure.timing import time_fn
 
@@ -47,13 +53,15 @@ def _peak(device: str, threads: int, budget_s: float) -> float:
     b = torch.full((n,), 2.0, device=dev)
     c = torch.full((n,), 0.5, device=dev)
     kernels = {"copy": (lambda: b.copy_(a), 2), "triad": (lambda: torch.add(b, c, alpha=3.0, out=a), 3)}
-    best = 0.0
+    rates = []
     for _ in range(PEAK_TRIES):  # the best of several tries: one in a busy moment would inflate every % of peak
+        best = 0.0
         for fn, arrays in kernels.values():
             timing = time_fn(fn, dev, warmup_calls=2, warmup_s=0.0, budget_s=budget_s / len(kernels) / PEAK_TRIES,
                              target_rel_ci=0.02, min_samples=5)
             best = max(best, arrays * n * 4 / timing.stats()["median_s"] / 1e9)
-    return best
+        rates.append(best)
+    return rates
 
 
 def decode_rates(decode_bytes: float, median_s: float, peak: float) -> dict[str, float]:

@@ -7,8 +7,9 @@ callgrind's instrumentation on (``callgrind_control -i on``: the same request ``
 only now), then collects two parts with PyTorch's own callgrind client requests (``torch._C._valgrind_toggle`` and
 ``_valgrind_toggle_and_dump_stats``, which ``torch.utils.benchmark.Timer.collect_callgrind`` uses too):
 
-1. ``calls`` calls of the cell's step in a plain loop (callgrind's output file part 1);
-2. the same loop calling a function that does nothing (part 2): the harness's own instructions per call.
+1. ``calls`` calls of the cell's step in a plain loop, ``repeats`` times, each its own part (callgrind's output
+   file parts 1 to ``repeats``): the repeats' spread is the count's noise (issue 45);
+2. the same loop calling a function that does nothing (the last part): the harness's own instructions per call.
 
 It writes what it knows beside the counts (``SPEC.result.json``): the vector ISA PyTorch's CPU kernels chose, the
 threads, and the wall time of each part (for the slowdown of a counted call against a timed one).
@@ -76,7 +77,7 @@ def main(spec_path: str) -> None:
         step()
     build_s = time.perf_counter() - t0
     on_s = _instrumentation_on()
-    step_s = _counted(step, int(spec["calls"]))
+    step_s = sum(_counted(step, int(spec["calls"])) for _ in range(max(int(spec.get("repeats", 1)), 1)))
     base_s = _counted(_nothing, int(spec["calls"]))
     result = dict(capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
                   build_s=build_s, instrument_s=on_s, step_s=step_s, baseline_s=base_s, malloc_pinned=pinned,

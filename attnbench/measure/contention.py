@@ -27,6 +27,21 @@ exceed the threshold by more than that, so a short region on a quiet machine is 
 
 Where ``/proc/stat`` does not exist (macOS, Windows) the fractions are NaN, ``contended`` is ``unknown``,
 and the row's notes say why.
+
+**How much slowdown the load can explain** (issue 45, :func:`explainable_slowdown`). Let ``u(t)`` be the share of
+all the machine's CPU time that others (other processes, interrupts, steal) take at time ``t``, and let the cell run
+``k`` CPU-bound threads on ``n >= k`` CPUs under a work-conserving scheduler that is fair among the cell's own
+threads. At any moment either a CPU is idle, and then no thread of the cell waits (each runs: full speed), or none
+is, and then the cell's threads share ``(1 - u(t)) * n`` CPUs between ``k``: speed ``(1 - u) n / k >= 1 - u``. So the
+cell's speed is never below ``1 - u(t)``, whatever the number of other threads, their weights or cgroups, and over a
+timed region in which others took ``u`` on average (the recorded ``other_cpu_frac + steal_frac``) the region's
+mean slowdown is at most ``1 / (1 - u)``. ``compare`` compares medians, not means: each call's slowdown is at least
+1, so by Markov's inequality at most half of the calls are slowed by more than ``2 / (1 - u) - 1``; the median call's
+slowdown is at most ``(1 + u) / (1 - u)``. ``u`` is taken at its upper end: the worst round's fractions (what
+:func:`merge` keeps) plus the measure's resolution, ``2 / (ticks_per_s * region_s)`` (``region_s``: a lower bound
+of a round's timed region). Examples: the other core of two busy (``u = 0.5``): 3x; ``u = 0.8``: 9x; ``u >= 1``:
+unbounded. The bound does not need ``n`` or the threads; it assumes the load does not keep time with the cell's
+calls and that the cell's quiet run was CPU-bound (a cell waiting on memory or a GPU is slowed less by CPU load).
 """
 
 from __future__ import annotations
@@ -149,6 +164,21 @@ def sampled(path: str = PROC_STAT) -> Iterator[Sample]:
     finally:
         after, own1 = read_proc_stat(path), own_cpu_s()
         sample.result = compute(before, after, own1 - own0)
+
+
+def explainable_slowdown(other_cpu_frac: float, steal_frac: float, region_s: float = math.nan,
+                         ticks_per_s: float = TICKS_PER_S) -> float:
+    """The largest slowdown of a cell's median call that a load of ``other_cpu_frac + steal_frac`` (the machine's
+    share others and steal took over the timed region) can explain: ``(1 + u) / (1 - u)`` with ``u`` the fractions
+    plus the resolution of a region of ``region_s`` seconds (none when it is unknown); ``inf`` when ``u`` reaches 1
+    or a fraction is not measured. See the module docstring for the derivation."""
+    fractions = [other_cpu_frac, steal_frac]
+    if not all(isinstance(f, int | float) and math.isfinite(f) for f in fractions):
+        return math.inf
+    u = max(0.0, other_cpu_frac) + max(0.0, steal_frac)
+    if isinstance(region_s, int | float) and math.isfinite(region_s) and region_s > 0:
+        u += 2 / (ticks_per_s * region_s)
+    return math.inf if u >= 1 else (1 + u) / (1 - u)
 
 
 def merge(rows: list[dict]) -> dict:

@@ -142,15 +142,28 @@ def peak_gflops(device: str, dtype: str, budget_s: float = 1.0, again: bool = Fa
 
 
 def _measure_peak_gflops(device: str, dtype: str, budget_s: float) -> float:
+    return max(gemm_rates(device, dtype, budget_s))
+
+
+def gemm_rates(device: str, dtype: str, budget_s: float, n: int | None = None, min_samples: int = 10) -> list[float]:
+    """GFLOP/s of each of :data:`PEAK_TRIES` timings of a large square ``dtype`` GEMM on ``device`` (the median call of
+    each, at least ``min_samples`` calls; of side ``n``, by default :func:`gemm_size`): the peak is their best, their
+    spread its uncertainty (:mod:`attnbench.measure.roofline`)."""
     from attnbench.devices import parse_device, to_dtype
     from attnbench.measure.timing import time_fn
 
     dev = parse_device(device)
     dt = to_dtype(dtype)
-    n = 8192 if dev.type == "cuda" else (1024 if dt in (torch.float32, torch.float64) else 512)
+    n = n or gemm_size(dev.type, dt)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device=dev, dtype=dt)
     b = torch.randn(n, n, generator=g).to(device=dev, dtype=dt)
-    tries = [time_fn(lambda: torch.mm(a, b), dev, budget_s=budget_s / PEAK_TRIES, target_rel_ci=0.01)
-             for _ in range(PEAK_TRIES)]
-    return max(2 * n**3 / t.stats()["median_s"] / 1e9 for t in tries)
+    tries = [time_fn(lambda: torch.mm(a, b), dev, budget_s=budget_s / PEAK_TRIES, target_rel_ci=0.01,
+                     min_samples=min_samples) for _ in range(PEAK_TRIES)]
+    return [2 * n**3 / t.stats()["median_s"] / 1e9 for t in tries]
+
+
+def gemm_size(device_type: str, dtype: torch.dtype) -> int:
+    """The side of the square GEMM a peak is measured with: 8192 on a GPU; on a CPU 1024 (float32, float64) or 512
+    (half precisions, often emulated: seconds per call at 1024)."""
+    return 8192 if device_type == "cuda" else (1024 if dtype in (torch.float32, torch.float64) else 512)

@@ -21,7 +21,10 @@ with the settings that make the count repeatable (:func:`count_env`, recorded in
   actually chose is read back in the counted process and recorded in ``cpu_capability``.
 
 The count is per call: ``calls`` calls of the cell's step after ``warmup`` uncounted ones (the first call among them),
-less the same loop calling a function that does nothing (the harness's baseline, ``instructions_baseline``).
+less the same loop calling a function that does nothing (the harness's baseline, ``instructions_baseline``). The
+counted loop runs ``repeats`` times in the one process (each its own callgrind part): the row's count is their mean,
+and ``instr_spread`` (:func:`repeat_spread`) their noise, from which ``attnbench compare`` sets each cell's
+threshold (issue 45, :mod:`attnbench.results.compare_instructions`).
 ``instr_functions`` keeps callgrind's per-function table (exclusive counts per call, the largest
 :data:`TOP_FUNCTIONS`), which ``attnbench compare`` diffs to name the functions whose counts changed.
 
@@ -32,10 +35,12 @@ fixed ISA), frequency, other load, threads. It answers "does this code do more w
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,8 +55,8 @@ TOOLS = ("valgrind", "callgrind_control", "callgrind_annotate", "setarch")
 CAPABILITIES = ("default", "avx2", "avx512", "sve256")
 TOP_FUNCTIONS = 60
 """How many functions of callgrind's table a row keeps (by exclusive count per call; the rest as one ``(other)``)."""
-INSTRUCTION_COLUMNS = ("instructions", "instructions_baseline", "instr_calls", "instr_count_s", "instr_call_s",
-                       "cpu_capability", "instr_functions", "instr_settings")
+INSTRUCTION_COLUMNS = ("instructions", "instructions_baseline", "instr_calls", "instr_repeats", "instr_spread",
+                       "instr_count_s", "instr_call_s", "cpu_capability", "instr_functions", "instr_settings")
 
 
 @dataclass(frozen=True)
@@ -59,14 +64,17 @@ class CountSettings:
     """How a cell is counted (recorded per row in ``instr_settings``)."""
 
     calls: int = 5  # counted calls (the count is exact: a few suffice; fewer make the baseline's share larger)
-    warmup: int = 3  # uncounted calls first (the first call included)
+    repeats: int = 9  # the counted loop, repeated in the same process: their mean is the count, their spread the noise
+    warmup: int = 20  # uncounted calls first (the first call included; under 20, Python 3.11's specialising
+    # interpreter was still warming up: counts of the smallest cell fell by 2.5% over the 15 calls after 3 warm-up ones)
     capability: str = "avx2"  # ATEN_CPU_CAPABILITY and the oneDNN/MKL limits; "default": no limit (native choice)
     seed: int = 0
     timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
-        if self.calls < 1 or self.warmup < 1:
-            raise ValueError(f"a count needs calls >= 1 and warmup >= 1, got calls={self.calls}, warmup={self.warmup}")
+        if self.calls < 1 or self.warmup < 1 or self.repeats < 1:
+            raise ValueError(f"a count needs calls, warmup and repeats >= 1, got calls={self.calls}, "
+                             f"warmup={self.warmup}, repeats={self.repeats}")
         if self.capability not in CAPABILITIES:
             raise ValueError(f"unknown CPU capability {self.capability!r}; use one of {', '.join(CAPABILITIES)}")
 
@@ -177,28 +185,41 @@ class CountTimeout(CountError):
 
 def count_cell(cell, settings: CountSettings = CountSettings()) -> dict:
     """Count ``cell``'s instructions per call (see the module docstring); the row columns
-    :data:`INSTRUCTION_COLUMNS`. Raises :class:`CountError` when the counted process fails, and ValueError when
-    :func:`unavailable_reason` gives a reason (check it first: that is a ``skipped`` row, not a failure)."""
+    :data:`INSTRUCTION_COLUMNS`. The step is counted ``settings.repeats`` times in the one process: ``instructions``
+    is their mean per call (``instr_functions`` too), ``instr_spread`` the repeats' :func:`repeat_spread`. Raises
+    :class:`CountError` when the counted process fails, and ValueError when :func:`unavailable_reason` gives a reason
+    (check it first: that is a ``skipped`` row, not a failure)."""
     reason = unavailable_reason(cell.device)
     if reason:
         raise ValueError(reason)
     t0 = time.perf_counter()
+    repeats, calls = settings.repeats, settings.calls
     with tempfile.TemporaryDirectory(prefix="attnbench-callgrind-") as tmp:
         work = Path(tmp)
         spec = work / "spec.json"
-        spec.write_text(json.dumps(dict(cell=asdict(cell), calls=settings.calls, warmup=settings.warmup,
+        spec.write_text(json.dumps(dict(cell=asdict(cell), calls=calls, warmup=settings.warmup, repeats=repeats,
                                         seed=settings.seed, threads=1)))
         _run_counted(command(spec, work / "callgrind.out"), _with_this_attnbench(count_env(settings)), work,
-                     settings.timeout_s)
+                     settings.timeout_s, parts=repeats + 1)
         result = json.loads(spec.with_suffix(".result.json").read_text())
-        step_total, step = annotate(work / "callgrind.out.1")
-        base_total, base = annotate(work / "callgrind.out.2")
-    calls = settings.calls
-    return dict(instructions=(step_total - base_total) / calls, instructions_baseline=base_total / calls,
-                instr_calls=calls, instr_count_s=time.perf_counter() - t0, instr_call_s=result["step_s"] / calls,
-                cpu_capability=str(result["capability"]),
-                instr_functions=json.dumps(per_call_table(step, base, calls), separators=(",", ":")),
+        steps = [annotate(work / f"callgrind.out.{i}") for i in range(1, repeats + 1)]
+        base_total, base = annotate(work / f"callgrind.out.{repeats + 1}")
+    counts = [(total - base_total) / calls for total, _ in steps]
+    mean_step = {name: sum(table.get(name, 0) for _, table in steps) / repeats for name in set().union(*(t for _, t in steps))}
+    return dict(instructions=statistics.fmean(counts), instructions_baseline=base_total / calls, instr_calls=calls,
+                instr_repeats=repeats, instr_spread=repeat_spread(counts), instr_count_s=time.perf_counter() - t0,
+                instr_call_s=result["step_s"] / (calls * repeats), cpu_capability=str(result["capability"]),
+                instr_functions=json.dumps(per_call_table(mean_step, base, calls), separators=(",", ":")),
                 instr_settings=settings_text(settings, result))
+
+
+def repeat_spread(counts: list[float]) -> float:
+    """The noise of a count: ``(max - min) / mean`` of the repeats' instructions per call (0: every repeat counted
+    the same); NaN with fewer than 2 repeats (no spread was measured) or a mean that is not positive."""
+    if len(counts) < 2:
+        return math.nan
+    mean = statistics.fmean(counts)
+    return (max(counts) - min(counts)) / mean if mean > 0 else math.nan
 
 
 def _with_this_attnbench(env: dict[str, str]) -> dict[str, str]:
@@ -210,8 +231,9 @@ def _with_this_attnbench(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _run_counted(cmd: list[str], env: dict[str, str], work: Path, timeout_s: float) -> None:
-    """Run the counted process in ``work``; :class:`CountError` with its output's end when it fails."""
+def _run_counted(cmd: list[str], env: dict[str, str], work: Path, timeout_s: float, parts: int = 2) -> None:
+    """Run the counted process in ``work``; :class:`CountError` with its output's end when it fails or leaves fewer
+    than ``parts`` callgrind parts."""
     log = work / "output.txt"
     with open(log, "w") as out:
         try:
@@ -219,7 +241,7 @@ def _run_counted(cmd: list[str], env: dict[str, str], work: Path, timeout_s: flo
         except subprocess.TimeoutExpired:
             raise CountTimeout(f"counting ran past {timeout_s:g} s (a call under valgrind is about 50x slower than "
                                "a timed one: count smaller shapes, or raise --cell-timeout)") from None
-    if proc.returncode != 0 or not (work / "callgrind.out.2").is_file():
+    if proc.returncode != 0 or not (work / f"callgrind.out.{parts}").is_file():
         tail = log.read_text(errors="replace").strip().splitlines()[-6:]
         raise CountError(f"the counted process failed (exit {proc.returncode}): " + " | ".join(tail)[-600:])
 
@@ -229,4 +251,5 @@ def settings_text(settings: CountSettings, result: dict) -> str:
     isa = ",".join(f"{k}={v}" for k, v in ISA_ENV[settings.capability].items()) or "no ISA limit"
     return (f"callgrind --cache-sim=no, setarch -R, PYTHONHASHSEED=0, malloc pinned"
             f"{'' if result.get('malloc_pinned') else ' (mallopt refused)'}, threads {result.get('threads')}, {isa}, "
-            f"{settings.calls} calls after {settings.warmup} warm-up, harness baseline subtracted")
+            f"{settings.calls} calls after {settings.warmup} warm-up, mean of {settings.repeats} repeats, harness "
+            "baseline subtracted")

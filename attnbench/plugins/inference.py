@@ -507,7 +507,10 @@ def implementation_fields(obj, source: str) -> dict:
     from attnbench.plugins.layout import with_layout
 
     binding = with_own_config(bind(obj), skip=("window",) if _takes_mask(obj) else ())
-    binding = stages.construct(binding, _probe(binding), environment_cause)
+    try:
+        binding = stages.construct(binding, _probe(binding), environment_cause)
+    except stages.ConstructionError as exc:  # raised again at build: the first cause, before any later probe
+        return {"factory": stages.raising_factory(binding, exc), "source": source}
     inferred: dict = {}
     if binding.same_width_only:
         inferred["same_width_only"] = True

@@ -28,6 +28,22 @@ ROOMY = AttnSpec(d_in=64, d_out=64, context_length=16, dropout=0.0, num_heads=4,
 ADAPT_HINT = "`attnbench adapt FILE:Class` writes a small adapter with a TODO for what attnbench could not solve"
 
 
+class ConstructionError(PluginLoadError):
+    """The class's constructor raised at every probe size: the first true cause, raised again when it is built, never
+    followed by a later stage's symptom."""
+
+
+def raising_factory(binding: Binding, exc: ConstructionError):
+    """A factory that raises ``exc`` when built: resolving the class does not fail (a run records its cells' errors;
+    ``check`` reports it once, before any case), and no later probe runs on a class that cannot be built."""
+
+    def factory(spec: AttnSpec):
+        raise ConstructionError(str(exc)) from None
+
+    factory.evidence, factory.imported, factory.binding = [], "", binding
+    return factory
+
+
 def _name(binding: Binding) -> str:
     return getattr(binding.target, "__qualname__", repr(binding.target))
 
@@ -48,7 +64,7 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
                                       "device") from None
             failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
     if built is None:
-        raise PluginLoadError(f"{_name(binding)} cannot be built: {binding.describe()} raised {failures[0]} (and at "
+        raise ConstructionError(f"{_name(binding)} cannot be built: {binding.describe()} raised {failures[0]} (and at "
                               f"d_model 64, 4 heads: {failures[-1]}); {ADAPT_HINT}") from None
     block = whole_block(built, spec)
     if block is not None:

@@ -170,6 +170,44 @@ def _log_y(ax, values, fmt: Callable[[float], str], base: int = 10) -> None:
         ax.set_ylim(v.min() / 1.5, v.max() * 1.5)
 
 
+RATIO_MANTISSAS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0),
+                   (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0))
+"""Tick values of a ratio axis (times a power of ten), coarse to fine; powers of two come second."""
+MAX_RATIO_TICKS = 8
+
+
+def ratio_ticks(lo: float, hi: float) -> list[float]:
+    """Readable ticks of a log-scale ratio axis over ``[lo, hi]`` (``0.5×, 1×, 2×``; ``0.8×, 1×, 1.25×``): the
+    coarsest family that puts at least three ticks in the range, at most :data:`MAX_RATIO_TICKS` (thinned around
+    1); a range too narrow for any (``0.97–1.04``) gets evenly spaced round values."""
+    families = [sorted(m * 10.0 ** k for m in RATIO_MANTISSAS[0] for k in range(-9, 10)),
+                [2.0 ** k for k in range(-30, 31)],
+                *(sorted(m * 10.0 ** k for m in ms for k in range(-9, 10)) for ms in RATIO_MANTISSAS[1:])]
+    for family in families:
+        ticks = [t for t in family if lo <= t <= hi]
+        if len(ticks) >= 3:
+            break
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ticks = [float(t) for t in MaxNLocator(nbins=4, steps=[1, 2, 5, 10]).tick_values(lo, hi) if lo <= t <= hi]
+    step = math.ceil(len(ticks) / MAX_RATIO_TICKS)
+    anchor = min(range(len(ticks)), key=lambda i: abs(math.log(ticks[i]))) if ticks else 0  # keep 1× (or nearest)
+    return [float(f"{t:.6g}") for i, t in enumerate(ticks) if (i - anchor) % step == 0]
+
+
+def _ratio_y(ax, values) -> None:
+    """A log-scale speed-up axis over ``values`` (1 always in range), labelled with :func:`ratio_ticks`."""
+    v = np.asarray([x for x in values if np.isfinite(x) and x > 0] + [1.0], dtype=float)
+    pad = max((v.max() / v.min()) ** 0.06, 1.03)
+    lo, hi = v.min() / pad, v.max() * pad
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    ax.yaxis.set_major_locator(FixedLocator(ratio_ticks(lo, hi)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.4g}×"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def _legend(fig: MplFigure, handles: list, max_cols: int = 4) -> None:
     if not handles:
         return
@@ -271,49 +309,6 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
     gs = [g for g in all_groups if (g.rows["status"] == "ok").any()]
     empty = [g.full_label for g in all_groups if not (g.rows["status"] == "ok").any()]
 
-    def draw(ax, g, seen):
-        rows = g.rows
-        good = an.ok_rows(rows)
-        if good.empty:
-            return "no successful cells here\n(see the failed cells list)"
-        for impl in an.impl_order(good):
-            st = styles[impl]
-            r = good[good["impl"] == impl].sort_values("seq_len")
-            lo = [_quantiles(s, 0.25, m - iq / 2 if np.isfinite(iq) else m)
-                  for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
-            hi = [_quantiles(s, 0.75, m + iq / 2 if np.isfinite(iq) else m)
-                  for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
-            ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], label=impl)
-            ax.fill_between(r["seq_len"], lo, hi, color=st["color"], alpha=0.18, linewidth=0)
-            nz = r[r["noise_rel"] > an.NOISY_CI_REL]
-            if len(nz):
-                seen.marks.add("noisy")
-                ax.scatter(nz["seq_len"], nz["median_s"], s=110, facecolors="none", edgecolors="black",
-                           linewidths=1.1, zorder=5)
-            seen.impls.add(impl)
-        if (rows["status"] == "skipped").any():  # impossible here by design, not a failure: not drawn
-            seen.marks.add("skipped")
-        for r in rows[~rows["status"].isin(["ok", "skipped"])].itertuples():
-            seen.marks.add("failed")
-            ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x",
-                    color=styles[r.impl]["color"], markersize=7, mew=2, linestyle="none", clip_on=False)
-            seen.impls.add(r.impl)
-        _seq_axis(ax, rows["seq_len"])
-        _log_y(ax, np.concatenate([good["median_s"].to_numpy(), good["ci_high_s"].to_numpy()]), an.fmt_time)
-        ax.set_ylabel("median time per call")
-
-    def handles(seen):
-        out = [_impl_handle(i, styles[i]) for i in sorted(seen.impls)]
-        if "noisy" in seen.marks:
-            out.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="black",
-                              linestyle="none", label=f"noisy: CI > ±{an.NOISY_CI_REL:.0%}"))
-        if "failed" in seen.marks:
-            out.append(Line2D([], [], marker="x", color="#444", mew=2, linestyle="none",
-                              label="failed cell (oom/error/timeout/invalid)"))
-        if "skipped" in seen.marks:
-            out.append(Line2D([], [], linestyle="none", label="skipped cells (cannot run here): left out"))
-        return out
-
     def notes(ci, n):
         out = []
         if empty and ci == n - 1:
@@ -324,10 +319,61 @@ def latency(df: pd.DataFrame, styles: dict, out_dir: Path) -> list[Figure]:
                        "below compares the implementations at that length.")
         return out
 
-    return _paneled("latency", "Latency vs sequence length", df, gs, draw, handles,
+    return _paneled("latency", "Latency vs sequence length", df, gs,
+                    lambda ax, g, seen: _latency_panel(ax, g, seen, styles),
+                    lambda seen: _latency_handles(seen, styles),
                     "Median time per call (lines); band: interquartile range of the per-call samples. Black rings "
                     "mark noisy cells; × on the x axis marks a cell that failed. Skipped cells (combinations that "
                     "cannot run here) are left out; the failed and skipped cells list names them.", out_dir, notes=notes)
+
+
+def _latency_panel(ax, g: an.Group, seen: _Seen, styles: dict) -> str | None:
+    """One configuration of :func:`latency`: a line per implementation with its IQR band, noisy cells ringed, failed
+    cells as × on the x axis (None; the note to show instead when nothing succeeded)."""
+    rows = g.rows
+    good = an.ok_rows(rows)
+    if good.empty:
+        return "no successful cells here\n(see the failed cells list)"
+    for impl in an.impl_order(good):
+        st = styles[impl]
+        r = good[good["impl"] == impl].sort_values("seq_len")
+        lo = [_quantiles(s, 0.25, m - iq / 2 if np.isfinite(iq) else m)
+              for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
+        hi = [_quantiles(s, 0.75, m + iq / 2 if np.isfinite(iq) else m)
+              for s, m, iq in zip(r["samples_s"], r["median_s"], r["iqr_s"], strict=True)]
+        ax.plot(r["seq_len"], r["median_s"], color=st["color"], marker=st["marker"], label=impl)
+        ax.fill_between(r["seq_len"], lo, hi, color=st["color"], alpha=0.18, linewidth=0)
+        nz = r[r["noise_rel"] > an.NOISY_CI_REL]
+        if len(nz):
+            seen.marks.add("noisy")
+            ax.scatter(nz["seq_len"], nz["median_s"], s=110, facecolors="none", edgecolors="black",
+                       linewidths=1.1, zorder=5)
+        seen.impls.add(impl)
+    if (rows["status"] == "skipped").any():  # impossible here by design, not a failure: not drawn
+        seen.marks.add("skipped")
+    for r in rows[~rows["status"].isin(["ok", "skipped"])].itertuples():
+        seen.marks.add("failed")
+        ax.plot([r.seq_len], [0.03], transform=ax.get_xaxis_transform(), marker="x",
+                color=styles[r.impl]["color"], markersize=7, mew=2, linestyle="none", clip_on=False)
+        seen.impls.add(r.impl)
+    _seq_axis(ax, rows["seq_len"])
+    _log_y(ax, np.concatenate([good["median_s"].to_numpy(), good["ci_high_s"].to_numpy()]), an.fmt_time)
+    ax.set_ylabel("median time per call")
+    return None
+
+
+def _latency_handles(seen: _Seen, styles: dict) -> list:
+    """:func:`latency`'s legend: the implementations drawn, then the marks used."""
+    out = [_impl_handle(i, styles[i]) for i in sorted(seen.impls)]
+    if "noisy" in seen.marks:
+        out.append(Line2D([], [], marker="o", markersize=10, markerfacecolor="none", markeredgecolor="black",
+                          linestyle="none", label=f"noisy: CI > ±{an.NOISY_CI_REL:.0%}"))
+    if "failed" in seen.marks:
+        out.append(Line2D([], [], marker="x", color="#444", mew=2, linestyle="none",
+                          label="failed cell (oom/error/timeout/invalid)"))
+    if "skipped" in seen.marks:
+        out.append(Line2D([], [], linestyle="none", label="skipped cells (cannot run here): left out"))
+    return out
 
 
 HEATMAP_MIN_IMPLS = 7
@@ -380,8 +426,7 @@ def speedup(df: pd.DataFrame, sp: pd.DataFrame, baseline: str | None, styles: di
             vals += list(r["speedup"])
             seen.impls.add(impl)
         _seq_axis(ax, part["seq_len"])
-        vals = np.asarray([v for v in vals if np.isfinite(v) and v > 0])
-        _log_y(ax, vals, lambda v: f"{v:.3g}×", base=2 if vals.max() / vals.min() > 8 else 10)
+        _ratio_y(ax, vals)
         ax.set_ylabel(f"speed-up vs {label(baseline, 24)} (>1 faster)")
 
     def handles(seen):

@@ -18,6 +18,7 @@ from attnbench.report import analysis as an
 from attnbench.report import figures as figs
 from attnbench.report import mask_gallery, model_figures, variants
 from attnbench.report import paged as paged_view
+from attnbench.report import roofline as roofline_view
 from attnbench.report.forked import Forked
 from attnbench.results import setup_view
 from attnbench.results.quality import flag_counts
@@ -236,6 +237,7 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
         styles=styles, files=figure_files + tables.files, source=str(path), svg=figs.current_render().svg,
         stop_text=phases.stop_text(ok.to_dict("records")),
         accuracy_above=accuracy_view.above_sentences(acc_raw), accuracy_limit=accuracy_view.RATIO_LIMIT,
+        implausible=roofline_view.implausible_sentences(df),
     )
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
@@ -280,6 +282,9 @@ def _figures(df, ok, chosen, styles, fig_dir: Path) -> tuple[list, pd.DataFrame]
     if (ok["mode"] == "decode").any():  # attention variants and KV-cache decoding
         figure_sections += [("decode", "KV-cache decoding: latency vs cache length", variants.decode_latency(df, styles, fig_dir)),
                             ("kv-cache", "KV-cache bytes vs context length", variants.kv_cache_bytes(df, styles, fig_dir))]
+    roofline_figs = roofline_view.figures(df, styles, fig_dir)  # issue 49: each cell against this machine's ceilings
+    if roofline_figs:
+        figure_sections.append(("roofline", "Roofline: bound and headroom", roofline_figs))
     accuracy_figs = accuracy_view.figures(df, styles, fig_dir)  # issue 38: accuracy against latency, per dtype
     if accuracy_figs:
         figure_sections.append(("accuracy", "Accuracy vs latency", accuracy_figs))
@@ -353,6 +358,9 @@ def _detail_tables(df, meta: dict, bar_table: pd.DataFrame, tables: Tables, t: d
         t["compile"] = tables.add("compile", comp_disp, comp)
     if len(bar_table):
         t["bars"] = tables.add("bars", bar_table)
+    head_disp, head_raw = roofline_view.headroom_table(df)  # issue 49: the cells furthest from their roofline
+    if len(head_disp):
+        t["headroom"] = tables.add("headroom", head_disp, head_raw, classes=["regression" if f else "" for f in head_disp["flag"]])
     varlen_rows = setup_view.report_table(df)  # issue 37: variable-length batches and setup cost
     if len(varlen_rows):
         t["varlen"] = tables.add("varlen_setup", varlen_rows)

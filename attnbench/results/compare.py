@@ -15,8 +15,15 @@ A cell is a **significant slowdown** when
 ``p < alpha`` and the ratio over the shift exceeds ``1 + threshold`` and the interval's lower bound over it exceeds 1;
 ``attnbench compare`` exits 1 when any cell is one. Cells present in only one run, cells whose
 status differs, and axes whose value sets differ are reported, never silently dropped. A cell flagged
-``unstable`` (two modes) in either run says so in ``change`` when its difference is significant; one timed under
-other load (``contended``) in either run is :data:`INCONCLUSIVE` instead of a change (counted in the summary).
+``unstable`` (two modes) in either run says so in ``change`` when its difference is significant.
+
+A cell timed under other load (``contended``) in either run is judged against what that load can explain (issue 45,
+:func:`judge_contended`): run B's recorded load bounds how much it can have slowed B's median
+(:func:`attnbench.measure.contention.explainable_slowdown`, ``(1 + u) / (1 - u)``; 1 when B was not contended), so a
+significant slowdown beyond the threshold whose CI's lower bound over the shift exceeds that bound is a **regression**
+whatever the load; one the load can explain is :data:`INCONCLUSIVE` (``attnbench compare`` exits
+:data:`EXIT_INCONCLUSIVE`, 3: rerun, then fail); any other significant reading of a contended cell (faster, or
+slower within the threshold) is no verdict (:data:`NO_VERDICT`) and fails nothing, as it would not on a quiet machine.
 
 With ``speedups=True`` (``attnbench compare A B --speedups``) the effect is instead the ratio of the two runs'
 **paired speed-ups** against their comparison group's baseline, ``speedup_B / speedup_A`` (< 1: the
@@ -40,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.errors import ResultsError
+from attnbench.measure import contention
 from attnbench.measure.stats import bootstrap_medians, group_median, split_groups
 from attnbench.results.schema import AXES, INT_AXES, fill_added_columns
 from attnbench.results.store import load_run, the_run
@@ -98,6 +106,13 @@ class CompareResult:
         """True when at least one cell is a significant slowdown beyond the threshold."""
         return bool(len(self.regressions))
 
+    @property
+    def inconclusive(self) -> pd.DataFrame:
+        """Cells read significantly slower beyond the threshold under other load that could explain it
+        (:data:`INCONCLUSIVE`): ``attnbench compare`` exits :data:`EXIT_INCONCLUSIVE` when there is one and no
+        regression."""
+        return self.cells[self.cells["inconclusive"]] if "inconclusive" in self.cells else self.cells.iloc[0:0]
+
     def summary(self) -> str:
         """One paragraph in words."""
         n = len(self.cells)
@@ -112,10 +127,15 @@ class CompareResult:
                      f"slower in B by more than {self.threshold:.0%}, {len(self.improvements)} significantly faster, "
                      f"{n - len(self.regressions) - len(self.improvements)} without a significant change beyond the "
                      "threshold."]
-        inconclusive = int(self.cells["change"].astype(str).str.startswith(INCONCLUSIVE).sum()) if len(self.cells) else 0
+        inconclusive = len(self.inconclusive)
         if inconclusive:
-            parts.append(f"{inconclusive} cell(s) differed while other load took the CPUs in a run (contended): "
-                         "inconclusive, not counted; rerun them on a quiet machine.")
+            parts.append(f"{inconclusive} cell(s) read slower beyond the threshold while other load took the CPUs in "
+                         "B, by no more than that load can explain (contended): inconclusive; rerun them on a quiet "
+                         "machine.")
+        unjudged = int(self.cells["change"].astype(str).str.endswith(NO_VERDICT).sum()) if len(self.cells) else 0
+        if unjudged:
+            parts.append(f"{unjudged} other cell(s) differed while other load took the CPUs in a run (contended): "
+                         "no verdict, not counted.")
         if self.only_in_a or self.only_in_b:
             parts.append(f"{len(self.only_in_a)} cell(s) only in A and {len(self.only_in_b)} only in B "
                          "were not compared.")
@@ -314,7 +334,7 @@ class _Rule:
 
 
 CELL_COLUMNS = [*AXES, "median_a", "median_b", "ratio", "ci_low", "ci_high", "p_value", "n_a", "n_b", "change",
-                "regression", "improvement", "unstable", "contended", "note"]
+                "regression", "improvement", "inconclusive", "unstable", "contended", "load_bound", "note"]
 """The columns of :attr:`CompareResult.cells` (plus :data:`SPEEDUP_COLUMNS` with ``speedups=True``)."""
 
 
@@ -388,7 +408,8 @@ def _compare_cell(key: tuple, ra: dict, rb: dict, rule: _Rule) -> dict | None:
     row = {**_axes_dict(key), "median_a": float(ra["median_s"]), "median_b": float(rb["median_s"]),
            "n_a": int(np.isfinite(sa).sum()), "n_b": int(np.isfinite(sb).sum()), "ratio": float("nan"),
            "ci_low": float("nan"), "ci_high": float("nan"), "p_value": float("nan"), "regression": False,
-           "improvement": False, "change": "", "unstable": bool(unstable), "contended": contended, "note": ""}
+           "improvement": False, "inconclusive": False, "change": "", "unstable": bool(unstable),
+           "contended": contended, "load_bound": float("nan"), "note": ""}
     if rule.speedups:
         done = _speedup_cell(ra, rb, row, rule.threshold, rule.alpha)
         if done is not None and unstable:
@@ -399,10 +420,8 @@ def _compare_cell(key: tuple, ra: dict, rb: dict, rule: _Rule) -> dict | None:
         significant = row["p_value"] < rule.alpha
         if unstable and significant:  # said, never silently: its median depends on which mode a run caught
             row["change"] += " (unstable cell: the difference may be a change of mode)"
-        if contended and significant:  # other load while one run timed it: its median says how busy the machine was
-            row["change"] = f"{INCONCLUSIVE}: read {row['change'].split(' (')[0]} while other load took the CPUs " \
-                            "(contended); rerun on a quiet machine"
-            row["regression"] = row["improvement"] = False
+        if contended and significant:  # other load while a run timed it: judged against what that load can explain
+            judge_contended(row, ra, rb, rule)
     else:
         if row["median_a"] > 0:
             row["ratio"] = row["median_b"] / row["median_a"]
@@ -445,10 +464,66 @@ def _time_ratio(key: tuple, ra: dict, rb: dict, row: dict, rule: _Rule) -> None:
 
 
 INCONCLUSIVE = "inconclusive"
-"""The verdict of a significant difference in a cell that either run timed under other load (``contended``): wall time
-then measures the load, not the code (issue 39: ten pairs of identical runs on a loaded machine read 11 cells
-"faster", every one of them contended). It fails no gate; the summary counts such cells, and the instruction-count
-layer still judges the code."""
+"""The verdict of a significant slowdown beyond the threshold in a cell run B timed under other load (``contended``)
+that the load can explain (:func:`judge_contended`): wall time then may measure the load, not the code (issue 39: ten
+pairs of identical runs on a loaded machine read 11 cells changed, every one of them contended). ``attnbench compare``
+exits :data:`EXIT_INCONCLUSIVE` on it (issue 45: never 0); the instruction-count layer still judges the code."""
+
+NO_VERDICT = "no verdict"
+"""How the ``change`` of a contended cell's other significant readings ends (faster, or slower within the
+threshold): the load may have made them, and they would fail no gate on a quiet machine either."""
+
+EXIT_INCONCLUSIVE = 3
+"""``attnbench compare``'s exit status when a cell is :data:`INCONCLUSIVE` and none regressed (docs/exit-statuses.md:
+0 passed, 1 regression, 2 nothing compared or a usage error, 3 inconclusive: rerun, then fail)."""
+
+
+def row_load_bound(row: dict) -> float:
+    """The largest slowdown of ``row``'s median that the load recorded with it can explain
+    (:func:`attnbench.measure.contention.explainable_slowdown`); 1 for a row not timed under other load. The timed
+    region's length is bounded below by the shortest group's samples (rounds, processes) times ``calls_per_sample``,
+    which bounds the measure's resolution above."""
+    if not fmt_contention(row):
+        return 1.0
+    s = np.asarray(row.get("samples_s") or [], dtype=float)
+    groups = [g[np.isfinite(g)] for g in split_groups(s, row.get("sample_groups"))] if len(s) else []
+    calls = float(row.get("calls_per_sample") or 1)
+    region = min((float(g.sum()) for g in groups if len(g)), default=math.nan) * max(calls, 1.0)
+    return contention.explainable_slowdown(_float(row.get("other_cpu_frac")), _float(row.get("steal_frac")), region)
+
+
+def _float(value) -> float:
+    """``value`` as a float, NaN when it is missing or not a number."""
+    return float(value) if _finite(value) else math.nan
+
+
+def judge_contended(row: dict, ra: dict, rb: dict, rule: _Rule) -> None:
+    """The verdict of a significant difference in a cell either run timed under other load (``row`` as
+    :func:`_time_ratio` filled it). Only B's load can make B read slower, by at most ``load_bound``
+    (:func:`row_load_bound` of B; 1 when B was quiet): a slowdown beyond the threshold whose CI's lower bound over the
+    shift exceeds it is a regression; one within it is :data:`INCONCLUSIVE`. A faster reading with A contended, and
+    any reading within the threshold, is :data:`NO_VERDICT`; a faster reading beyond the threshold with only B
+    contended stands (B's load cannot make B faster)."""
+    bound = row_load_bound(rb)
+    row["load_bound"] = bound
+    if row["change"].startswith("no significant change"):  # p and the CI disagree at the edge: nothing to judge
+        return
+    shift = math.exp(rule.shift)
+    own, own_lo = row["ratio"] / shift, row["ci_low"] / shift
+    where = "in " + " and ".join(side for side, r in (("A", ra), ("B", rb)) if fmt_contention(r))
+    reading = "slower" if own_lo > 1 else "faster"
+    row["improvement"] = bool(row["improvement"] and not fmt_contention(ra))
+    if reading == "slower" and own > 1 + rule.threshold:
+        if own_lo > bound:
+            row["regression"], row["change"] = True, "slower" + (
+                f", beyond the {bound:.2f}x the load in B can explain" if bound > 1 else "")
+            return
+        row["regression"], row["inconclusive"] = False, True
+        row["change"] = (f"{INCONCLUSIVE}: read slower while other load took the CPUs {where} (contended), within the "
+                         f"{bound:.3g}x that load can explain; rerun on a quiet machine")
+    elif not row["improvement"]:
+        row["change"] = f"read {row['change'].split(' (')[0]} while other load took the CPUs {where} (contended): " \
+                        f"{NO_VERDICT}"
 
 SHIFT_MIN_CELLS = 4
 """Cells two runs must share before their common shift is estimated (fewer cannot tell a shift from one cell's change)."""
@@ -505,7 +580,7 @@ def _cells_frame(rows: list[dict], rule: _Rule, any_common: bool, notes: list[st
     if len(cells):
         cells = cells.sort_values(["regression", "ratio"], ascending=[False, not rule.speedups], na_position="last",
                                   kind="stable").reset_index(drop=True)
-        for col in ("regression", "improvement", "unstable"):
+        for col in ("regression", "improvement", "inconclusive", "unstable"):
             cells[col] = cells[col].astype(bool)
     return cells
 

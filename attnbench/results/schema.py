@@ -133,6 +133,8 @@ COLUMNS: dict[str, str] = {
     # the settings the count ran under; NaN / empty in rows that were timed, not counted
     "instructions": "float64", "instructions_baseline": "float64", "instr_calls": "int64", "instr_count_s": "float64",
     "instr_call_s": "float64", "cpu_capability": "string", "instr_functions": "string", "instr_settings": "string",
+    # issue 45: the counted loop's repeats in the one process and their spread, (max - min) / median (NaN: not measured)
+    "instr_repeats": "int64", "instr_spread": "float64",
     # --- end issue 39 ---
     # --- issue 37 (masks: attnbench.correctness.masks) ---
     # mask: the cell's masks beyond causal/window/softcap ("alibi+prefix:16+document:4+sink"; "" = none);
@@ -155,6 +157,19 @@ COLUMNS: dict[str, str] = {
     "lengths_max": "int64", "padding_frac": "float64", "setup_s": "float64",
     "setup_policy": "string",
     # --- end issue 37 ---
+    # --- issue 49 (roofline: attnbench.measure.roofline) --- min_bytes: the bytes the cell must move at the least (each
+    # tensor once; NaN beyond layer scope); intensity = flops / min_bytes; bound: compute | memory, the larger term of
+    # attainable_s = max(flops / compute ceiling, min_bytes / bandwidth); headroom = median_s / attainable_s; the
+    # machine's cached ceilings (GEMM GFLOP/s in the row's dtype and threads, STREAM GB/s) with their relative
+    # uncertainty, and its last-level cache; plausibility: implausible (faster than a ceiling beyond its uncertainty)
+    # | plausible | "" (not judged)
+    "min_bytes": "float64", "intensity": "float64", "bound": "string", "attainable_s": "float64", "headroom": "float64",
+    "ceiling_gflops_per_s": "float64", "ceiling_gflops_rel": "float64", "ceiling_gbytes_per_s": "float64",
+    "ceiling_gbytes_rel": "float64", "ceiling_cache_bytes": "float64", "plausibility": "string",
+    # --- end issue 49 ---
+    # issue 48 (attnbench.runner.properties): bitwise | within k ulps | differs by X, at the row's shape and threads;
+    # "" / None: not measured (decode, variable-length, compiled or costly cells)
+    "deterministic": "string", "batch_invariant": "string",
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -252,13 +267,15 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 7  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+SCHEMA_VERSION = 10  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
 # generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
 # 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term);
 # 6: issue 38 (error_*: accuracy against the float64 reference; phase_accuracy_s; inputs) and issue 39 (instructions,
 #    instructions_baseline, instr_*, cpu_capability: instruction counts);
 # 7: issue 37 (mask, mask_label, flops_count, mask_density; page_size, pages, page_fragmentation; lengths, tokens,
-#    lengths_*, padding_frac, setup_s, setup_policy)
+#    lengths_*, padding_frac, setup_s, setup_policy); 8: issue 45 (instr_repeats, instr_spread: an instruction count's noise)
+# 9: issue 49 (min_bytes, intensity, bound, attainable_s, headroom, ceiling_*, plausibility: the roofline)
+# 10: issue 48 (deterministic, batch_invariant)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 

@@ -37,6 +37,7 @@ from attnbench.measure import (
     peak_gbytes_per_s,
     peak_gflops,
     peak_memory,
+    roofline,
     time_fn,
 )
 from attnbench.measure.memory import MemoryResult
@@ -47,6 +48,7 @@ from attnbench.resolve import Ready, Skip
 from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
 from attnbench.results.text import fmt_time
 from attnbench.runner import budget, compile_cache, phases
+from attnbench.runner import properties as run_properties
 from attnbench.runner.masks import mask_columns
 from attnbench.runner.sweep import Settings
 
@@ -316,8 +318,12 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
     row["peak_gflops_per_s"] = peak
     row["frac_peak"] = row["gflops_per_s"] / peak
     row.update(workload.extra_columns(row["median_s"]))
+    props, note = run_properties.columns(workload, built.compiled, row["median_s"])  # issue 48
+    row.update(props)
+    notes += [note] if note else []
     row["status"] = "ok"
     row["notes"] = "; ".join(notes)
+    roofline.record(row, str(workload.device))  # issue 49: intensity, bound, headroom against the cached ceilings
 
 
 def record_failure(row: dict, exc: BaseException) -> None:
@@ -402,6 +408,7 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
         if merged.get("mode") == "decode":
             merged.update(decode_rates(merged["decode_bytes"], merged["median_s"], merged["peak_gbytes_per_s"]))
         merged.update(rescaled_rates(rows[0], merged["median_s"]))  # generation's tokens/s from the pooled median
+        merged.update(roofline.coordinates(merged))  # issue 49: attainable time and headroom of the pooled median
         recompiles = [r["recompiles"] for r in rows if r["recompiles"] == r["recompiles"]]
         merged["recompiles"] = float(sum(recompiles)) if recompiles else math.nan
         merged["warmup_calls"] = sum(r["warmup_calls"] for r in rows)

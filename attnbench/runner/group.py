@@ -159,40 +159,12 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
     first = built[next(iter(built))]
     device, cell = first.workload.device, first.cell
     graph = settings.cuda_graph and device.type == "cuda" and cell.mode == "inference"
-    fns: dict[str, Callable[[], object]] = {}
-    between: dict[str, Callable[[], object]] = {}
-    for i in list(built):
-        if graph:  # captured per member, outside any timed region; a capture that fails is the member's failure
-            ok, replay = _step(rows[i], settings, lambda i=i: cuda_graph_replay(built[i].workload.step, device))
-            if not ok:
-                del built[i]
-                continue
-            fns[ids[i]] = replay
-        else:  # a decode step whose cache is restored (no rewind_cache): the restore runs untimed, in between
-            fns[ids[i]] = built[i].workload.timed_step or built[i].workload.step
-            if built[i].workload.restore is not None:
-                between[ids[i]] = built[i].workload.restore
+    fns, between = _timed_steps(settings, rows, built, ids, device, graph)
     if not fns:
         return 0.0
     name = display_name(baseline)
     base = next((ids[i] for i in built if cells[i].impl in (baseline, name) or display_name(cells[i].impl) == name), None)
-
-    # Recompiles per member: Dynamo's graph count is per process, so read it between bursts and charge the
-    # graphs compiled since the previous read to the member that ran in between.
-    counting = any(built[i].compiled for i in built)
-    graphs: dict[str, int] = {cid: 0 for cid in fns}
-    last: dict[str, object] = {"name": None, "count": compiled_graphs() if counting else None}
-
-    def charge() -> None:
-        now = compiled_graphs() if counting else None
-        if last["name"] is not None and now is not None and last["count"] is not None:
-            graphs[last["name"]] += now - last["count"]
-        last["count"] = now
-
-    def on_burst(cid: str) -> None:
-        charge()
-        last["name"] = cid
-        notify(cid)
+    graphs = _GraphCounter(fns, any(built[i].compiled for i in built), notify)
 
     def guard(cid: str):
         return deadline(settings.cell_timeout_s)  # each warm-up and burst: a member past it is dropped as `timeout`
@@ -205,11 +177,66 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
             max_cycles=settings.max_samples, budget_s=settings.budget_s * len(fns),
             seed=_default_seed(cell, settings) if seed is None else seed, l2_flush=cell.cache == "cold",
             baseline=base, pairing=settings.pairing)
-        timing = time_interleaved(fns, device, sampling, on_burst=on_burst, guard=guard, between=between,
+        timing = time_interleaved(fns, device, sampling, on_burst=graphs.on_burst, guard=guard, between=between,
                                   warmed=_long_first_calls(built, ids, fns))
-    charge()
+    graphs.charge()
     share_s = (time.perf_counter() - t0) / len(fns)
     record_phases(rows, ids, timing, time.perf_counter() - t0)
+    _record_members(cells, rows, built, ids, fns, timing, graphs, load.result, graph, base)
+    return share_s
+
+
+def _timed_steps(settings: Settings, rows: list[dict], built: dict[int, Built], ids: list[str], device, graph: bool
+                 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]]]:
+    """Each built member's timed call (a CUDA graph's replay when ``graph``) and, for a decode step whose cache is
+    restored (no rewind_cache), the restore run untimed in between. A graph capture that fails is the member's
+    failure: it leaves ``built``."""
+    fns: dict[str, Callable[[], object]] = {}
+    between: dict[str, Callable[[], object]] = {}
+    for i in list(built):
+        if graph:  # captured per member, outside any timed region
+            ok, replay = _step(rows[i], settings, lambda i=i: cuda_graph_replay(built[i].workload.step, device))
+            if not ok:
+                del built[i]
+                continue
+            fns[ids[i]] = replay
+        else:
+            fns[ids[i]] = built[i].workload.timed_step or built[i].workload.step
+            if built[i].workload.restore is not None:
+                between[ids[i]] = built[i].workload.restore
+    return fns, between
+
+
+class _GraphCounter:
+    """Recompiles per member: Dynamo's graph count is per process, so it is read between bursts and the graphs
+    compiled since the previous read are charged to the member that ran in between (when any member is compiled)."""
+
+    def __init__(self, fns: dict, counting: bool, notify: Callable[[str], None]):
+        self.counting, self.notify = counting, notify
+        self.graphs: dict[str, int] = {cid: 0 for cid in fns}
+        self.name: str | None = None
+        self.count = compiled_graphs() if counting else None
+
+    def charge(self) -> None:
+        now = compiled_graphs() if self.counting else None
+        if self.name is not None and now is not None and self.count is not None:
+            self.graphs[self.name] += now - self.count
+        self.count = now
+
+    def on_burst(self, cid: str) -> None:
+        self.charge()
+        self.name = cid
+        self.notify(cid)
+
+    def recompiled(self, cid: str, b: Built) -> int | None:
+        """The graphs ``cid`` compiled after its first call, or None when that cannot be told."""
+        return self.graphs[cid] if self.counting and b.graphs_after_first is not None and self.count is not None else None
+
+
+def _record_members(cells: list[Cell], rows: list[dict], built: dict[int, Built], ids: list[str], fns: dict,
+                    timing: InterleavedTiming, graphs: _GraphCounter, load, graph: bool, base: str | None) -> None:
+    """Each timed member's timing columns, notes and contention from the interleaved ``timing``; a member that
+    failed there gets its failure and leaves ``built``."""
     others = len(fns) - 1
     for i in list(built):
         cid = ids[i]
@@ -220,14 +247,13 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
             del built[i]
             continue
         b = built[i]
-        recompiled = graphs[cid] if counting and b.graphs_after_first is not None and last["count"] is not None else None
         record_timing(b, rows[i], timing.samples_s[cid], calls_per_sample=timing.calls_per_sample[cid],
                       warmup_calls=timing.warmup_calls[cid], timer="cuda_graph" if graph else timing.timer,
-                      stopped_by=timing.member_stopped_by[cid], recompiled=recompiled)
+                      stopped_by=timing.member_stopped_by[cid], recompiled=graphs.recompiled(cid, b))
         if timing.member_stopped_by[cid] == "long_call":
             warm_s = b.first_call_s if not b.compiled else (timing.warmup_s_spent or {}).get(cid, math.nan)
             b.notes.append(long_call.note(warm_s, timing.samples_s[cid]))
-        record_contention(b, rows[i], load.result)
+        record_contention(b, rows[i], load)
         if others:
             dropped = [display_name(cells[j].impl) for j in range(len(cells)) if ids[j] in timing.failures]
             b.notes.append(f"timed in alternation with {others} other implementation(s) in {timing.cycles} cycles of "
@@ -237,7 +263,6 @@ def _time_members(cells: list[Cell], settings: Settings, rows: list[dict], built
         if timing.pair_base_s is not None and cid != base:  # the baseline's bursts next to this member's
             rows[i]["pair_base_s"] = [float(c) for c in timing.pair_base_s[cid]]
         rows[i]["cycle_groups"] = [timing.cycles]
-    return share_s
 
 
 def record_phases(rows: list[dict], ids: list[str], timing: InterleavedTiming, wall_s: float) -> None:

@@ -20,8 +20,9 @@ import time
 from collections.abc import Iterable, Mapping
 
 PHASES = ("start-up", "workers", "building", "compiling", "warm-up", "timed cycles", "memory/FLOPs", "accuracy",
-          "locks waited", "bookkeeping", "report")
-"""The phases in the order a run passes through them (``workers``: the measuring processes' start-up)."""
+          "locks waited", "interrupted", "bookkeeping", "report")
+"""The phases in the order a run passes through them (``workers``: the measuring processes' start-up;
+``interrupted``: after Ctrl-C, the time the cells then in flight had had)."""
 ROW_PHASES = {"building": "phase_build_s", "warm-up": "phase_warmup_s", "timed cycles": "phase_timed_s",
               "memory/FLOPs": "phase_work_s", "accuracy": "phase_accuracy_s"}  # accuracy: issue 38
 """The row columns each measured phase is summed from (``compiling`` is ``compile_s``, taken out of building)."""
@@ -61,13 +62,15 @@ def from_rows(rows: Iterable[Mapping]) -> dict[str, float]:
     return out
 
 
-def account(rows: Iterable[Mapping], wall_s: float, *, workers_s: float = 0.0, locks_s: float = 0.0) -> dict[str, float]:
-    """Every phase of a session of ``wall_s`` seconds: the rows' phases, the driver's (``workers_s``, ``locks_s``) and
-    ``bookkeeping`` as the rest (never below zero), rounded to milliseconds; ``wall`` is the total (start-up and
-    report are the command line's: :func:`with_cli`)."""
+def account(rows: Iterable[Mapping], wall_s: float, *, workers_s: float = 0.0, locks_s: float = 0.0,
+            interrupted_s: float = 0.0) -> dict[str, float]:
+    """Every phase of a session of ``wall_s`` seconds: the rows' phases, the driver's (``workers_s``, ``locks_s``;
+    ``interrupted_s``: at most what the others leave) and ``bookkeeping`` as the rest (never below zero), rounded to
+    milliseconds; ``wall`` is the total (start-up and report are the command line's: :func:`with_cli`)."""
     out = dict.fromkeys(PHASES, 0.0)
     out.update(from_rows(rows))
     out.update({"workers": workers_s, "locks waited": locks_s})
+    out["interrupted"] = min(max(interrupted_s, 0.0), max(wall_s - sum(out.values()), 0.0))
     measured = sum(out.values())
     out["bookkeeping"] = max(wall_s - measured, 0.0)
     out["wall"] = max(wall_s, measured)

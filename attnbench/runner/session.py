@@ -106,6 +106,8 @@ class RunSession:
         self.stored: dict[str, tuple[dict, Path]] = {}  # cell_id -> (row, its cell file), this session's
         self.interrupted = False
         self._started = time.perf_counter()
+        self._last_row = self._started  # when the last row came (or timing began)
+        self._cut_short_s = 0.0  # after Ctrl-C: the time the cells in flight had had
 
     # ------------------------------------------------------------------ start or resume
 
@@ -159,10 +161,17 @@ class RunSession:
         """Execute every pass of the schedule (Ctrl-C propagates; every finished cell is kept), holding this
         machine's measurement lock while timing (:mod:`attnbench.measure.machine_lock`; ``lock``: ``wait`` for
         another measurement to end, ``no-wait``: raise instead, ``off``: measure anyway)."""
+        plan = getattr(self.progress, "plan", None)  # a progress display that forecasts (attnbench.cli.progress)
+        if plan:
+            plan(self.cells, self.sweep.settings)
         held = machine_lock.acquire_for_run(self.sweep.device, self.executor_kind, lock, self.store.path)
+        self._last_row = time.perf_counter()
         try:
             for units in self.schedule():
                 self.executor.execute(units, self.on_row, self.on_start)
+        except KeyboardInterrupt:  # the cells in flight are cut short from their last row on (finish says so)
+            self._cut_short_s = time.perf_counter() - self._last_row
+            raise
         finally:  # timing is over: the machine is free (consolidation and the report need no lock)
             held.release()
             machine_lock.record(self.store.meta, held)
@@ -174,6 +183,7 @@ class RunSession:
     def on_row(self, cell: Cell, row: dict) -> None:
         """One round's row of ``cell``: held until the cell's last round, then merged and stored."""
         self.count += 1
+        self._last_row = time.perf_counter()
         units = self.units_per_cell
         if row["status"] == "ok":
             self.pending.setdefault(cell.cell_id, []).append(row)
@@ -246,12 +256,17 @@ class RunSession:
 
     def _phases(self, wall_s: float) -> dict[str, float]:
         """This session's phases (:mod:`attnbench.runner.phases`): its rows', the workers' start-up, the lock waited
-        (the CLI adds its own start-up and the report)."""
+        (the CLI adds its own start-up and the report). An interrupted session counts the rounds it measured of
+        cells it did not finish (their rows are not kept, their time was spent) and the time the cells in flight
+        had had as ``interrupted``, so that neither reads as bookkeeping."""
         clock = getattr(self.executor, "clock", None)
         held = (self.store.meta.get("machine_lock") or [{}])[-1]
-        return phases.account([r for r, _ in self.stored.values()], wall_s,
-                              workers_s=clock.seconds.get("workers", 0.0) if clock else 0.0,
-                              locks_s=float(held.get("waited_s") or 0.0))
+        rows = [r for r, _ in self.stored.values()]
+        if self.interrupted:
+            rows += [r for pending in self.pending.values() for r in pending]
+        return phases.account(rows, wall_s, workers_s=clock.seconds.get("workers", 0.0) if clock else 0.0,
+                              locks_s=float(held.get("waited_s") or 0.0),
+                              interrupted_s=self._cut_short_s if self.interrupted else 0.0)
 
     def executor_compile_cache_dir(self) -> str | None:
         """Where the measuring processes keep torch.compile's caches (None when they are not this machine's)."""

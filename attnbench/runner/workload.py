@@ -105,76 +105,91 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None, setup:
     impl = registry.get(cell.impl)
     ready = ready_for(impl, cell, ready)
     device, dtype = ready.device, ready.dtype
-    spec = impl.own_spec(spec_for(cell))  # what the class always applies (its QK-norm, its RoPE direction): the
-    module = impl.build(spec, weights=stress.weights(cell, spec, seed), ready=ready)  # accuracy reference follows it  # issue 38: --inputs
-    g = torch.Generator().manual_seed(seed + 1)
+    # what the class always applies (its QK-norm, its RoPE direction): the accuracy reference follows it
+    spec = impl.own_spec(spec_for(cell))
+    module = impl.build(spec, weights=stress.weights(cell, spec, seed), ready=ready)  # issue 38: --inputs
+    g = torch.Generator().manual_seed(seed + 1)  # draws the input, then the decode token or the output gradient
     x = stress.stressed_input(cell, torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g), seed)
     x = x.to(device=device, dtype=dtype)
-    grad_out = None
-    kv_bytes = None
-
-    timed_step = restore = prepare = None
-    notes: list[str] = []
-    columns: dict = {}
     if cell.mode == "decode":
-        module.eval()
-        missing = missing_protocol(module)
-        if missing:
-            raise PluginLoadError(f"{impl.name} declares kv_cache but lacks {', '.join(missing)} (see implementations/kv_cache.py)")
-        x_new = torch.randn(cell.batch, 1, cell.d_model, generator=g).to(device=device, dtype=dtype)
-        notes += filter(None, [paging.configure(module, cell)])  # issue 37: a paged cache's page size
-        with cache_state.default_dtype(dtype):  # a cache allocated as torch.zeros(...) gets the cell's dtype
-            kv_bytes, how = _prefill(module, x, device)
-        notes.append(how)
-        columns = paging.columns(module)
-        if callable(getattr(getattr(module, "_orig_mod", module), "rewind_cache", None)):
-            def step() -> torch.Tensor:  # one token against seq_len cached ones; rewinding keeps the cache length fixed
-                with torch.inference_mode():
-                    out = module(x_new, use_cache=True)
-                    module.rewind_cache(1)
-                    return out
-        else:
-            def timed_step() -> torch.Tensor:  # one token against seq_len cached ones
-                with torch.inference_mode():
-                    return module(x_new, use_cache=True)
+        parts = _decode_parts(impl.name, cell, module, x, g, device)
+    else:
+        parts = _layer_parts(cell, module, x, g, setup)
+    return Workload(cell=cell, spec=spec, module=module, x=x, grad_out=parts.pop("grad_out", None), device=device,
+                    setup_policy=setup, **parts)
 
-            with cache_state.default_dtype(dtype):
-                restore = cache_state.step_restorer(module, timed_step, impl.name)
-            notes.append(f"no rewind_cache: the cache is restored after each step, outside the timed region (the step "
-                         f"{restore.describe()})")
 
-            def step() -> torch.Tensor:
-                out = timed_step()
-                restore()
+def _decode_parts(name: str, cell: Cell, module: nn.Module, x: torch.Tensor, g: torch.Generator,
+                  device: torch.device) -> dict:
+    """The :class:`Workload` fields of a decode cell: the cache prefilled with ``x`` (its bytes, a paged cache's page
+    size and columns), and a step of one token (``g``'s next draw) that leaves the cache as it found it."""
+    module.eval()
+    missing = missing_protocol(module)
+    if missing:
+        raise PluginLoadError(f"{name} declares kv_cache but lacks {', '.join(missing)} (see implementations/kv_cache.py)")
+    x_new = torch.randn(cell.batch, 1, cell.d_model, generator=g).to(device=device, dtype=x.dtype)
+    notes = list(filter(None, [paging.configure(module, cell)]))  # issue 37: a paged cache's page size
+    with cache_state.default_dtype(x.dtype):  # a cache allocated as torch.zeros(...) gets the cell's dtype
+        kv_bytes, how = _prefill(module, x, device)
+    notes.append(how)
+    parts = dict(kv_cache_bytes=kv_bytes, columns=paging.columns(module))
+    if callable(getattr(getattr(module, "_orig_mod", module), "rewind_cache", None)):
+        def step() -> torch.Tensor:  # one token against seq_len cached ones; rewinding keeps the cache length fixed
+            with torch.inference_mode():
+                out = module(x_new, use_cache=True)
+                module.rewind_cache(1)
                 return out
-    elif cell.mode == "inference":
+
+        return dict(parts, step=step, notes=tuple(notes))
+
+    def timed_step() -> torch.Tensor:  # one token against seq_len cached ones
+        with torch.inference_mode():
+            return module(x_new, use_cache=True)
+
+    with cache_state.default_dtype(x.dtype):
+        restore = cache_state.step_restorer(module, timed_step, name)
+    notes.append(f"no rewind_cache: the cache is restored after each step, outside the timed region (the step "
+                 f"{restore.describe()})")
+
+    def step() -> torch.Tensor:
+        out = timed_step()
+        restore()
+        return out
+
+    return dict(parts, step=step, timed_step=timed_step, restore=restore, notes=tuple(notes))
+
+
+def _layer_parts(cell: Cell, module: nn.Module, x: torch.Tensor, g: torch.Generator, setup: str) -> dict:
+    """The :class:`Workload` fields of an inference, forward or forward+backward cell: the step (the module's
+    ``prepare`` bound by the ``setup`` policy), the setup alone, and for forward+backward the output gradient
+    (``g``'s next draw)."""
+    if cell.mode == "inference":
         module.eval()
         call, prepare = setup_cost.bind(module, x, setup)
 
         def step() -> torch.Tensor:
             with torch.inference_mode():
                 return call()
-    elif cell.mode == "forward":
-        module.train()
+
+        return dict(step=step, prepare=prepare)
+    module.train()
+    if cell.mode == "forward":
         step, prepare = setup_cost.bind(module, x, setup)
-    else:
-        module.train()
-        x.requires_grad_(True)
-        grad_out = torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g).to(device=device, dtype=dtype)
-        params = [p for p in module.parameters() if p.requires_grad]
-        call, prepare = setup_cost.bind(module, x, setup)
+        return dict(step=step, prepare=prepare)
+    x.requires_grad_(True)
+    grad_out = torch.randn(cell.batch, cell.seq_len, cell.d_model, generator=g).to(device=x.device, dtype=x.dtype)
+    params = [p for p in module.parameters() if p.requires_grad]
+    call, prepare = setup_cost.bind(module, x, setup)
 
-        def step() -> torch.Tensor:
-            for p in params:  # set_to_none semantics: no memset, no stale accumulation
-                p.grad = None
-            x.grad = None
-            out = call()
-            out.backward(grad_out)
-            return out
+    def step() -> torch.Tensor:
+        for p in params:  # set_to_none semantics: no memset, no stale accumulation
+            p.grad = None
+        x.grad = None
+        out = call()
+        out.backward(grad_out)
+        return out
 
-    return Workload(cell=cell, spec=spec, module=module, x=x, grad_out=grad_out, device=device, step=step,
-                    kv_cache_bytes=kv_bytes, timed_step=timed_step, restore=restore, notes=tuple(notes),
-                    columns=columns, prepare=prepare, setup_policy=setup)
+    return dict(step=step, prepare=prepare, grad_out=grad_out)
 
 
 def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[float, str]:

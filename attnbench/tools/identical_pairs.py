@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.results.compare import INCONCLUSIVE, compare_runs
+from attnbench.results.compare import INCONCLUSIVE, NO_VERDICT, compare_runs
 
 QUIET = "no significant change"
 
@@ -32,7 +32,8 @@ def pair_verdicts(dirs: list[Path], threshold: float = 0.10, alpha: float = 0.05
                          "ratio": r["ratio"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
                          "p_value": r["p_value"], "change": r["change"],
                          "inconclusive": str(r["change"]).startswith(INCONCLUSIVE),
-                         "false_alarm": r["change"] != QUIET and not str(r["change"]).startswith(INCONCLUSIVE),
+                         "false_alarm": r["change"] != QUIET and not str(r["change"]).startswith(INCONCLUSIVE)
+                         and not str(r["change"]).endswith(NO_VERDICT),
                          "gate_fails": bool(r["regression"] or r["improvement"])})
     return pd.DataFrame(rows)
 

@@ -31,7 +31,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 # Ray first: without it, this ImportError is what the runner turns into "pip install 'attnbench[ray]'".
@@ -367,42 +367,48 @@ class RayExecutor:
                 ready, _ = ray.wait(list(jobs), num_returns=1, timeout=self._wait_s(jobs))
                 for ref in ready:
                     job = jobs.pop(ref)
-                    try:
-                        if streaming:
-                            item = ray.get(next(job.ref))
-                            if job.info is None:
-                                self._started(job, item, on_start)
-                            else:
-                                deliver(job, item)
-                            if job.done < len(job.unit.cells):
-                                jobs[ref] = job  # more rows come
-                            continue
-                        info, rows = ray.get(job.ref)
-                        self._started(job, info, on_start)
-                        for row in rows:
-                            deliver(job, row)
-                        continue
-                    except StopIteration:
-                        row = self._status_row(job, "error", "the Ray task ended without returning a row")
-                    except Exception as exc:
-                        row = self._failure_row(job, exc)
-                        if row is None:  # the cluster lost the unit: what is left of it, once more
-                            submit(dataclasses.replace(job.unit, cells=job.unit.cells[job.done:]), job.attempt + 1,
-                                   f"resubmitted once after {type(exc).__name__}: {_first_line(exc, 200)}")
-                            continue
-                    if len(job.unit.cells) > 1:  # a group's task failed: which member did it cannot be told here,
-                        note = (f"its comparison group's Ray task failed ({row['status']}: {row['error']}); "  # so each
-                                "measured again on its own, without paired speed-ups")  # is measured alone
-                        for cell in job.unit.cells:
-                            submit(dataclasses.replace(job.unit, cells=(cell,)), job.attempt, note)
-                        continue
-                    deliver(job, row)
+                    if self._take(job, streaming, submit, deliver, on_start):
+                        jobs[ref] = job  # more rows come
                 self._kill_overdue(jobs)
         except BaseException:  # Ctrl-C, or on_row failed: nothing may keep running for this sweep
             for ref in list(jobs):
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
             raise
+
+    def _take(self, job: _Job, streaming: bool, submit: Callable, deliver: Callable, on_start: OnStart | None) -> bool:
+        """What a job Ray says is ready has: its start or its next row (streaming), or its start and every row, or its
+        failure. A unit the cluster lost is submitted once more (what is left of it); a group whose task failed is
+        measured again member by member. True when more rows are to come from this job."""
+        try:
+            if streaming:
+                item = ray.get(next(job.ref))
+                if job.info is None:
+                    self._started(job, item, on_start)
+                else:
+                    deliver(job, item)
+                return job.done < len(job.unit.cells)
+            info, rows = ray.get(job.ref)
+            self._started(job, info, on_start)
+            for row in rows:
+                deliver(job, row)
+            return False
+        except StopIteration:
+            row = self._status_row(job, "error", "the Ray task ended without returning a row")
+        except Exception as exc:
+            row = self._failure_row(job, exc)
+            if row is None:  # the cluster lost the unit: what is left of it, once more
+                submit(dataclasses.replace(job.unit, cells=job.unit.cells[job.done:]), job.attempt + 1,
+                       f"resubmitted once after {type(exc).__name__}: {_first_line(exc, 200)}")
+                return False
+        if len(job.unit.cells) > 1:  # a group's task failed: which member did it cannot be told here, so each
+            note = (f"its comparison group's Ray task failed ({row['status']}: {row['error']}); "  # is measured
+                    "measured again on its own, without paired speed-ups")  # alone
+            for cell in job.unit.cells:
+                submit(dataclasses.replace(job.unit, cells=(cell,)), job.attempt, note)
+            return False
+        deliver(job, row)
+        return False
 
     def _started(self, job: _Job, info: dict, on_start: OnStart | None) -> None:
         job.info, job.started = info, time.perf_counter()

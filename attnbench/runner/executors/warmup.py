@@ -49,10 +49,11 @@ def settle_heap() -> None:
 
 def warm_cells(cells: Iterable[Cell], peak_known: bool = False) -> None:
     """Once-per-process costs of ``cells``: each implementation's import, Dynamo's counters for ``compiled:``
-    cells, and (unless ``peak_known``) the peak GFLOP/s of each device and dtype (cached). A failure here is
+    cells, (unless ``peak_known``) the peak GFLOP/s of each device and dtype (cached) and the roofline's ceilings
+    (:func:`attnbench.measure.roofline.ceiling_for`: cached per machine). A failure here is
     left for the cell to report as its row."""
     from attnbench import registry
-    from attnbench.measure import peak_gflops
+    from attnbench.measure import peak_gflops, roofline
 
     for cell in cells:
         with contextlib.suppress(Exception):
@@ -61,3 +62,4 @@ def warm_cells(cells: Iterable[Cell], peak_known: bool = False) -> None:
                 import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
             if not peak_known:
                 peak_gflops(cell.device, cell.dtype)
+            roofline.ceiling_for(cell.device, cell.dtype)  # issue 49: cached per machine; measured once when missing

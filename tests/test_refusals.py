@@ -1,0 +1,149 @@
+"""The first true cause at import (issue 46, item 4) and a refusal that stays readable (issue 45, item 5).
+
+Fixtures in ``tests/plugins/refusals/``: a package module that imports a missing dependency (by file and by
+``module:Class``), a script asserting CUDA at import, a bare assert over two lines, a failure inside torch called
+from a helper module, and a constructor attnbench cannot call.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import pytest
+import torch
+
+from attnbench import registry
+from attnbench.errors import LINE_WIDTH, MAX_LINES, PluginLoadError, refusal_lines
+from tests.refusal_text import refusal_lines_of, refusal_text  # noqa: F401  (the shape every refusal has)
+from tests.test_exit_status import cli  # attnbench ARGV in this process: (exit status, stdout, stderr)
+
+R = "tests/plugins/refusals/"
+
+
+def refusal(capsys, target: str) -> list[str]:
+    """``attnbench check TARGET``'s stderr lines, asserted to be a readable refusal with exit status 2."""
+    code, out, err = cli(["check", R + target], capsys)
+    assert code == 2 and "Traceback" not in out, (code, out, err)
+    return refusal_lines_of(err)
+
+
+# --- import: the first true cause --------------------------------------------------------------------
+
+def test_a_package_module_whose_dependency_is_missing_names_the_dependency(repo_cwd, capsys):
+    lines = refusal(capsys, "refusalpkg/attn.py:Attention")
+    assert "it imports 'attnbench_refusals_absent_kernels', which is not installed here" in lines[0]
+    assert "not found" not in "\n".join(lines)
+    assert "  at tests/plugins/refusals/refusalpkg/kernels.py:3: import attnbench_refusals_absent_kernels" in lines
+    assert "  fix: pip install attnbench_refusals_absent_kernels, or install the project it comes from" in lines
+
+
+@pytest.fixture
+def refusals_on_path(monkeypatch, repo_cwd):
+    monkeypatch.syspath_prepend(str(repo_cwd / R))
+    yield
+    for name in [n for n in sys.modules if n == "refusalpkg" or n.startswith("refusalpkg.")]:
+        del sys.modules[name]
+
+
+def test_the_module_form_tells_a_missing_dependency_from_a_missing_module(refusals_on_path):
+    with pytest.raises(PluginLoadError) as info:
+        registry.get("refusalpkg.attn:Attention")
+    assert str(info.value).startswith("importing 'refusalpkg.attn' failed: it imports "
+                                      "'attnbench_refusals_absent_kernels', which is not installed here")
+    with pytest.raises(PluginLoadError, match=r"module 'refusalpkg.nothing' not found \(No module named "
+                                              r"'refusalpkg.nothing'\)"):
+        registry.get("refusalpkg.nothing:Attention")
+    with pytest.raises(PluginLoadError, match=r"module 'nopkg_attnbench.attn' not found"):
+        registry.get("nopkg_attnbench.attn:Attention")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the script imports")
+def test_an_assert_of_cuda_at_import_names_the_line_and_says_it_needs_cuda(repo_cwd, capsys):
+    lines = refusal(capsys, "needs_cuda.py:Attention")
+    text = "\n".join(lines)
+    assert "it needs CUDA, which this machine does not have" in lines[0]
+    assert "AssertionError at needs_cuda.py:6: assert torch.cuda.is_available()" in text
+    assert lines[0] != "error: importing plug-in 'tests/plugins/refusals/needs_cuda.py' failed: AssertionError: "
+
+
+def test_a_bare_assert_is_named_by_its_statement_over_both_lines(repo_cwd, capsys):
+    (line,) = refusal(capsys, "bare_assert.py:Attention")
+    assert line.endswith("failed: AssertionError at bare_assert.py:6: assert WIDTH % HEADS == 0 and HEADS > 0")
+
+
+def test_a_failure_inside_torch_is_located_at_the_innermost_line_of_the_user_s_files(repo_cwd, capsys):
+    lines = refusal(capsys, "fails_in_helper.py:Attention")
+    assert "failed: RuntimeError: mat1 and mat2 shapes cannot be multiplied" in lines[0]
+    assert lines[1] == "  at tests/plugins/refusals/refusal_helpers.py:8: return projection(torch.zeros(width + 1))"
+
+
+def test_a_syntax_error_names_its_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.py").write_text("import torch\n\ndef attention(x:\n    return x\n")
+    with pytest.raises(PluginLoadError) as info:
+        registry.get("broken.py:Anything")
+    assert info.value.headline == "importing plug-in 'broken.py' failed: SyntaxError: '(' was never closed"
+    assert info.value.details == ("at broken.py:3: def attention(x:",)
+
+
+# --- a refusal stays readable -----------------------------------------------------------------------
+
+def test_a_constructor_refusal_is_a_headline_and_a_few_short_lines(repo_cwd, capsys):
+    lines = refusal(capsys, "unbuildable.py:Attention")
+    assert "'vocab_file'" in lines[0] and "'tokenizer_name'" in lines[0], lines
+    assert len(lines) >= 2
+
+
+ALIASES = ("d_in: d_in/d_model/embed_dim/n_embd/hidden_size/dim/model_dim/emb_dim/width; d_out: d_out/out_features/"
+           "output_dim/out_dim; num_heads: num_heads/n_heads/n_head/num_attention_heads/heads/nheads/n_heads_q; "
+           "context_length: context_length/block_size/max_seq_len/max_position_embeddings/max_len/seq_len/ctx_len; "
+           "dropout: dropout/attn_pdrop/attention_dropout/p/attn_dropout/dropout_p/drop; qkv_bias: qkv_bias/bias/"
+           "use_bias/attention_bias/add_bias_kv; head_dim: head_dim/dim_head/head_size/d_head/d_k; num_kv_heads: "
+           "num_kv_heads/n_kv_heads/n_kv_head/num_key_value_heads/n_local_heads/n_query_groups/kv_heads/num_kv_groups; "
+           "window: window/window_size/sliding_window/attention_window/local_window; rope_theta: rope_theta/theta/"
+           "base/rope_base/rotary_base; qk_norm: qk_norm/use_qk_norm/normalize_qk; config: config/cfg/args/params/"
+           "model_args/hparams; layer index: layer_idx/block_idx/layer_id/layer_number/layer_index")
+LONG = ("cannot call Block(width, n_heads, vocab_file, tokenizer_name, rope_cache, shard_group): attnbench does not know "
+        f"what to pass for 'vocab_file', 'tokenizer_name', 'shard_group' (it binds parameters by name: {ALIASES}); "
+        "give them defaults, rename, or point --impl at a factory make_attention(spec) (docs/own-attention.md: Bring "
+        "your own attention)")
+
+
+def test_a_1250_character_refusal_prints_as_a_headline_and_at_most_a_few_short_lines():
+    assert len(LONG) > 1200
+    lines = refusal_lines(PluginLoadError(LONG))
+    assert lines[0] == ("error: cannot call Block(…): attnbench does not know what to pass for 'vocab_file', "
+                        "'tokenizer_name', 'shard_group'")  # the long argument list went: the headline keeps the cause
+    assert len(lines) <= 1 + MAX_LINES and all(len(line) <= LINE_WIDTH for line in lines[1:]), lines
+    assert lines[1].startswith("  it binds parameters by name: d_in: d_in/d_model") and lines[-3].endswith(" …")
+    assert lines[-2:] == ["  fix: give them defaults, rename, or point --impl at a factory make_attention(spec)",
+                          "  see docs/own-attention.md: Bring your own attention"]
+
+
+def test_a_short_refusal_stays_one_line_and_a_long_cause_keeps_its_headline():
+    assert refusal_lines(PluginLoadError("module 'x' not found")) == ["error: module 'x' not found"]
+    lines = refusal_lines(PluginLoadError(
+        "ModelParallelAttention cannot be built on this machine: it needs a distributed/model-parallel setup that is "
+        "not initialised in this process (AssertionError: model parallel group is not initialized); run it where that "
+        "is available, or point --impl at a factory that builds it for one process on this device"))
+    assert lines == [
+        "error: ModelParallelAttention cannot be built on this machine: it needs a distributed/model-parallel setup "
+        "that is not initialised in this process",
+        "  AssertionError: model parallel group is not initialized",
+        "  fix: run it where that is available, or point --impl at a factory that builds it for one process on this "
+        "device"]
+
+
+def test_details_and_fix_print_as_given_and_the_message_stays_one_line():
+    exc = PluginLoadError("cannot call Odd(width, foo): no value for 'foo'",
+                          details=["tried: Odd(width=d_in, foo=?)", "foo is used as " + "a very long explanation " * 12],
+                          fix="give foo a default")
+    assert str(exc).startswith("cannot call Odd(width, foo): no value for 'foo'; tried: Odd(width=d_in, foo=?); ")
+    assert str(exc).endswith("; give foo a default") and "\n" not in str(exc)
+    lines = refusal_lines(exc)
+    assert lines[:2] == ["error: cannot call Odd(width, foo): no value for 'foo'", "  tried: Odd(width=d_in, foo=?)"]
+    assert lines[-1] == "  fix: give foo a default" and lines[3].startswith("    ")  # a long detail wraps, indented
+    assert all(len(line) <= LINE_WIDTH for line in lines[1:])
+    back = pickle.loads(pickle.dumps(exc))  # errors cross process boundaries (workers): the parts survive
+    assert (back.headline, back.details, back.fix, str(back)) == (exc.headline, exc.details, exc.fix, str(exc))
