@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# The CLI's console follows COLUMNS when its output is not a terminal (issue 45); pytest-xdist's workers inherit
+# COLUMNS=80 from the terminal machinery, which would wrap every table and path the tests read. Tests that are about
+# COLUMNS set it themselves (tests/test_newcomer.py runs a subprocess with it).
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGINS = REPO / "tests" / "plugins"

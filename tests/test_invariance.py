@@ -98,3 +98,28 @@ def test_check_prints_and_writes_the_properties(tmp_path, repo_cwd):
     data = json.loads(out.read_text())
     assert len(data["cases"]) == 2 and {p["property"] for p in data["properties"]} == {"batch_invariant"}
     assert all(not p["holds"] and p["ulps"] == 1 and p["max_relative_difference"] > 0 for p in data["properties"])
+
+
+def test_run_rows_carry_deterministic_and_batch_invariant(repo_cwd):
+    from types import SimpleNamespace
+
+    from attnbench import registry
+    from attnbench.runner import properties as run_properties
+    from attnbench.spec import AttnSpec
+
+    spec, x = AttnSpec(16, 16, 8, 0.0, 2), torch.randn(3, 8, 16, generator=torch.Generator().manual_seed(0))
+
+    def workload(cls: str, mode: str = "inference"):
+        module = registry.get(f"{PLANTED}:{cls}").build(spec).eval()
+        return SimpleNamespace(cell=SimpleNamespace(mode=mode, lengths="", scope="layer"), module=module, x=x)
+
+    cols, note = run_properties.columns(workload("BatchVariant"), False, 1e-4)
+    assert cols["deterministic"] == "bitwise" and cols["batch_invariant"].startswith("within ") and note is None
+    cols, _ = run_properties.columns(workload("Nondeterministic"), False, 1e-4)
+    assert cols["deterministic"] != "bitwise"
+    assert run_properties.columns(workload("PerSequenceLoop"), False, 1e-4)[0] == {
+        "deterministic": "bitwise", "batch_invariant": "bitwise"}
+    cols, note = run_properties.columns(workload("BatchVariant"), False, 1.0)  # 13 calls of 1 s: over the budget
+    assert cols == {"deterministic": "", "batch_invariant": ""} and "would take over 2 s" in note
+    assert run_properties.columns(workload("BatchVariant", "decode"), False, 1e-4) == (
+        {"deterministic": "", "batch_invariant": ""}, None)  # not applicable: no note

@@ -7,21 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.cli import main
 from attnbench.plugins.binding import bind
+from tests.test_exit_status import cli as run  # attnbench ARGS in this process: (exit status, stdout, stderr)
 
 R = "tests/plugins/roles/conventions.py:"
-
-
-def run(args, capsys) -> tuple[int, str, str]:
-    """``attnbench ARGS`` in this process: (exit status, stdout, stderr)."""
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("cls", ["TwoInts", "Unnamed", "FlagCausal", "Bf16Weights", "OptionalMasks"])

@@ -10,12 +10,8 @@ while this process does.
 """
 
 import sys
-import time
 
-STARTED = time.perf_counter()
-"""When the command began (the first thing its entry point imports): its start-up is counted from here, not from the
-process's creation, which a shell line (``pip install ... && attnbench run``) made before its earlier commands ran."""
-
+from attnbench.cli.clock import STARTED  # noqa: F401  (first: the command's start; see attnbench.cli.clock)
 from attnbench.runner.executors import ahead  # noqa: E402
 
 ahead.start_for(sys.argv)

@@ -55,7 +55,7 @@ def run_counted(*, preset, sweep_file, settings: dict, axes: dict, out: str, qui
                       "compare two of them with attnbench compare)", markup=False)
     failed = {s: n for s, n in counts.items() if s not in ("ok", "skipped")}
     if failed or not counts.get("ok"):
-        from attnbench.cli.run import first_failed
+        from attnbench.cli.closing import first_failed
 
         first = first_failed(df, tuple(failed))
         said = ", ".join(f"{n} {s}" for s, n in counts.items())

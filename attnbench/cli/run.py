@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from attnbench.cli.app import _split, cli, console, err_console
+from attnbench.cli.closing import FAILED, first_failed
 from attnbench.cli.grouped import grouped
 from attnbench.results import accuracy as accuracy_view
 from attnbench.results import setup_view
@@ -554,7 +555,6 @@ def _exit_for(df, run_dir: Path) -> None:
         sys.exit(1)
 
 
-FAILED = ("error", "timeout", "oom", "invalid")
 """Statuses that fail a run (exit 1); ``skipped`` cells are combinations declared impossible here, not failures."""
 
 
@@ -657,15 +657,6 @@ def failure_line(df) -> str | None:
     return None
 
 
-def first_failed(df, failed=FAILED):
-    """The row the closing line names: the first whose status is in ``failed`` (a failure, not a ``skipped`` cell);
-    when there is none, the first row that is not ``ok`` (a run of skipped cells says why one was); else None."""
-    for mask in (df.status.isin(failed), df.status != "ok"):
-        if mask.any():
-            return df[mask].iloc[0]
-    return None
-
-
 def _prestarted(settings: dict, device: str | None):
     """:func:`attnbench.runner.executors.local.prestarted` for the measurement settings given as flags."""
     from attnbench.runner.executors.local import prestarted
@@ -677,17 +668,17 @@ def _prestarted(settings: dict, device: str | None):
 
 def _startup_s(df, argv: list[str] | None = None) -> float:
     """Seconds this command spent before its run session (imports, the sweep, the probe): the time since the command
-    began (:data:`attnbench.cli.STARTED`, its entry point's first import) less the session's wall time. Not
+    began (:data:`attnbench.cli.clock.STARTED`, its entry point's first import) less the session's wall time. Not
     the process's age (``/proc/self/stat``): a shell that runs ``pip install ... && attnbench run`` execs the
     command in the process it forked before pip ran. 0 when this process is not the command (a test calling the
     CLI in-process)."""
-    from attnbench import cli
+    from attnbench.cli.clock import STARTED
     from attnbench.runner.executors.ahead import own_command
 
     session = df.attrs.get("session_wall_s")
     if not own_command(sys.argv if argv is None else argv) or session is None:
         return 0.0
-    return max(time.perf_counter() - cli.STARTED - session, 0.0)
+    return max(time.perf_counter() - STARTED - session, 0.0)
 
 
 def _record_phases(run_dir: Path, df, startup_s: float = 0.0, report_s: float = 0.0) -> str:

@@ -34,6 +34,7 @@ from attnbench.correctness import (
     decode,
     invariance,
     mask_cases,
+    mixed,
     mla_cases,
     paged,
     positional,
@@ -87,7 +88,7 @@ def shape_specs() -> dict[str, AttnSpec]:
     """Every shape id of the matrix and its spec (for what ``check -v`` says was exercised)."""
     shapes = (SHAPES + VARIANT_SHAPES + DECODE_SHAPES + paged.PAGED_SHAPES + positional.POSITIONAL_SHAPES
               + positional.START_SHAPES + mask_cases.MASK_SHAPES + varlen.VARLEN_SHAPES + mla_cases.MLA_SHAPES
-              + [invariance.SHAPE, invariance.VARLEN_SHAPE])
+              + [invariance.SHAPE, invariance.VARLEN_SHAPE] + mixed.MIXED_SHAPES)
     return {s.id: s.spec for s in shapes}
 
 
@@ -118,15 +119,16 @@ def cases(kinds: Iterable[str] | None = None) -> list[Case]:
     out += varlen.cases()  # issue 37
     out += mla_cases.cases()  # issue 46: DeepSeek-style MLA (forward, backward; its decode shapes are decode's)
     out += invariance.cases()  # issue 48: determinism, batch/chunk/layout invariance (stated, not judged)
+    out += mixed.cases()  # issue 48: the mixed prefill + decode serving step (paged caches)
     return [c for c in out if kinds is None or c.kind in set(kinds)]
 
 
 RUNNERS: dict[str, Callable[[registry.Implementation, Case, torch.device], CaseResult]] = {
     **basic.RUNNERS, "decode": decode.run_decode, "paged_decode": paged.run_paged_decode, **properties.RUNNERS,
-    **positional.RUNNERS, **varlen.RUNNERS, **invariance.RUNNERS}
+    **positional.RUNNERS, **varlen.RUNNERS, **invariance.RUNNERS, **mixed.RUNNERS}
 """Case kind -> runner: the plain kinds, the decode property, the round-2 properties, then the start positions."""
 CASE_MODES = {**basic.CASE_MODES, "decode": "decode", "paged_decode": "decode", **properties.CASE_MODES, **positional.CASE_MODES,
-              **invariance.CASE_MODES}
+              **invariance.CASE_MODES, **mixed.CASE_MODES}
 """How each case kind calls the module, for :func:`attnbench.resolve.resolve` (the others: ``inference``)."""
 CASE_LENGTHS = {**varlen.CASE_LENGTHS, **invariance.CASE_LENGTHS}
 """Kinds that take variable-length implementations only (issues 37, 48)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from attnbench.correctness.reference import head_probs
+from attnbench.correctness.probs import head_probs
 from attnbench.correctness.rope import apply_rope, rms_norm, rope_tables
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights

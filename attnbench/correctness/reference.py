@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from attnbench.correctness import masks
+from attnbench.correctness.probs import head_probs  # noqa: F401  (re-exported: the reference's public name)
 from attnbench.correctness.rope import apply_rope_part, rms_norm, rope_tables
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
@@ -79,22 +80,6 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
         heads.append(probs @ v[:, :, kv])  # (b, T, hd)
     context = torch.cat(heads, dim=-1)  # (b, T, d_out), head h in columns h*hd:(h+1)*hd
     return F.linear(context, w.W_o, w.b_o)
-
-
-def head_probs(scores: torch.Tensor, h: int, w: CanonicalWeights, spec: AttnSpec | None, allowed: torch.Tensor,
-               alibi: torch.Tensor | None, lowp: frozenset[str] = frozenset()) -> torch.Tensor:
-    """Head ``h``'s attention probabilities ``(b, T, T)`` from its scaled scores ``(b, T, T)``: soft-cap, ALiBi, the
-    mask ``allowed``, the sink logit ``w.sinks[h]`` in the denominator, softmax (in float32 when ``lowp`` says)."""
-    b, T = scores.shape[0], scores.shape[-1]
-    if spec is not None and spec.softcap is not None:
-        scores = spec.softcap * torch.tanh(scores / spec.softcap)
-    if alibi is not None:
-        scores = scores + alibi[h]
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    if w.sinks is not None:  # one more logit per query row, dropped after the softmax
-        scores = torch.cat([scores, w.sinks[h].to(scores.dtype).expand(b, scores.shape[1], 1)], dim=-1)
-    probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype) if "softmax" in lowp else torch.softmax(scores, dim=-1)
-    return probs[..., :T]
 
 
 def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec | None,

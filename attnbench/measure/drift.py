@@ -29,7 +29,6 @@ for CPU cells, :data:`DEFAULT_CPU`, measured on a 2-vCPU cloud VM like CI's; for
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -42,6 +41,7 @@ import pandas as pd
 
 from attnbench.devices import cpu_model
 from attnbench.errors import SweepError
+from attnbench.measure.machine_file import load_entries, save_entry
 from attnbench.measure.stats import rewiden, split_groups, widen, z_value  # noqa: F401  (widen: drift.widen)
 
 DEFAULT_CPU = 0.022
@@ -110,27 +110,14 @@ def machine_key(device_type: str, allocator: str) -> str:
 
 def load_calibrations(path: Path | None = None) -> dict[str, dict]:
     """Every entry of the calibration file ({} when there is none). A corrupt file is an error naming it."""
-    path = path or calibration_path()
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SweepError(f"cannot read the drift calibration {path}: {exc}; delete it or recalibrate with "
-                         "`python -m attnbench.tools.reproducibility --calibrate`") from exc
-    return data if isinstance(data, dict) else {}
+    return load_entries(path or calibration_path(), SweepError, "drift calibration",
+                        "delete it or recalibrate with `python -m attnbench.tools.reproducibility --calibrate`")
 
 
 def save_calibration(key: str, entry: dict, path: Path | None = None) -> Path:
     """Write (or replace) one entry of the calibration file, atomically; the file's path."""
     path = path or calibration_path()
-    data = load_calibrations(path)
-    data[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
-    return path
+    return save_entry(path, load_calibrations(path), key, entry)
 
 
 def check_setting(value) -> None:

@@ -37,7 +37,7 @@ compute).
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import math
 import os
 import socket
@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from attnbench.errors import ResultsError
+from attnbench.measure.machine_file import load_entries, save_entry
 
 ENV_FILE = "ATTNBENCH_CEILINGS_FILE"
 """Environment variable naming the ceilings file (default: ``~/.cache/attnbench/ceilings.json``)."""
@@ -122,27 +123,14 @@ def machine_key(device: str, dtype: str, threads: int) -> str:
 
 def load_ceilings(path: Path | None = None) -> dict[str, dict]:
     """Every entry of the ceilings file ({} when there is none); a corrupt file is a :class:`ResultsError` naming it."""
-    path = path or ceilings_path()
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ResultsError(f"cannot read the roofline ceilings {path}: {exc}; delete it (they are measured again) "
-                           "or run `python -m attnbench.measure.roofline --again`") from exc
-    return data if isinstance(data, dict) else {}
+    return load_entries(path or ceilings_path(), ResultsError, "roofline ceilings",
+                        "delete it (they are measured again) or run `python -m attnbench.measure.roofline --again`")
 
 
 def save_ceiling(key: str, ceiling: Ceiling, path: Path | None = None) -> Path:
     """Write (or replace) one entry of the ceilings file, atomically; the file's path."""
     path = path or ceilings_path()
-    data = load_ceilings(path)
-    data[key] = asdict(ceiling)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
-    return path
+    return save_entry(path, load_ceilings(path), key, asdict(ceiling))
 
 
 # ---------------------------------------------------------------- measuring the ceilings
@@ -242,7 +230,7 @@ _ceilings: dict[str, Ceiling] = {}
 
 def ceiling_for(device: str, dtype: str, again: bool = False) -> Ceiling:
     """The ceiling of ``device`` and ``dtype`` at this process's thread count: from this process, else the ceilings
-    file, else measured and saved (``again``: measured and saved anyway)."""
+    file, else measured and saved (``again``: measured and saved anyway; a file that cannot be written is left as it is)."""
     from attnbench.devices import parse_device_type
 
     key = machine_key(device, dtype, torch.get_num_threads() if parse_device_type(device) == "cpu" else 0)
@@ -250,7 +238,8 @@ def ceiling_for(device: str, dtype: str, again: bool = False) -> Ceiling:
         entry = None if again else load_ceilings().get(key)
         if entry is None:
             ceiling = measure_ceiling(device, dtype)
-            save_ceiling(key, ceiling)
+            with contextlib.suppress(OSError):  # a read-only cache: measured again by the next process, still used here
+                save_ceiling(key, ceiling)
         else:
             ceiling = Ceiling.from_entry(entry)
         _ceilings[key] = ceiling
@@ -343,7 +332,7 @@ def record(row: dict, device: str) -> None:
     roofline columns to an ok ``row``, in place; a ceiling that cannot be had leaves them missing, said in ``notes``."""
     try:
         ceiling = ceiling_for(device, str(row["dtype"]))
-    except (RuntimeError, ResultsError) as exc:  # a dtype's GEMM unsupported here, an unreadable ceilings file
+    except (RuntimeError, OSError) as exc:  # a dtype's GEMM unsupported here, an unreadable ceilings file (ResultsError)
         row["notes"] = "; ".join(n for n in (row.get("notes"), f"no roofline: {str(exc).splitlines()[0][:200]}") if n)
         return
     row.update(ceiling.columns())

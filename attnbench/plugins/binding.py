@@ -292,8 +292,7 @@ def _refuse_unknown(target, named, unknown) -> None:
 
 def _refuse_block(target) -> None:
     """Refuse a class that built under some role assignment but is a whole transformer block (plugins.stages)."""
-    from attnbench.plugins.roles import BUILT
-    from attnbench.plugins.stages import whole_block
+    from attnbench.plugins.roles import BUILT, whole_block
 
     module, spec = BUILT.pop(target, (None, None))
     block = whole_block(module, spec) if module is not None else None

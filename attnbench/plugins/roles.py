@@ -153,3 +153,18 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
 def _first(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else "")[:160]
+
+
+def whole_block(module, spec: AttnSpec) -> str | None:
+    """Why ``module`` (built at ``spec``) is a transformer block rather than an attention layer: an attention submodule
+    (a child whose name or class says attention) beside weight matrices of more than twice what attention of that size holds
+    (an MLP); None otherwise."""
+    if not isinstance(module, nn.Module):
+        return None
+    attn = next(((n, type(m).__name__) for n, m in module.named_children()
+                 if any(w in f"{n} {type(m).__name__}".lower() for w in ("attention", "attn"))), None)
+    matrices = sum(p.numel() for p in module.parameters() if p.dim() >= 2)
+    if attn is None or matrices <= 2 * weight_elements(spec):
+        return None
+    return (f"its submodule {attn[0]} ({attn[1]}) is the attention, beside {matrices} weight-matrix elements where "
+            f"attention of this size holds {weight_elements(spec)} (an MLP, norms and residuals around it)")

@@ -20,6 +20,7 @@ from torch import nn
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import Binding
+from attnbench.plugins.roles import whole_block
 from attnbench.plugins.signatures import signature
 from attnbench.spec import AttnSpec
 
@@ -38,7 +39,7 @@ def raising_factory(binding: Binding, exc: ConstructionError):
     ``check`` reports it once, before any case), and no later probe runs on a class that cannot be built."""
 
     def factory(spec: AttnSpec):
-        raise ConstructionError(str(exc)) from None
+        raise PluginLoadError(str(exc)) from None
 
     factory.evidence, factory.imported, factory.binding = [], "", binding
     return factory
@@ -71,23 +72,6 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
         raise PluginLoadError(f"{_name(binding)} is a whole block, not an attention layer: {block}; check the attention class "
                               "itself (FILE:Class)")
     return with_dtype(binding, built)
-
-
-def whole_block(module, spec: AttnSpec) -> str | None:
-    """Why ``module`` (built at ``spec``) is a transformer block rather than an attention layer: an attention submodule
-    (a child whose name or class says attention) beside weight matrices of more than twice what attention of that size holds
-    (an MLP); None otherwise."""
-    from attnbench.plugins.roles import weight_elements
-
-    if not isinstance(module, nn.Module):
-        return None
-    attn = next(((n, type(m).__name__) for n, m in module.named_children()
-                 if any(w in f"{n} {type(m).__name__}".lower() for w in ("attention", "attn"))), None)
-    matrices = sum(p.numel() for p in module.parameters() if p.dim() >= 2)
-    if attn is None or matrices <= 2 * weight_elements(spec):
-        return None
-    return (f"its submodule {attn[0]} ({attn[1]}) is the attention, beside {matrices} weight-matrix elements where "
-            f"attention of this size holds {weight_elements(spec)} (an MLP, norms and residuals around it)")
 
 
 def _first_line(exc: BaseException) -> str:
