@@ -12,7 +12,6 @@ import yaml
 
 from attnbench.cli import main
 from attnbench.tools.ci_workflow import render
-from tests.refusal_text import refusal_text
 
 
 def _steps(text: str) -> dict[str, dict]:
