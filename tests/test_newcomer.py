@@ -241,6 +241,7 @@ def test_a_short_named_plugin_that_fails_check_is_flagged_on_its_rows():
     assert not any("sdpa" in line and "fails check" in line for line in rows)
 
 
+@pytest.mark.slow  # subprocesses that import the whole CLI (about 15 s): the slow set runs it
 def test_tables_follow_columns_when_output_goes_to_a_file():
     """Piped, the console was 200 columns whatever ``COLUMNS`` said; it is still 200 when ``COLUMNS`` is not set."""
 
@@ -309,6 +310,7 @@ def test_check_of_a_file_without_a_class_names_its_classes(tmp_path, capsys, mon
     assert code == 2 and "Block, Mixer" in flat and "mine=other.py:Block" in flat
 
 
+@pytest.mark.slow  # subprocesses that import the whole CLI (about 15 s): the slow set runs it
 def test_start_up_counts_from_the_command_not_from_the_shell_line_before_it():
     """`bash -c '... && attnbench run'` execs the command in the process bash forked before its earlier commands ran;
     /proc/self/stat's start time is that fork, so "start-up" held the shell's earlier commands (pip's minutes)."""
