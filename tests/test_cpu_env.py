@@ -34,6 +34,7 @@ def lognormal(median: float, n: int, sigma: float = 0.02, seed: int = 0) -> np.n
 
 
 @glibc_linux
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_a_measuring_process_really_runs_with_the_pinned_settings():
     worker = WorkerProcess(cpu_env.process_env(cpu_env.CpuEnv("pinned")), "test")
     try:
@@ -49,6 +50,7 @@ def test_a_measuring_process_really_runs_with_the_pinned_settings():
 
 
 @glibc_linux
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_system_allocator_and_no_binding_leave_glibc_and_threads_alone():
     env = cpu_env.process_env(cpu_env.CpuEnv("system", bind=False))
     for key in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", *cpu_env.OMP_BINDING):
@@ -77,6 +79,7 @@ def test_preloaded_allocators_are_mapped_in_the_worker(allocator):
         worker.close()
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_settings_are_recorded_in_meta_and_rows(tmp_path):
     df = attnbench.run(impl=["sdpa"], out=tmp_path, settings=FAST, **TINY)
     row = df.iloc[0]
@@ -107,6 +110,7 @@ def test_given_threads_and_unbound_runs_keep_their_thread_count(tmp_path):
     assert meta["sweep"]["settings"]["threads"] is None  # torch's own default, whatever it is here
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_two_processes_are_interleaved_and_grouped(tmp_path):
     df = attnbench.run(impl=["weight_split", "sdpa"], out=tmp_path, settings={**FAST, "processes": 2}, **TINY)
     assert set(df.status) == {"ok"} and len(df) == 2

@@ -32,6 +32,7 @@ def _cli(argv, capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_a_bare_pytest_collects_the_tests_that_share_helpers():
     pytest_script = Path(sys.executable).parent / "pytest"
     if not pytest_script.exists():

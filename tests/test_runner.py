@@ -77,6 +77,7 @@ def test_invalid_combinations_are_skipped_rows_not_crashes(tmp_path):
     assert set(df[(df.num_heads == 2) & (df.impl == "sdpa")].status) == {"ok"}
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_cells_do_not_interact_through_compiler_state(tmp_path):
     # FlopCounterMode over eager FlexAttention once broke Dynamo for every later flex cell.
     df = run_tiny(tmp_path, ["flex", "compiled:sdpa"], seq_len=[8, 16, 24], mode=["inference"],
