@@ -133,11 +133,11 @@ def _verdict(result, threshold: float, speedups: bool, lost_accuracy: int, error
     if not len(result.cells):  # a gate that compared nothing must not pass
         err_console.print(f"error: {_nothing_compared(result, speedups)}", markup=False)
         sys.exit(2)
-    if result.has_regression:
+    if result.has_regression:  # each failing kind says so, then one exit status
         console.print(f"[bold red]FAIL[/]: {len(result.regressions)} significant slowdown(s) beyond {threshold:.0%}{what}")
-        sys.exit(1)
     if lost_accuracy:  # issue 38
         console.print(f"[bold red]FAIL[/]: {lost_accuracy} error ratio(s) grew past {error_ratio_limit:g} (accuracy)")
+    if result.has_regression or lost_accuracy:
         sys.exit(1)
     if len(result.inconclusive):  # issue 45: a gate fails closed; the CI workflow reruns once, then fails
         err_console.print(f"INCONCLUSIVE (exit {EXIT_INCONCLUSIVE}): {len(result.inconclusive)} cell(s) read slower "
