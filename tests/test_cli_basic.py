@@ -193,6 +193,7 @@ def test_check_unknown_kind(capsys):
     assert_one_line_error(code, err, r"forwrd")
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_console_script_prints_one_line_without_traceback(tmp_path):
     script = shutil.which("attnbench", path=str(Path(sys.executable).parent))
     cmd = [script] if script else [sys.executable, "-c", "import sys; from attnbench.cli import main; sys.exit(main())"]

@@ -44,6 +44,7 @@ def test_units_are_comparison_groups_shuffled_per_round(tmp_path, monkeypatch):
     assert all(len(c) == sum(g) and len(g) == 3 for c, g in zip(df.cycle_s, df.cycle_groups, strict=True))
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_a_member_that_aborts_its_process_is_recorded_and_the_rest_measured_again(tmp_path):
     df = attnbench.run(impl=["weight_split", "einsum", f"{LATE}:AbortsLater"], out=tmp_path, settings=FAST, **TINY)
     rows = df.set_index("impl")

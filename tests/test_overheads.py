@@ -65,6 +65,7 @@ def test_measure_names_resolve_lazily():
         raise AssertionError("an unknown name must raise AttributeError")
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_starting_a_worker_imports_neither_scipy_nor_the_store():
     code = ("import sys; import attnbench.runner.executors.local, attnbench.measure.cpu_env, "
             "attnbench.measure.machine_lock, attnbench.runner.compile_cache, attnbench.results.schema; "
@@ -115,6 +116,7 @@ def test_a_worker_leaves_cleanly_at_the_end_of_its_input():
     assert worker.proc.returncode == 0  # os._exit(0) after the last answer, not a kill after close()'s wait
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_a_name_resolves_in_a_process_that_never_imported_the_registry():
     """``import attnbench`` does not import the registry (PEP 562), nor does ``attnbench.resolve`` (issue 40: not even
     by name, so no import cycle); a name is resolved through ``attnbench.registry.resolve``, which loads it."""

@@ -172,6 +172,7 @@ def test_cli_bad_input_is_one_line(args, fragment, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_cli_unknown_flag_in_a_real_process():
     proc = _cli("run", "--bogus")
     assert proc.returncode == 2 and "No such option" in proc.stderr and "Traceback" not in proc.stderr
@@ -322,6 +323,7 @@ def test_isolate_measures_the_peak_once_per_device_and_dtype(monkeypatch):
                      ("a:x", "float64", None), ("b:x", "float64", 50.0)]
 
 
+@pytest.mark.slow  # issue 45: the README's test command stays under 5 minutes (processes measured)
 def test_a_worker_uses_the_peak_it_is_given():
     from attnbench.measure import cpu_env
     from attnbench.results.schema import Cell

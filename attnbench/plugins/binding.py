@@ -316,7 +316,7 @@ def _builds(binding: Binding) -> bool:
 def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
     """A keywords binding with roles for the ``unknown`` parameters decided by probes (:mod:`attnbench.plugins.roles`),
     or None when no assignment fits."""
-    from attnbench.plugins.roles import solve
+    from attnbench.plugins.roles import BUILT, solve
 
     def build_with(params):
         return Binding(target, "keywords", params=(*known, *params), extras=extras, modules=modules)
@@ -325,6 +325,7 @@ def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
     if solved is None:
         _refuse_block(target)
         return None
+    BUILT.pop(target, None)  # kept only to tell a whole block from a class no role fits
     return Binding(target, "keywords", params=(*known, *solved.params), extras=extras, modules=modules,
                    notes=(solved.note,))
 
