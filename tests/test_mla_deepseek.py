@@ -23,13 +23,7 @@ FORWARD = [c for c in mla_cases.cases() if c.kind == "forward" and c.dtype == "f
 NAMES = ["mla_deepseek", "mla_deepseek_absorbed"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread, as run_matrix uses."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny tensors: one thread, as run_matrix uses (conftest)
 
 
 # --- the spec -------------------------------------------------------------------------------------

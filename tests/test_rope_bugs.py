@@ -4,7 +4,6 @@ property each breaks, and pass every case that existed before them (issue 26).""
 from dataclasses import replace
 
 import pytest
-import torch
 
 from attnbench import registry
 from attnbench.correctness.matrix import cases, run_case, shape_specs
@@ -28,13 +27,7 @@ BUGS = [  # factory, the case that flags it (kind, shape), what its message says
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread, as run_matrix uses (spinning OpenMP threads only wait on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny tensors: one thread, as run_matrix uses (conftest)
 
 
 def planted(factory_name: str) -> registry.Implementation:
