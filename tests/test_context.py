@@ -196,7 +196,7 @@ CONTEXT_CORRECT = [C + n for n in ("llama32.py:GroupedQueryAttention", "qwen3.py
 @pytest.mark.slow
 def test_no_false_alarm_over_the_seeds_in_the_context_styles(repo_cwd):
     """The forward and decode cases (and every RoPE kind the matrix has) of the correct context styles, over
-    FALSE_ALARM_SEEDS seeds (4 in CI; ATTNBENCH_FALSE_ALARM_SEEDS=20: 20 seeds, 127 s)
+    FALSE_ALARM_SEEDS seeds (2 in CI; ATTNBENCH_FALSE_ALARM_SEEDS=20: 20 seeds, 127 s)
     (tests/test_properties.py runs every kind of the older styles; these would double that test's time)."""
     from attnbench.correctness.matrix import RUNNERS
     from attnbench.tools.false_alarms import false_alarms

@@ -251,7 +251,7 @@ def test_strided_refusal_says_why(repo_cwd):
 @pytest.mark.parametrize("first_seed", range(0, FALSE_ALARM_SEEDS, 2))
 def test_no_false_alarm_over_the_seeds(repo_cwd, matrix_results, first_seed):
     """Every correct implementation (built-ins and test plug-ins in today's styles), every case, FALSE_ALARM_SEEDS
-    consecutive seeds (4 in CI, ATTNBENCH_FALSE_ALARM_SEEDS=20 for the full sweep) in parts of two so that CI's two
+    consecutive seeds (2 in CI, ATTNBENCH_FALSE_ALARM_SEEDS=20 for the full sweep) in parts of two so that CI's two
     xdist workers share them (a part of five seeds took 200-400 s on 2 cores).
     (On CUDA, tests/test_check.py::test_builtin_passes_matrix_on_cuda runs these property kinds too.)"""
     impls = correct_implementations("cpu", CORRECT_PLUGINS)
