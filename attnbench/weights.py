@@ -259,7 +259,7 @@ class Adapter:
     to_state: Callable[[CanonicalWeights, AttnSpec], dict[str, torch.Tensor]]
     from_state: Callable[[Mapping[str, torch.Tensor], AttnSpec], CanonicalWeights]
     held_at_zero: frozenset[str] = frozenset()
-    held_at: tuple[tuple[str, float], ...] = ()
+    held_at: tuple[tuple[str, float | str], ...] = ()  # a value, or "eye": the identity
 
     @property
     def held(self) -> frozenset[str]:
@@ -317,8 +317,9 @@ def zero_held(module: nn.Module, w: CanonicalWeights) -> CanonicalWeights:
     it holds them at, :attr:`Adapter.held_at`)."""
     adapter = adapter_for(module)
     fixed = dict(adapter.held_at)
-    return replace(w, **{n: torch.zeros_like(t) if n in adapter.held_at_zero else torch.full_like(t, fixed[n])
-                         for n, t in w.items() if n in adapter.held_at_zero or n in fixed})
+    return replace(w, **{n: torch.zeros_like(t) if n in adapter.held_at_zero else
+                         torch.eye(*t.shape, dtype=t.dtype, device=t.device) if fixed[n] == "eye" else  # no W_o at all
+                         torch.full_like(t, fixed[n]) for n, t in w.items() if n in adapter.held_at_zero or n in fixed})
 
 
 def state_from_canonical(module: nn.Module, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:

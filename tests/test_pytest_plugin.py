@@ -32,7 +32,8 @@ def outcomes(rec) -> dict[str, tuple[str, str]]:
     out = {}
     for rep in rec.getreports("pytest_runtest_logreport"):
         if rep.when == "call" or (rep.when == "setup" and not rep.passed):
-            message = rep.longrepr[2].removeprefix("Skipped: ") if rep.skipped else "" if rep.passed else str(rep.longrepr)
+            message = (rep.longrepr[2].removeprefix("Skipped: ") if rep.skipped else "" if rep.passed
+                       else str(rep.longrepr).split("\n    ", 1)[0])  # check's line; under it, issue 47's lines
             out[rep.nodeid] = ("error" if rep.when == "setup" and rep.failed else rep.outcome, message)
     return out
 

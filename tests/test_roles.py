@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnbench.plugins.binding import bind
 from tests.test_exit_status import cli as run  # attnbench ARGS in this process: (exit status, stdout, stderr)
@@ -85,3 +86,58 @@ def test_adapt_refuses_to_overwrite(repo_cwd, capsys, tmp_path):
     code, _, err = run(["adapt", R + "TwoInts", "-o", str(existing)], capsys)
     assert code == 2 and "--force" in err
     assert Path(existing).read_text() == "x = 1\n"
+
+
+RR = "tests/plugins/reach_roles/"
+
+
+def _cases(target: str, picks: list[tuple[str, str, str]]):
+    """The verdicts of ``target`` on a few chosen cases ``(kind, shape, dtype)`` of the matrix."""
+    from attnbench import registry
+    from attnbench.correctness.matrix import cases, run_case
+
+    chosen = [c for c in cases([k for k, _, _ in picks]) if (c.kind, c.shape.id, c.dtype) in picks]
+    impl = registry.get(RR + target)
+    return impl, {(c.kind, c.shape.id): run_case(impl, c) for c in chosen}
+
+
+def test_strided_kv_heads_and_no_output_projection_pass_as_measured(repo_cwd):
+    """x-transformers: query head h reads kv head h % kv_heads (a probe measures the order: the layout reorders the
+    query heads), and with one head there is no output projection (W_o held at I)."""
+    impl, results = _cases("strided_kv_heads_no_out.py:StridedKVAttention", [
+        ("forward", "gqa", "float64"), ("backward", "gqa", "float64"), ("forward", "one_head_bias", "float64")])
+    assert len(results) == 3 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+    from attnbench.spec import AttnSpec
+
+    gqa = AttnSpec(32, 32, 12, 0.0, 4, True, num_kv_heads=2)
+    lines = " ".join(impl.build(gqa, "cpu", torch.float32).weight_adapter.layout.describe(gqa))
+    assert "query head h reads kv head h % kv_heads (measured)" in lines
+    one = AttnSpec(16, 16, 8, 0.0, 1, True)
+    assert "W_o = I" in " ".join(impl.build(one, "cpu", torch.float32).weight_adapter.layout.describe(one))
+
+
+def test_a_bias_flag_by_its_effect_and_an_inert_theta_is_no_rope(repo_cwd):
+    """mamba's MHA: ``qkv_proj_bias`` is the q/k/v bias switch because building with it adds exactly those biases,
+    ``num_heads_kv`` the kv heads because building with it gives grouped-query weights; ``rotary_emb_base`` changes
+    nothing as built, so the class is not taken to rotate."""
+    impl, results = _cases("bias_flag_inert_theta.py:BiasFlagAttention", [
+        ("forward", "one_head_bias", "float64"), ("backward", "one_head_bias", "float64"),
+        ("forward", "gpt_like", "float64"), ("forward", "gqa", "float64")])
+    assert len(results) == 4 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+    binding = impl.factory.binding
+    assert {("qkv_proj_bias", "qkv_bias"), ("num_heads_kv", "num_kv_heads")} <= set(binding.params)
+    assert "decided by a probe" in binding.describe()
+    assert impl.gqa and any(line.startswith("gqa: yes (constructor takes num_heads_kv") for line in impl.factory.evidence)
+    assert not impl.rope and any(line.startswith("rope: no (constructor takes rotary_emb_base, but a probe")
+                                 for line in impl.factory.evidence)
+
+
+def test_every_required_input_gets_x_for_self_attention(repo_cwd):
+    """hkproj's ``forward(q, k, v, mask)``: k and v get the same sequence as q; the mask (0 = hidden) by a probe."""
+    impl, results = _cases("qkv_inputs_required_mask.py:QKVInputsAttention", [
+        ("forward", "one_head_bias", "float64"), ("causality", "props", "float64")])
+    assert len(results) == 2 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+    assert impl.factory.context.inputs == ("k", "v")

@@ -188,7 +188,13 @@ def _ran(df: pd.DataFrame, shape: str) -> pd.DataFrame:
 
 
 def _expect_wrong_kv_mapping(df):
-    assert _ran(df, "gqa").status.isin(["fail"]).all()
+    # `repeat` for `repeat_interleave`: query head h reads kv head h % kv_heads. The same function up to the order of
+    # the query heads (x-transformers' einops convention, which passes), so measured and named, not failed: every
+    # grouped case says that weights in Llama/HF order load wrong into it (plugins.heads, issue 46).
+    gqa = _ran(df, "gqa")
+    assert (gqa.status == "pass").all() and gqa.message.str.contains("kv order: query head h reads kv head h % "
+                                                                     "kv_heads", regex=False).all()
+    assert gqa.message.str.contains("`repeat` stands where `repeat_interleave` was meant", regex=False).all()
     assert (_ran(df, "oddT_din_ne_dout").status == "pass").all()  # MHA: one query head per kv head, nothing to map
     assert (_ran(df, "mqa_din_ne_dout").status == "pass").all()  # MQA: every head reads the one kv head
 
@@ -218,7 +224,7 @@ BUGS = {"WrongKVMapping": _expect_wrong_kv_mapping, "WindowOffByOne": _expect_wi
 @pytest.mark.parametrize("cls", list(BUGS))
 def test_buggy_variant_plugin_is_flagged(repo_cwd, cls):
     df = run_matrix([f"{BUGGY}:{cls}"], kinds=["forward", "decode"])
-    assert not _bad(df).empty, f"{cls} passed every case"
+    assert not _bad(df).empty or df.message.str.contains("kv order:", regex=False).any(), f"{cls} passed unflagged"
     BUGS[cls](df)
 
 

@@ -13,7 +13,7 @@ from attnbench.cli.app import _split, cli, console
 from attnbench.cli.grouped import grouped
 
 CHECK_SECTIONS = (
-    ("What to check", ("impls", "device", "scope", "kinds", "seed")),
+    ("What to check", ("impls", "device", "scope", "kinds", "shapes", "dtypes", "seed")),
     ("Output", ("all_cases", "verbose", "json_path")),
     ("Execution", ("case_timeout",)),
 )
@@ -28,6 +28,9 @@ CHECK_SECTIONS = (
                    "listed by `attnbench list`) are checked only when named.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--kind", "kinds", multiple=True, help="Only these case kinds (forward, backward, causality, ...).")
+@click.option("--shape", "shapes", multiple=True, help="Only the cases of these shape ids (gpt_like, gqa, ...; as a "
+              "failing case's rerun line names them).")
+@click.option("--dtype", "dtypes", multiple=True, help="Only the cases in these dtypes (float64, float32, float16, bfloat16).")
 @click.option("--all-cases", is_flag=True, help="Print every case, not just the summary and the failures.")
 @click.option("-v", "--verbose", is_flag=True, help="Print how each plug-in is constructed and where its weights map.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
@@ -41,15 +44,17 @@ CHECK_SECTIONS = (
               help="block / model: the implementation inside a tiny transformer block or GPT against the float64 "
               "reference block or model, and (model) generation with == without the KV cache == the reference.")
 def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, kinds: tuple[str, ...], all_cases: bool,
-              verbose: bool, seed: int, case_timeout: str | None, scope: str, json_path: str | None = None) -> None:
+              verbose: bool, seed: int, case_timeout: str | None, scope: str, json_path: str | None = None,
+              shapes: tuple[str, ...] = (), dtypes: tuple[str, ...] = ()) -> None:
     """Run the correctness matrix on IMPL (or --impl) and print one summary line per implementation.
 
     With no IMPL: every registered implementation available here (hf: names only when named).
 
     Exit status: 0 every case passed, 1 some case failed, 2 a setup or usage error (an implementation
-    that does not import, construct or map its weights is reported once, before any case runs).
+    that does not import, construct or map its weights is reported once, before any case runs). Each failing case
+    prints the command that reruns it alone, and once per failing kind where it first leaves the reference.
     """
-    from attnbench.correctness.matrix import case_line, run_matrix
+    from attnbench.correctness.matrix import run_matrix
     from attnbench.correctness.setup import available, prepared
     from attnbench.devices import parse_device
     from attnbench.runner.budget import parse_timeout
@@ -65,21 +70,23 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     resolved = [available(name, device) for name in names or []]  # unknown names fail before anything runs
     for impl in resolved:  # construct and map weights once: a setup error is one line, not one per case
         lines = prepared(impl, device)
-        if verbose and lines:
+        lines = lines if verbose else [line for line in lines if line.startswith("kv order:")]  # a finding: always
+        if lines:
             console.print(f"{impl.name}:", markup=False)
             for line in lines:
                 console.print(f"  {line}", markup=False)
+    only = _case_filter(_split(shapes), _split(dtypes))
     with console.status("running the correctness matrix ..."):
         if scope == "layer":
-            results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed, case_timeout_s=timeout)
+            results = run_matrix(names, device=device, kinds=_split(kinds) or None, seed=seed, case_timeout_s=timeout,
+                                 only=only)
         else:
             from attnbench.models.check import run_scope_checks
 
             results = run_scope_checks(names, scope, device=device, seed=seed)
     console.print(matrix_table(results, device, scope))
-    shown = results if all_cases else results[results.status.isin(["fail", "error"])]
-    for r in shown.itertuples():
-        console.print(f"  {case_line(r)}", markup=False)
+    spelled = {impl.name: name for impl, name in zip(resolved, names or [], strict=False)}
+    found = _print_cases(results, all_cases, seed, device, spelled if scope == "layer" else None)
     n_bad = int(results.status.isin(["fail", "error"]).sum())
     n_pass = int((results.status == "pass").sum())
     console.print(f"{n_pass} passed, {n_bad} failed, {int((results.status == 'skip').sum())} skipped")
@@ -91,7 +98,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
         _print_exercised(results)
         _print_properties(results)
     if json_path:
-        _write_json(results, json_path)
+        _write_json(results, json_path, found)
     if n_bad:
         sys.exit(1)
 
@@ -197,16 +204,55 @@ def _print_properties(results) -> None:
         console.print(line, markup=False)
 
 
-def _write_json(results, path: str) -> None:
+def _write_json(results, path: str, found: dict | None = None) -> None:
     """``{"cases": [...], "properties": [...]}`` to ``path``: every case's row and each measured
-    property as fields (:func:`attnbench.correctness.invariance.properties`)."""
+    property as fields (:func:`attnbench.correctness.invariance.properties`); a failing case also has ``rerun`` (the
+    command that reruns it alone) and, the one localised for its kind, ``localization`` (``found``: row -> fields,
+    :func:`_print_cases`). The schema: ``attnbench/correctness/check.schema.json`` (docs/localize.md)."""
     import json
 
     from attnbench.correctness.invariance import properties
 
     cases = results.astype(object).where(results.notna(), None).to_dict(orient="records")
+    for i, extra in (found or {}).items():
+        cases[i].update(extra)
     text = json.dumps({"cases": cases, "properties": properties(results)}, indent=1)
     Path(path).write_text(text + "\n")
+
+
+def _case_filter(shapes: list[str], dtypes: list[str]):
+    """``check --shape/--dtype``: a predicate on cases (``None``: every case); an unknown shape id or dtype is a
+    usage error naming the known ones."""
+    from attnbench.correctness.cases import TOLERANCE
+    from attnbench.correctness.matrix import shape_specs
+
+    for given, known, hint in ((shapes, list(shape_specs()), "--shape"), (dtypes, list(TOLERANCE), "--dtype")):
+        unknown = [v for v in given if v not in known]
+        if unknown:
+            raise click.BadParameter(f"unknown {unknown}; use {', '.join(known)}", param_hint=hint)
+    if not shapes and not dtypes:
+        return None
+    return lambda case: (not shapes or case.shape.id in shapes) and (not dtypes or case.dtype in dtypes)
+
+
+def _print_cases(results, all_cases: bool, seed: int, device: str, spelled: dict | None) -> dict[int, dict]:
+    """Each failing case's line (every case's with ``--all-cases``), under it the command that reruns it alone, and
+    once per implementation and failing kind where the class first leaves the reference
+    (:mod:`attnbench.correctness.localize`); returns row -> the JSON fields said (``rerun``, ``localization``).
+    ``spelled``: implementation name -> as given on the command line (``None``: no localisation, block/model scope)."""
+    from attnbench.correctness.localize import localize_failures
+    from attnbench.correctness.matrix import case_line
+
+    found = localize_failures(results, seed, device, spelled) if spelled is not None else {}
+    shown = results if all_cases else results[results.status.isin(["fail", "error"])]
+    for i, r in zip(shown.index, shown.itertuples(), strict=True):
+        console.print(f"  {case_line(r)}", markup=False)
+        extra = found.get(i, {})
+        if "localization" in extra:
+            console.print(f"    {extra['localization']['line']}", markup=False, soft_wrap=True)  # one line: parsed
+        if "rerun" in extra:
+            console.print(f"    rerun: {extra['rerun']}", markup=False, soft_wrap=True)
+    return found
 
 
 def _print_exercised(results) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pandas as pd
 import torch
@@ -178,19 +178,19 @@ def case_line(result) -> str:
 
 def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: Iterable[str] | None = None,
                progress: Callable[[CaseResult], None] | None = None, seed: int = 0,
-               case_timeout_s: float | str | None = "auto") -> pd.DataFrame:
+               case_timeout_s: float | str | None = "auto", only: Callable[[Case], bool] | None = None) -> pd.DataFrame:
     """Run every case for ``impls`` (default: all registered and available on ``device``) as a DataFrame.
 
     ``seed`` draws other weights and inputs for every case (0, the default, is the fixed matrix).
     ``case_timeout_s`` bounds each case (:mod:`attnbench.correctness.watchdog`; ``"auto"``: its default, None: no
     bound): a case past it is an ``error`` whose message starts ``timeout:``, and that implementation's later cases
-    are skipped (it hung once).
+    are skipped (it hung once). ``only``: run only the cases it accepts (``check --shape/--dtype``, issue 47).
 
     Unknown names raise :class:`~attnbench.errors.UnknownImplementationError` before anything runs.
     """
     device = str(parse_device(device))  # once: "cuda" -> "cuda:0", and a missing device fails before anything runs
     resolved = [registry.get(n) for n in (list(impls) if impls else registry.available(device))]
-    selected = cases(kinds)
+    selected = [c for c in cases(kinds) if only is None or only(c)]
     rows = []
     # The check's tensors are tiny: one CPU thread is as fast, and far faster on a busy machine where
     # several spinning OpenMP threads wait on each other.
@@ -198,19 +198,45 @@ def run_matrix(impls: Iterable[str] | None = None, device: str = "cpu", kinds: I
     torch.set_num_threads(1)
     try:
         for impl in resolved:
-            hung = None
+            hung, order = None, None
             for case in selected:
                 if hung:
                     result = _not_run(impl, case, device, hung)
                 else:
                     result = _timed_case(impl, case, device, seed, case_timeout_s)
                     hung = result.message if result.message.startswith("timeout:") else None
-                rows.append(asdict(result))
+                if order is None and _grouped(case):
+                    order = _kv_order(impl)
+                rows.append(asdict(_noted(result, case, order or "")))
                 if progress:
                     progress(result)
     finally:
         torch.set_num_threads(threads)
     return pd.DataFrame(rows, columns=[f for f in CaseResult.__dataclass_fields__])
+
+
+def _grouped(case: Case) -> bool:
+    """Whether ``case`` is grouped-query: more than one kv head, fewer than the query heads."""
+    spec = case.shape.spec
+    return 1 < (spec.num_kv_heads or spec.num_heads) < spec.num_heads
+
+
+def _kv_order(impl: registry.Implementation) -> str:
+    """The strided kv order's note (:data:`~attnbench.plugins.layout.KV_ORDER_NOTE`) when ``impl`` is a plug-in whose
+    query heads read their kv heads strided, else ``""`` (measured once per implementation, at its first grouped
+    case)."""
+    from attnbench.plugins.layout import groups_line
+
+    lines = groups_line(impl, "float32" if "float32" in impl.dtypes else impl.dtypes[0])
+    return lines[0] if lines else ""
+
+
+def _noted(result: CaseResult, case: Case, note: str) -> CaseResult:
+    """``result`` with the kv-order note on its message when ``case`` is grouped-query (the note is a finding, not a
+    failure: the case's status stays)."""
+    if not note or not _grouped(case):
+        return result
+    return replace(result, message=f"{result.message}; {note}" if result.message else note)
 
 
 def _timed_case(impl: registry.Implementation, case: Case, device: str, seed: int, timeout) -> CaseResult:

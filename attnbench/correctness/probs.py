@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from attnbench.correctness.stages import note
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
 
@@ -19,6 +20,7 @@ def head_probs(scores: torch.Tensor, h: int, w: CanonicalWeights, spec: AttnSpec
     if alibi is not None:
         scores = scores + alibi[h]
     scores = scores.masked_fill(~allowed, float("-inf"))
+    note("masked scores", scores, h)  # issue 47 (attnbench.correctness.stages; nothing kept outside its capture)
     if w.sinks is not None:  # one more logit per query row, dropped after the softmax
         scores = torch.cat([scores, w.sinks[h].to(scores.dtype).expand(b, scores.shape[1], 1)], dim=-1)
     probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype) if "softmax" in lowp else torch.softmax(scores, dim=-1)

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 from attnbench.correctness import masks
 from attnbench.correctness.probs import head_probs  # noqa: F401  (re-exported: the reference's public name)
 from attnbench.correctness.rope import apply_rope_part, rms_norm, rope_tables
+from attnbench.correctness.stages import note
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
 
@@ -70,22 +71,33 @@ def reference_forward(x: torch.Tensor, w: CanonicalWeights, num_heads: int, *, w
     hd = w.W_q.shape[0] // num_heads
     group = num_heads // (w.W_k.shape[0] // hd)  # query heads per kv head
     q, k = _queries_keys(x, w, hd, spec, start_pos, lowp)  # (b, T, heads, hd) each, normed and rotated
-    v = F.linear(x, w.W_v, w.b_v).unflatten(-1, (-1, hd))
+    v = F.linear(x, w.W_v, w.b_v)
+    note("v", v)  # issue 47: the named stages (nothing is kept outside attnbench.correctness.stages.capture)
+    v = v.unflatten(-1, (-1, hd))
     scale = spec.score_scale if spec is not None else 1 / math.sqrt(hd)
     heads = []
     for h in range(num_heads):
         kv = h // group
-        scores = torch.einsum("bid,bjd->bij", q[:, :, h], k[:, :, kv]) * scale  # (b, T, T)
+        scores = torch.einsum("bid,bjd->bij", q[:, :, h], k[:, :, kv])  # (b, T, T)
+        note("scores", scores, h)
+        scores = scores * scale
+        note("scaled scores", scores, h)
         probs = head_probs(scores, h, w, spec, allowed, alibi, lowp)
+        note("probabilities", probs, h)
         heads.append(probs @ v[:, :, kv])  # (b, T, hd)
+        note("probabilities @ V", heads[-1], h)
     context = torch.cat(heads, dim=-1)  # (b, T, d_out), head h in columns h*hd:(h+1)*hd
-    return F.linear(context, w.W_o, w.b_o)
+    note("merged heads", context)
+    out = F.linear(context, w.W_o, w.b_o)
+    note("output", out)
+    return out
 
 
 def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec | None,
                   start_pos: int, lowp: frozenset[str] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``(b, T, heads, hd)``: projected, QK-normed, rotated at ``start_pos + i`` as ``spec`` says."""
     q, k = F.linear(x, w.W_q, w.b_q), F.linear(x, w.W_k, w.b_k)  # (b, T, d_out), (b, T, kv_dim)
+    note("q", q), note("k", k)
     norm = spec.qk_norm if spec is not None else None
     if norm is not None and (w.g_q is None or w.g_k is None):
         raise ValueError(f"spec.qk_norm={norm!r} needs canonical gains g_q and g_k (random_weights draws them)")
@@ -95,6 +107,8 @@ def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec 
     q, k = q.unflatten(-1, (-1, hd)), k.unflatten(-1, (-1, hd))
     if norm == "head":
         q, k = rms_norm(q, w.g_q, spec.norm_eps, norm_dtype), rms_norm(k, w.g_k, spec.norm_eps, norm_dtype)
+    if norm is not None:
+        note("normed q", q), note("normed k", k)
     if spec is not None and spec.rope_theta is not None:
         positions = range(start_pos, start_pos + x.shape[1])
         r = getattr(spec, "rope_head_dim", None) or hd  # issue 46: the first r dims of each head (partial rotary)
@@ -103,4 +117,5 @@ def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec 
         sin = sin * getattr(spec, "rope_sign", 1)  # -1: pairs turn by -theta (nanochat), a convention, not a bug
         q = apply_rope_part(q.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
         k = apply_rope_part(k.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
+        note("rotated q", q), note("rotated k", k)
     return q, k

@@ -18,7 +18,7 @@ from pathlib import Path
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures
 from attnbench.plugins.binding import _BY_NAME, CONFIG_NAMES, INDEX_NAMES, RESIDUAL_DROPOUT, bind
-from attnbench.plugins.context import CACHE_NAMES, CAUSAL_ARGS, MASK_NAMES, NONE_NAMES, POSITION_NAMES, TABLE_NAMES
+from attnbench.plugins.context import CACHE_NAMES, CAUSAL_ARGS, INPUT_NAMES, MASK_NAMES, NONE_NAMES, POSITION_NAMES, TABLE_NAMES
 from attnbench.plugins.roles import guess
 
 SPEC_EXPR = {"d_in": "spec.d_in", "d_out": "spec.d_out", "num_heads": "spec.num_heads",
@@ -114,6 +114,8 @@ def _forward_parts(target) -> tuple[str, str]:
         if p.name in SUPPLIED or p.name in NONE_NAMES:
             sig.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
             call.append(f"{p.name}={p.name}")
+        elif p.default is p.empty and p.name in INPUT_NAMES:  # self-attention: the same sequence again
+            call.append(f"{p.name}={named[0].name}")
         elif p.default is p.empty:
             what = f"{p.name}: a forward argument attnbench does not supply; build it from {named[0].name} and self.spec"
             call.append(f"{p.name}=TODO({what!r})")

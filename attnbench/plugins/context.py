@@ -68,11 +68,16 @@ CAUSAL_ARGS = ("is_causal", "causal")
 """A forward-level causal flag: the spec's causality when attnbench passes no mask, else False (the mask says it)."""
 WINDOW_ARGS = ("window_size",)
 """A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
+INPUT_NAMES = ("q", "k", "v", "query", "key", "value", "queries", "keys", "values", "y", "xa", "context", "kv", "x_kv",
+               "encoder_hidden_states", "memory", "encoder_out", "encoder_output", "source", "src", "kv_input")
+"""A required second (third, ...) input: ``forward(q, k, v, mask)`` (hkproj's transformer), cross-attention's ``y``,
+``xa``, ``context``, ``memory``. For self-attention each gets ``x``; the causal probe runs the class with them."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "docs/own-attention.md: Forwards that take their context"
-SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin), cos_sin, freqs_cis/freq_cis or "
-            "freqs_cos/freqs_sin; start_pos/input_pos/position_ids/cache_position; "
-            "cache/kv_cache/past_key_value(s)/layer_past; use_cache; is_causal; window_size")
+SUPPLIED = ("mask/attn_mask/attention_mask; q, k, v, key, value, context, memory (x again); cos, sin, "
+            "position_embeddings=(cos, sin), cos_sin, freqs_cis/freq_cis or freqs_cos/freqs_sin; "
+            "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache; "
+            "is_causal; window_size")
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,7 @@ class ContextPlan:
     cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
     lengths: tuple[str, ...] = ()  # forward-level context lengths (LENGTH_NAMES): the spec's
     unmasked: str | None = None  # an optional mask left at None: no form of it made the class causal, None did
+    inputs: tuple[str, ...] = ()  # further required inputs (INPUT_NAMES): x again, for self-attention
 
     @property
     def rope_style(self) -> str:
@@ -141,6 +147,9 @@ class ContextPlan:
             form = self.mask_form.describe() if self.mask_form else "undecided"
             lines.append(f"bound {self.mask}: the causal/windowed mask of each step, {form} (decided by a probe: "
                          "changing the last token changes only the last output)")
+        if self.inputs:
+            lines.append(f"bound {', '.join(self.inputs)}: {self.x} again (self-attention: every input is the same "
+                         "sequence; the causal probe ran the class with them)")
         if self.tables:
             rows = "(context_length, head_dim) tables indexed by the class" if self.full_tables else \
                 "the rows of the step's positions"
@@ -209,6 +218,8 @@ def plan_for(target) -> ContextPlan | None:
     guessed = None if any(p.name in POSITION_NAMES for p in rest) else \
         next((p.name for p in rest if p.default is p.empty and p.name not in known and position_word(p.name)), None)
     known |= {guessed} if guessed else set()
+    inputs = tuple(p.name for p in rest if p.default is p.empty and p.name not in known and p.name in INPUT_NAMES)
+    known |= set(inputs)
     optional = tuple(p.name for p in rest if p.default is p.empty and p.name not in known and admits_none(p))
     unknown = [p.name for p in rest if p.default is p.empty and p.name not in known and p.name not in optional]
     name = getattr(target, "__qualname__", repr(target))
@@ -232,6 +243,7 @@ def plan_for(target) -> ContextPlan | None:
     mask = next((n for n in names if n in MASK_NAMES), None)
     optional_position = any(p.name == position and p.default is None for p in rest)
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
+                       inputs=inputs,
                        lengths=tuple(n for n in names if n in LENGTH_NAMES),
                        position_optional=optional_position,
                        nones=tuple(n for n in names if n in NONE_NAMES or n in optional),
@@ -317,6 +329,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         kwargs[plan.position] = start if kind == "int" else ids[None] if kind.startswith("ids (1") else ids
     if plan.span_arg:
         kwargs[plan.span_arg] = start + T if decoding else None
+    kwargs.update(dict.fromkeys(plan.inputs, x))
     kwargs.update(dict.fromkeys(plan.nones))
     kwargs.update(dict.fromkeys(plan.lengths, spec.context_length))
     if plan.window_arg:

@@ -87,7 +87,7 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     else:
         names, where = set(), ""
 
-    kv_names = [n for n in ALIASES["num_kv_heads"] if n in names]
+    kv_names = [p for p, f in binding.params if f == "num_kv_heads"] + [n for n in ALIASES["num_kv_heads"] if n in names]
     if kv_names and "gqa" not in declared:
         caps["gqa"] = True
         lines.append(f"gqa: yes ({where} {kv_names[0]}, the number of key/value heads; {_confirm_kv(binding, name, kv_names[0])})")
@@ -130,12 +130,17 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
 
 
 def _positional(binding: Binding, names: set[str], where: str, declared: dict, plan) -> tuple[dict, list[str]]:
-    """:func:`infer_positional`, with a constructor's theta ignored when the forward takes the tables (lingua: they
-    carry the rotation, and the theta builds nothing)."""
+    """:func:`infer_positional`, with a constructor's theta ignored when a probe finds that nothing rotates (mamba's
+    ``rotary_emb_base`` with ``rotary_emb_dim=0``; lingua's beside the tables its forward takes, which carry the
+    rotation)."""
     lines = []
-    if plan is not None and plan.tables and any(n in names for n in ALIASES["rope_theta"]):
+    theta = next((n for n in ALIASES["rope_theta"] if n in names), None)
+    if theta and "rope" not in declared and stages.theta_rotates(
+            binding, _probe(binding), None if plan is None else lambda m, s: bind_context(m, plan, s)) is False:
         names = names - set(ALIASES["rope_theta"])
-        lines.append("rope_theta: passed to the constructor, but the forward takes the tables: they carry the rotation")
+        lines.append(f"rope: {'from the tables its forward takes' if plan is not None and plan.tables else 'no'} "
+                     f"(constructor takes {theta}, but a probe found it inert: built at theta 10000 and at 100 with the "
+                     "same parameters, the class gives the same output)")
     caps, more = infer_positional(binding, names, where, declared)
     return caps, lines + more
 
@@ -509,6 +514,7 @@ def implementation_fields(obj, source: str) -> dict:
     binding = with_own_config(bind(obj), skip=("window",) if _takes_mask(obj) else ())
     try:
         binding = stages.construct(binding, _probe(binding), environment_cause)
+        binding = stages.kv_heads_by_shape(stages.bias_by_flag(binding, _probe(binding)), _probe(binding))
     except stages.ConstructionError as exc:  # raised again at build: the first cause, before any later probe
         return {"factory": stages.raising_factory(binding, exc), "source": source}
     inferred: dict = {}

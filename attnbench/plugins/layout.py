@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
+from attnbench.plugins import heads
 from attnbench.plugins.context import bind_context
 from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
 from attnbench.plugins.qk_norm import Gain, NormError, find_gains
@@ -112,6 +113,8 @@ class Layout:
     low_rank: LowRank | None = None  # MLA: keys and values through a latent (plugins.mla)
     sinks: str = ""  # issue 37: the (num_heads,) parameter holding the canonical attention-sink logits
     fixed_gain: float | None = None  # a QK-norm without weights, then a constant factor (plugins.measured)
+    kv_groups: str = ""  # "strided": query head h reads kv head h % kv_heads (plugins.heads, measured)
+    eye_out: bool = False  # no output projection at all (x-transformers with one head): W_o held at I
 
     @property
     def composed(self) -> bool:
@@ -121,6 +124,7 @@ class Layout:
 
     def to_state(self, w: CanonicalWeights, spec: AttnSpec) -> dict[str, torch.Tensor]:
         """The module's parameters as a differentiable function of ``w``."""
+        w = heads.reorder(w, spec, self.kv_groups)
         like = w.W_q
         state = {}
         for s in self.sources:
@@ -178,11 +182,15 @@ class Layout:
             values.update(composed if spec.qkv_bias else {k: v for k, v in composed.items() if k.startswith("W")})
         if self.sinks and self.sinks in state:
             gains["sinks"] = state[self.sinks]
-        return CanonicalWeights(**{n: values.get(n) for n in NAMES}, **gains)
+        if self.eye_out:
+            values["W_o"] = torch.eye(spec.d_out, dtype=next(iter(state.values())).dtype)
+        w = CanonicalWeights(**{n: values.get(n) for n in NAMES}, **gains)
+        return heads.reorder(w, spec, self.kv_groups, inverse=True)
 
     def adapter(self) -> Adapter:
         """This layout as an :class:`~attnbench.weights.Adapter` (with ``held_at_zero``)."""
         fixed = () if self.fixed_gain is None else (("g_q", self.fixed_gain), ("g_k", self.fixed_gain))
+        fixed += (("W_o", "eye"),) if self.eye_out else ()
         return DiscoveredAdapter(self.to_state, self.from_state, self.held_at_zero, fixed, layout=self)
 
     def describe(self, spec: AttnSpec = DISPLAY) -> list[str]:
@@ -213,6 +221,9 @@ class Layout:
         if self.fixed_gain is not None:
             lines.append(f"g_q = g_k = {self.fixed_gain:.4g} (fixed: its QK-norm has no weights; measured, see above)")
         lines += self.low_rank.describe() if self.low_rank is not None else []
+        lines += ["W_o = I (fixed: the module has no output projection at these sizes)"] if self.eye_out else []
+        lines += ["query head h reads kv head h % kv_heads (measured): it holds canonical head (h % kv_heads) * "
+                  "(num_heads // kv_heads) + h // kv_heads"] if self.kv_groups else []
         lines += [f"{n} = 0 (the module has no such parameter; the reference holds it at zero)" for n in sorted(self.held_at_zero)]
         lines += [f"{n}: not found (the constructor takes qkv_bias, but the module has no such bias)" for n in self.missing]
         return lines
@@ -298,11 +309,17 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
         _claim_group(g, spec, shapes, claim, orient, problems)
     _hold_inner_out_proj(mha_outs, claims, sources)
     _settle_square(sources, orient, problems)
-    problems += _claim_problems(claims, sources, params, gain_params, spec, bool(problems))
+    more = _claim_problems(claims, sources, params, gain_params, spec, bool(problems))
+    eye_out = not problems and more == [NO_OUT]  # every parameter claimed, and no output projection: W_o = I
+    problems += [] if eye_out else more
     if problems:
         raise MappingError(_mapping_error(module, params, spec, problems), problems)
     held, missing = _held_and_missing(claims, spec, has_qkv_bias)
-    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank, sinks=sinks)
+    return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank, sinks=sinks,
+                  eye_out=eye_out)
+
+
+NO_OUT = "no parameter found for W_o"
 
 
 SINK_NAMES = ("sinks", "sink", "attention_sinks", "attn_sinks", "sink_logits")
@@ -373,8 +390,8 @@ def _claim_problems(claims: dict[str, list[str]], sources: dict[str, Source], pa
     covered = {src.param.format(i=i) if src.per_head else src.param
                for src in sources.values() for i in range(heads_of(src.canonical[0], spec) if src.per_head else 1)}
     unclaimed = [n for n in params if n not in covered and n not in gain_params]
-    if unclaimed and not (had_problems or problems):
-        problems.append(f"no canonical counterpart for {', '.join(unclaimed)}")
+    if unclaimed and not had_problems and problems in ([], [NO_OUT]):
+        problems = [*problems, f"no canonical counterpart for {', '.join(unclaimed)}"]
     return problems
 
 
@@ -569,14 +586,29 @@ class PluginFactory:
                 probe_module = self.binding(probe)
             except Exception:  # the class refuses the probe's sizes: read the layout off the module itself
                 return self._discover(module, spec)
-            self._layouts[key] = self._discover(probe_module, probe)
+            self._layouts[key] = self._grouped(self._discover(probe_module, probe), probe) if gqa else \
+                self._discover(probe_module, probe)
         layout = self._layouts[key]
+        params = dict(module.named_parameters())
+        if any(s.param not in params for s in layout.sources if not s.per_head and not s.constant):
+            layout = replace(self._discover(module, spec), kv_groups=layout.kv_groups)  # another shape at these sizes
         if layout.same_width_reason and spec.d_in != spec.d_out:
             raise UnavailableError(f"{self.binding.describe()} needs d_in == d_out: {layout.same_width_reason}")
         if layout.square_only_problem and spec.d_in != spec.d_out:
             raise PluginLoadError(f"{type(module).__name__}'s parameters do not fit d_in={spec.d_in} != d_out={spec.d_out} "
                                   f"(they do when d_in == d_out): {layout.square_only_problem}")
         return layout
+
+    def _grouped(self, layout: Layout, probe: AttnSpec) -> Layout:
+        """``layout`` with the order in which the class's query heads read its kv heads (:mod:`~attnbench.plugins.heads`)."""
+        def run(state, x):
+            module = self.binding(probe).eval()
+            params = dict(module.named_parameters())
+            for name, value in state.items():
+                params[name].copy_(value)
+            return (bind_context(module, self.context, probe) if self.context is not None else module)(x)
+
+        return replace(layout, kv_groups=heads.measure(run, layout.to_state, probe))
 
     def _discover(self, module: nn.Module, spec: AttnSpec) -> Layout:
         layout = self._discover_weights(module, spec)
@@ -651,4 +683,26 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
         if isinstance(adapter, DiscoveredAdapter) and adapter.layout is not None:
             lines.append(f"weights (qkv_bias={qkv_bias}, shown for d_in=d_out={DISPLAY.d_out}, {DISPLAY.num_heads} heads):")
             lines += [f"  {line}" for line in adapter.layout.describe(replace(DISPLAY, qkv_bias=qkv_bias))]
-    return lines
+    return lines + groups_line(impl, dtype)
+
+
+def groups_line(impl, dtype: str) -> list[str]:
+    """What ``check -v`` says of a grouped-query class whose query heads read their kv heads in another order."""
+    if not (impl.gqa and isinstance(impl.factory, PluginFactory)):
+        return []
+    spec = replace(SQUARE_PROBE, num_kv_heads=GQA_PROBE_KV_HEADS)
+    try:
+        layout = impl.build(spec, "cpu", dtype).weight_adapter.layout
+    except Exception:  # the GQA cases show what it does
+        return []
+    return [KV_ORDER_NOTE] if getattr(layout, "kv_groups", "") else []
+
+
+KV_ORDER_NOTE = ("kv order: query head h reads kv head h % kv_heads, not h // (num_heads // kv_heads) (measured: each kv "
+                 "head's values set to its number, W_q = W_k = 0, W_o = I); its grouped cases load the weights with the "
+                 "query heads reordered, the same function up to that order. Weights in Llama/HF order "
+                 "(repeat_interleave) load wrong into it: if that is what it must hold, `repeat` stands where "
+                 "`repeat_interleave` was meant")
+"""The finding ``check`` prints for a class whose query heads read their kv heads strided (:mod:`plugins.heads`), and
+the note on each of its grouped-query cases: a convention (x-transformers' einops ``(r kvh)``) or a bug (a port of
+Llama that expands with ``repeat``), which only the class's author can tell."""

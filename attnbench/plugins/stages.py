@@ -20,7 +20,7 @@ from torch import nn
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import Binding
-from attnbench.plugins.roles import whole_block
+from attnbench.plugins.roles import weight_elements, whole_block
 from attnbench.plugins.signatures import signature
 from attnbench.spec import AttnSpec
 
@@ -136,3 +136,84 @@ def forward_is_causal(binding: Binding, spec: AttnSpec) -> bool:
     diff = (a - b).abs().amax(dim=(0, 2))
     scale = a.abs().max().clamp_min(1e-6)
     return bool((diff[:-1] <= 1e-5 * scale).all() and diff[-1] > 1e-3 * scale)
+
+
+def _bias_elements(binding: Binding, probe: AttnSpec) -> int:
+    module = binding(probe)
+    return sum(p.numel() for p in module.parameters() if p.dim() == 1) if isinstance(module, nn.Module) else -1
+
+
+def bias_by_flag(binding: Binding, probe: AttnSpec) -> Binding:
+    """``binding`` with an unbound boolean constructor flag given the spec's ``qkv_bias`` when its effect says it is
+    the q/k/v bias switch, whatever its name (mamba's ``qkv_proj_bias``): built with it True, the class has exactly the
+    query, key and value biases (``d_out + 2·kv_dim`` elements, or those and the output's) that it lacks with it False."""
+    if binding.style != "keywords" or "qkv_bias" in binding.fields or not inspect.isclass(binding.target):
+        return binding
+    qkv = probe.d_out + 2 * probe.kv_dim
+    for name, _ in bool_flags(binding):
+        try:
+            off, on = (_bias_elements(replace(binding, extras=(*binding.extras, (name, v))), probe) for v in (False, True))
+        except Exception:  # this flag breaks the class at one value: not a bias switch
+            continue
+        if on - off in (qkv, qkv + probe.d_out):
+            note = (f"{name}: the spec's qkv_bias, decided by a probe (built with {name}=True the class has the {on - off} "
+                    f"bias elements of its {'q/k/v and output' if on - off > qkv else 'q/k/v'} projections that it lacks "
+                    "with False)")
+            return replace(binding, params=(*binding.params, (name, "qkv_bias")), notes=(*binding.notes, note))
+    return binding
+
+
+def theta_rotates(binding: Binding, probe: AttnSpec, bind=None) -> bool | None:
+    """Does the class rotate at all, given the rotary base its constructor takes? Built at theta 10,000 and at 100 with
+    the same parameters, its output on 4 tokens moves only if the theta builds something position-dependent; when it
+    stays, the theta is inert (mamba's ``MHA`` takes ``rotary_emb_base`` but rotates nothing with
+    ``rotary_emb_dim=0``; lingua takes one beside the tables its forward is given). A class that rotates only its
+    queries (a bug) still rotates by the theta, so its RoPE cases run, and fail. None when the probe cannot run."""
+    x = torch.randn(1, 4, probe.d_in, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    outs, params = [], None
+    try:
+        for theta in (10000.0, 100.0):
+            torch.manual_seed(0)
+            module = binding(replace(probe, rope_theta=theta)).double().eval()
+            if params is None:
+                params = {n: p.detach().clone() for n, p in module.named_parameters()}
+            else:  # the same parameters: only what the theta builds (tables, frequencies) differs
+                module.load_state_dict(params, strict=False)
+            module = bind(module, probe) if bind is not None else module  # the spec's tables, neutral: the class's own
+            with torch.no_grad():
+                out = module(x)
+            outs.append(out[0] if isinstance(out, tuple) else out)
+    except Exception:  # does not run at the probe's sizes: the rope cases show what it does
+        return None
+    return not torch.allclose(outs[0], outs[1], rtol=1e-9, atol=1e-12)
+
+
+def kv_heads_by_shape(binding: Binding, probe: AttnSpec) -> Binding:
+    """``binding`` with an unbound optional int constructor parameter given the spec's kv heads when its effect says it
+    is their number, whatever its name (mamba's ``num_heads_kv=None``): built with 2 for the probe's 4 heads, the class's
+    weight matrices hold exactly what grouped-query attention with 2 kv heads holds, which they do not as built."""
+    if binding.style != "keywords" or "num_kv_heads" in binding.fields or not inspect.isclass(binding.target):
+        return binding
+    try:
+        params = signature(binding.target).parameters.values()
+    except (TypeError, ValueError):
+        return binding
+    taken = {p for p, _ in (*binding.params, *binding.extras, *binding.causal_flags)}
+    grouped = replace(probe, num_heads=4, num_kv_heads=2)
+    for p in params:
+        if p.name in taken or isinstance(p.default, bool) or not (p.default is None or isinstance(p.default, int)):
+            continue
+        try:
+            as_built, with_kv = (_matrix_elements(b, grouped) for b in (binding, replace(binding, extras=(
+                *binding.extras, (p.name, 2)))))
+        except Exception:  # this parameter breaks the class at 2: not the kv heads
+            continue
+        if with_kv == weight_elements(grouped) != as_built:
+            note = (f"{p.name}: the spec's kv heads, decided by a probe (built with {p.name}=2 for 4 heads its weight "
+                    "matrices hold what grouped-query attention with 2 kv heads holds)")
+            return replace(binding, params=(*binding.params, (p.name, "num_kv_heads")), notes=(*binding.notes, note))
+    return binding
+
+
+def _matrix_elements(binding: Binding, spec: AttnSpec) -> int:
+    return sum(p.numel() for p in binding(spec).parameters() if p.dim() >= 2)

@@ -2,7 +2,8 @@
 
 ``--attnbench IMPL`` (repeatable) adds IMPL's matrix to the session; a ``test_*`` attribute made by
 :func:`attnbench.testing.matrix` in a test file does the same. Each case is one item named
-``kind[dtype-shape-bBxT-variant]``; a failed case fails with the line ``attnbench check`` prints, a case the
+``kind[dtype-shape-bBxT-variant]``; a failed case fails with the line ``attnbench check`` prints (and under it, as
+``check`` prints them, its first divergence and the command that reruns it), a case the
 implementation cannot run is skipped with the capability's reason, and a setup error (import, constructor,
 weight mapping) is one erroring item ``setup`` with the one-line message. attnbench and torch are imported
 only when a matrix is collected, so the plug-in costs nothing in other test sessions.
@@ -90,6 +91,10 @@ class SetupError(pytest.Item):
         return self.path, 0, f"{self.parent.name}::setup"
 
 
+_LOCALIZED: set[tuple] = set()
+"""(implementation, kind, device, seed) already localised in this process: once per failing kind."""
+
+
 class CaseItem(pytest.Item):
     """One case: passes, fails with ``attnbench check``'s line for it, or skips with the capability's reason."""
 
@@ -112,7 +117,20 @@ class CaseItem(pytest.Item):
         if result.status == "skip":
             raise pytest.skip.Exception(result.message, _use_item_location=True)  # where a skip mark would point
         if result.status != "pass":
-            pytest.fail(case_line(result), pytrace=False)
+            pytest.fail("\n    ".join([case_line(result), *self._where(result)]), pytrace=False)
+
+    def _where(self, result) -> list[str]:
+        """Under a failed case: where the class first leaves the reference (issue 47; the first failed case of each
+        implementation and kind in this process: a passing session costs nothing), and the ``attnbench check`` command
+        that reruns the case alone."""
+        from attnbench.correctness.localize import localize_case, repro_command
+
+        lines = []
+        key = (self.impl.name, self.case.kind, self.device, self.seed)
+        if result.status == "fail" and key not in _LOCALIZED:
+            _LOCALIZED.add(key)
+            lines.append(localize_case(self.impl, self.case, self.device, self.seed, result.tolerance).line)
+        return lines + [f"rerun: {repro_command(self.impl.name, self.case, self.seed, self.device)}"]
 
     def reportinfo(self):
         return self.path, 0, f"{self.parent.name}::{self.name}"

@@ -1,0 +1,81 @@
+"""Localising a gradient case whose forward matches the reference everywhere (issue 47).
+
+The forward is replayed with gradients on: each recorded intermediate keeps its live tensor, and the reference keeps
+its stages' live tensors (:func:`attnbench.correctness.stages.capture` with ``live=True``). The gradient of the same
+output gradient the ``backward`` case uses is taken with respect to both, and compared stage by stage **from the
+output backwards**, in the layout the forward matched: the first stage whose gradient differs was wrong in the
+backward of the step that consumed it, the line that computed the next stage (a hand-written ``autograd.Function``'s
+``backward``, a detached or in-place step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.correctness.localize_match import best_fit
+from attnbench.correctness.localize_record import Record
+from attnbench.correctness.stages import ORDER, Stage
+
+
+def reference_grads(notes: dict, out: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Stage name -> the gradient of ``(out * g).sum()`` with respect to that stage of the reference (``notes``:
+    captured live), per-head stages stacked on axis 1 as :func:`~attnbench.correctness.stages.staged` stacks them."""
+    names, tensors = [], []
+    for name, value in notes.items():
+        parts = [value[h] for h in sorted(value)] if isinstance(value, dict) else [value]
+        if all(p.requires_grad for p in parts):
+            names.append(name)
+            tensors += parts
+    grads = torch.autograd.grad(out, tensors, g, allow_unused=True, retain_graph=True)
+    out_grads, i = {}, 0
+    for name in names:
+        n = len(notes[name]) if isinstance(notes[name], dict) else 1
+        parts = [torch.zeros_like(t) if gr is None else gr for t, gr in zip(tensors[i:i + n], grads[i:i + n], strict=True)]
+        out_grads[name] = torch.stack(parts, dim=1) if isinstance(notes[name], dict) else parts[0]
+        i += n
+    return out_grads
+
+
+def locate_backward(records: list[Record], stages: list[Stage], ref_grads: dict[str, torch.Tensor],
+                    out: torch.Tensor, g: torch.Tensor, tol: float):
+    """``(stage, record of the step whose backward is wrong, fit, stage whose gradient still matched)`` for the last
+    recorded tensor equal to a stage whose gradient differs from the reference's while every later one's matches;
+    ``None`` when every gradient compared matches. The step named is the first that consumed that tensor."""
+    pairs = [(r, s) for r in records if r.live is not None and r.live.requires_grad
+             for s in [_stage_of(r, stages, ref_grads, tol)] if s is not None]
+    if not pairs:
+        return None
+    grads = torch.autograd.grad(out, [r.live for r, _ in pairs], g, allow_unused=True, retain_graph=True)
+    good: dict[int, str] = {}
+    for (rec, stage), grad in reversed(list(zip(pairs, grads, strict=True))):
+        want = ref_grads[_ref_name(stage.name)]
+        want = want.unflatten(-1, (-1, stage.tensor.shape[-1])) if want.dim() == 3 and stage.axes == "bthd" else want
+        fit = best_fit(Stage(stage.name, want, stage.axes, stage.merged), torch.zeros_like(rec.live) if grad is None
+                       else grad, tol)
+        if fit is None:
+            continue  # a layout its gradient cannot be compared in (kv heads repeated: their gradients are summed)
+        if fit.error <= tol:
+            good[rec.index] = stage.name
+            continue
+        consumers = [r for r in records if rec.index in r.inputs]
+        if not good or not consumers:
+            return None  # the output's own gradient differs, or nothing consumed it: nothing to localise
+        step = min(consumers, key=lambda r: r.index)
+        return stage.name, step, fit, good[min((i for i in good if i >= step.index), default=max(good))]
+    return None
+
+
+def _stage_of(rec: Record, stages: list[Stage], ref_grads: dict, tol: float) -> Stage | None:
+    """The first stage ``rec`` equals (in the layouts of :mod:`~attnbench.correctness.localize_match`) whose
+    gradient the reference has, or ``None``."""
+    for stage in stages:
+        if stage.name in ORDER and _ref_name(stage.name) in ref_grads:
+            fit = best_fit(stage, rec.value, tol)
+            if fit is not None and fit.error <= tol:
+                return stage
+    return None
+
+
+def _ref_name(name: str) -> str:
+    """The reference note a stage's gradient is read from (the heads stages are the projections, split)."""
+    return name.removesuffix(" heads")

@@ -1,0 +1,131 @@
+"""Matching a recorded intermediate to a reference stage up to the layouts real code uses (issue 47).
+
+A stage (:class:`~attnbench.correctness.stages.Stage`) is a float64 tensor whose axes are named (``bthd``,
+``bhij``, ...). A recorded tensor of shape ``s`` matches it when some *layout* of the stage equals it within the
+tolerance: a permutation of the named axes (transposes, ``k.transpose(-2, -1)``) whose neighbouring axes, merged in
+their canonical order, give ``s`` (head split and merge, ``(b*h, T, d)``), axes of size 1 dropped or added; the query
+axis always before the key axis (scores with them swapped are the bug "queries and keys swapped", never a layout);
+for grouped-query keys and values also the kv heads repeated to every query head. Masked positions compare as masked
+when both are ``-inf`` or below :data:`MASKED`; other values by the relative max-norm error, and by the error left
+after the best scalar factor (a scale folded in elsewhere, or a wrong one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.correctness.stages import Stage
+
+MASKED = -1e4
+"""A score at or below this (``-1e9``, ``finfo.min``, ``-inf``) is a masked one."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How a recorded tensor compares with a stage in its best layout: ``error`` (relative max-norm), the best scalar
+    ``factor`` and the error left after it (``fit``), and ``masks``: positions masked in one and not in the other."""
+
+    error: float
+    factor: float
+    fit: float
+    masks: int = 0
+
+    def words(self, tol: float) -> str:
+        """``off by a factor of 0.25 (error 7.5e-01)``, ``masked differently at 12 positions``, or ``error 3.1e-01``."""
+        if self.masks:
+            return f"masked differently at {self.masks} position{'s' * (self.masks != 1)}"
+        if self.factor == 0 and self.fit == 0:
+            return f"zero where the reference's is not (error {self.error:.1e})"
+        if self.fit <= tol and math.isfinite(self.factor) and abs(self.factor - 1) > tol:
+            return f"off by a factor of {self.factor:.3g} (error {self.error:.1e})"
+        return f"error {self.error:.1e}"
+
+
+NO_FIT = Fit(math.inf, math.nan, math.inf)
+
+
+def compare(got: torch.Tensor, want: torch.Tensor) -> Fit:
+    """:class:`Fit` of ``got`` against ``want`` (same shape), both compared in float64."""
+    got, want = got.to(torch.float64), want.to(torch.float64)
+    masked_want, masked_got = want <= MASKED, got <= MASKED
+    differ = int((masked_want != masked_got).sum())
+    if differ:
+        return Fit(math.inf, math.nan, math.inf, differ)
+    g, w = got[~masked_want], want[~masked_want]
+    if not torch.isfinite(g).all():
+        return NO_FIT
+    scale = float(w.abs().max().clamp_min(1e-12)) if w.numel() else 1.0
+    error = float((g - w).abs().max()) / scale if w.numel() else 0.0
+    factor = float((g * w).sum() / (w * w).sum().clamp_min(1e-300)) if w.numel() else 1.0
+    fit = float((g - factor * w).abs().max()) / max(abs(factor) * scale, 1e-300) if w.numel() else 0.0
+    return Fit(error, factor, fit)
+
+
+def layouts(stage: Stage, shape: tuple[int, ...], strict: bool = True):
+    """Every layout of ``stage`` with ``shape``, as a tensor of that shape (``strict`` False: the head axes may be
+    merged or apart whatever the stage says)."""
+    variants = [stage.tensor]
+    if stage.group > 1 and "h" in stage.axes:  # grouped-query keys/values repeated to every query head
+        variants.append(stage.tensor.repeat_interleave(stage.group, dim=stage.axes.index("h")))
+    for tensor in variants:
+        if tensor.numel() != math.prod(shape):
+            continue
+        merged = stage.merged if strict else None
+        for perm in _perms(stage.axes, tuple(tensor.shape), shape, merged):
+            yield tensor.permute(perm).reshape(shape)
+
+
+def _perms(axes: str, sizes: tuple[int, ...], shape: tuple[int, ...], merged: bool | None):
+    """Axis orders of ``sizes`` (named by ``axes``) that, their neighbours merged in canonical order, give ``shape``."""
+    keep = [a for a in range(len(sizes)) if sizes[a] > 1]
+    ones = [a for a in range(len(sizes)) if sizes[a] == 1]
+    target = [s for s in shape if s > 1]
+    seen = set()
+    for perm in itertools.permutations(keep):
+        names = "".join(axes[a] for a in perm)
+        if "i" in names and "j" in names and names.index("i") > names.index("j"):
+            continue
+        groups = _groups([sizes[a] for a in perm], target)
+        if groups is None or perm in seen:
+            continue
+        parts = [perm[s:e] for s, e in groups]
+        if any(list(p) != sorted(p) for p in parts):
+            continue  # merged axes keep their canonical order: a (d, h) merge mixes heads
+        if merged is not None and "h" in names and "d" in names:
+            together = any(axes.index("h") in p and axes.index("d") in p for p in parts)
+            if together != merged:
+                continue
+        seen.add(perm)
+        yield list(perm) + ones
+
+
+def _groups(sizes: list[int], target: list[int]) -> list[tuple[int, int]] | None:
+    """Consecutive runs of ``sizes`` whose products are ``target``, in order, or ``None``."""
+    out, start = [], 0
+    for want in target:
+        prod, end = 1, start
+        while end < len(sizes) and prod < want:
+            prod *= sizes[end]
+            end += 1
+        if prod != want or end == start:
+            return None
+        out.append((start, end))
+        start = end
+    return out if start == len(sizes) else None
+
+
+def best_fit(stage: Stage, value: torch.Tensor, tol: float, strict: bool = True) -> Fit | None:
+    """The best :class:`Fit` of ``value`` over ``stage``'s layouts (the first within ``tol`` ends the search), or
+    ``None`` when no layout has its shape."""
+    best = None
+    for arranged in layouts(stage, tuple(value.shape), strict):
+        fit = compare(value, arranged)
+        if best is None or (fit.error, fit.fit) < (best.error, best.fit):
+            best = fit
+        if fit.error <= tol:
+            break
+    return best

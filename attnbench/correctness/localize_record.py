@@ -1,0 +1,112 @@
+"""Recording a class's intermediates with the line of its own file that made each one (issue 47).
+
+:class:`Recorder` is a :class:`~torch.overrides.TorchFunctionMode`: it sees every Python-level torch call (functions,
+tensor methods and operators, ``nn.Linear``'s ``F.linear``) while a class's forward runs. A call's floating-point
+result is recorded when it depends on the forward's input (its arguments descend from the tensors the recorder was
+told about: weights, masks and tables alone do not count) and when a frame of the caller's code made it: the first
+frame outward that is not in torch, not in attnbench and not one already on the stack when recording began. Each
+:class:`Record` keeps a copy of the value, the call's name, the file, line and text of that frame, and which earlier
+records fed it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+_SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["attnbench"]))
+"""Frames in these folders are the machinery, never the class's line (the class's own file is anywhere else)."""
+
+
+@dataclass
+class Record:
+    """One recorded intermediate: ``index`` in call order, the torch call ``op``, its value (a detached copy), where
+    in the class's code it was made, and the indices of the records it was computed from (``inputs``)."""
+
+    index: int
+    op: str
+    value: torch.Tensor
+    path: str
+    line: int
+    text: str
+    inputs: tuple[int, ...] = ()
+    live: torch.Tensor | None = field(default=None, repr=False)  # the tensor itself, for gradients
+
+    @property
+    def where(self) -> str:
+        """``file.py:42`` (the path as given when it is relative to the working folder)."""
+        return f"{_shown(self.path)}:{self.line}"
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working folder when it is under it, else as it is."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+class Recorder(TorchFunctionMode):
+    """Records what a forward computes from ``sources`` (its inputs): ``with Recorder([x]) as rec: module(x)``, then
+    ``rec.records``. ``keep_live`` also keeps each result itself (for gradients of the intermediates)."""
+
+    def __init__(self, sources, keep_live: bool = False) -> None:
+        super().__init__()
+        self.records: list[Record] = []
+        self._from: dict[int, tuple[int, ...]] = {id(t): () for t in sources}  # tainted tensor -> nearest records
+        self._alive: list = list(sources)  # keeps every tainted tensor alive, so its id is never reused
+        self._outer: set[int] = set()
+        self.keep_live = keep_live
+
+    def __enter__(self):
+        frame = sys._getframe(1)
+        while frame is not None:
+            self._outer.add(id(frame))
+            frame = frame.f_back
+        return super().__enter__()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        flat_in, _ = tree_flatten((args, kwargs))
+        tainted = [self._from[id(t)] for t in flat_in if isinstance(t, torch.Tensor) and id(t) in self._from]
+        if not tainted:
+            return out
+        feeds = tuple(sorted({i for f in tainted for i in f}))
+        where = None
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            self._from[id(t)] = feeds
+            if t.is_floating_point() and t.numel() > 1:
+                where = where or self._where()
+                if where is not None:
+                    self._from[id(t)] = (len(self.records),)
+                    self.records.append(Record(len(self.records), _name(func), t.detach().clone(), *where, feeds,
+                                               t if self.keep_live else None))
+            self._alive.append(t)
+        return out
+
+    def _where(self) -> tuple[str, int, str] | None:
+        """``(path, line, text)`` of the innermost frame of the class's code, or ``None`` (the machinery's own call)."""
+        frame = sys._getframe(2)
+        while frame is not None and id(frame) not in self._outer:
+            path = frame.f_code.co_filename
+            if not path.startswith(_SKIP_DIRS) and not path.startswith("<"):
+                return path, frame.f_lineno, linecache.getline(path, frame.f_lineno).strip()
+            frame = frame.f_back
+        return None
+
+
+def _name(func) -> str:
+    """A torch call's short name: ``linear``, ``matmul``, ``Tensor.transpose``."""
+    name = getattr(func, "__name__", None) or repr(func)
+    owner = getattr(func, "__objclass__", None)
+    return f"Tensor.{name}" if owner is torch.Tensor or owner is torch._C.TensorBase else name

@@ -1,0 +1,258 @@
+"""Localisation (issue 47): the first stage at which a failing class leaves the reference, named by its source line.
+
+The fast tests check the pieces on tensors and on one planted class built by hand (no plug-in binding); the slow ones
+take every planted class of ``tests/plugins/planted_stages.py`` through ``attnbench``'s own binding and assert that
+``first divergence:`` names the line marked ``# PLANTED``, and that ``attnbench check`` prints it, prints the command
+that reruns the case alone, and writes both into ``--json`` as ``attnbench/correctness/check.schema.json`` says.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbench.correctness import localize, localize_match, stages
+from attnbench.correctness.cases import Shape, reference
+from attnbench.correctness.localize_record import Recorder
+from attnbench.spec import AttnSpec
+from attnbench.weights import random_weights
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANTED = ROOT / "tests" / "plugins" / "planted_stages.py"
+SCHEMA = ROOT / "attnbench" / "correctness" / "check.schema.json"
+
+
+def _planted_module():
+    """``tests/plugins/planted_stages.py`` imported once (in ``sys.modules``, so ``inspect`` finds its source)."""
+    if "planted_stages_for_tests" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("planted_stages_for_tests", PLANTED)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["planted_stages_for_tests"]
+
+
+def planted_line(cls) -> int:
+    """The line of ``cls``'s own body marked ``# PLANTED``."""
+    lines, start = inspect.getsourcelines(cls)
+    marked = [start + i for i, text in enumerate(lines) if "# PLANTED" in text]
+    assert len(marked) == 1, f"{cls.__name__}: {len(marked)} lines marked # PLANTED"
+    return marked[0]
+
+
+# --- the pieces ----------------------------------------------------------------------------------------
+
+def test_layouts_are_the_ones_real_code_uses_and_never_swap_queries_and_keys():
+    t = torch.randn(2, 5, 3, 4, dtype=torch.float64)  # (b, T, H, hd)
+    heads = stages.Stage("q heads", t, "bthd", merged=False)
+    fits = lambda v, stage=heads: localize_match.best_fit(stage, v, 1e-12)  # noqa: E731
+    assert fits(t.transpose(1, 2)).error == 0  # (b, H, T, hd)
+    assert fits(t.permute(0, 2, 3, 1)).error == 0  # k.transpose(-2, -1): (b, H, hd, T)
+    assert fits(t.transpose(1, 2).reshape(6, 5, 4)).error == 0  # (b*H, T, hd)
+    assert fits(t.reshape(2, 5, 12)) is None  # heads merged: the projection's layout, not this stage's
+    assert fits(t.reshape(2, 3, 5, 4)).error > 0.1  # a view that mixes heads and tokens is no layout
+    assert fits(t.transpose(1, 2) * 0.5).factor == pytest.approx(0.5)
+    scores = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    s = stages.Stage("scores", scores, "bhij")
+    assert localize_match.best_fit(s, scores.transpose(-2, -1), 1e-12).error > 0.1  # k q^T is the bug, not a layout
+    grouped = stages.Stage("k heads", t[:, :, :1], "bthd", merged=False, group=3)  # one kv head for 3 query heads
+    assert localize_match.best_fit(grouped, t[:, :, :1].expand(-1, -1, 3, -1).transpose(1, 2), 1e-12).error == 0
+
+
+def test_masked_positions_compare_as_masked_whatever_the_fill():
+    want = torch.tensor([[0.5, float("-inf")], [0.1, 0.2]], dtype=torch.float64)
+    assert localize_match.compare(want.nan_to_num(neginf=-1e9), want).error == 0
+    assert localize_match.compare(want.nan_to_num(neginf=0.0), want).masks == 1
+
+
+def test_the_reference_is_unchanged_by_its_stages_and_names_them_in_order():
+    spec = AttnSpec(16, 16, 8, 0.0, 4, True, num_kv_heads=2, rope_theta=100.0, qk_norm="head")
+    w = random_weights(spec, seed=3)
+    x = torch.randn(2, 7, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    plain = reference(x, w, spec)
+    with stages.capture() as notes:
+        captured = reference(x, w, spec)
+    assert torch.equal(plain, captured)
+    names = [s.name for s in stages.staged(notes, spec)]
+    assert names[0] == stages.FUSED and names[1:] == [n for n in stages.ORDER if n in names[1:]]
+    assert {"normed q", "rotated k", "masked scores", "output"} <= set(names)
+    assert torch.equal(stages.staged(notes, spec)[-1].tensor, plain)
+
+
+def _built(cls, spec: AttnSpec):
+    """``cls`` built for ``spec`` with the canonical weights loaded by hand (the book's attribute names)."""
+    w = random_weights(spec, seed=5)
+    m = cls(spec.d_in, spec.d_out, spec.context_length, 0.0, spec.num_heads).double()
+    with torch.no_grad():
+        for layer, W in ((m.W_query, w.W_q), (m.W_key, w.W_k), (m.W_value, w.W_v), (m.out_proj, w.W_o)):
+            layer.weight.copy_(W)
+        m.out_proj.bias.copy_(w.b_o)
+    return m.eval(), w
+
+
+def _locate(cls, spec: AttnSpec) -> localize.Localization:
+    module, w = _built(cls, spec)
+    x = torch.randn(2, 7, spec.d_in, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), Recorder([x]) as rec:
+        module(x)
+    with stages.capture() as notes:
+        reference(x, w, spec)
+    return localize.locate(rec.records, stages.staged(notes, spec), 1e-9)
+
+
+def test_a_planted_scale_is_named_by_its_line_and_a_correct_class_cannot_be_blamed():
+    planted = _planted_module()
+    spec = AttnSpec(12, 16, 7, 0.0, 4)
+    found = _locate(planted.ScaledScores, spec)
+    assert found.stage == "scaled scores" and found.lineno == planted_line(planted.ScaledScores)
+    assert re.search(r'first divergence: scaled scores at \S*planted_stages\.py:\d+ "return scores / math\.sqrt', found.line)
+    assert "off by a factor of 0.5" in found.line and found.matched_stage == "scores"
+    assert _locate(planted.Plain, spec).line.startswith("first divergence: cannot tell (every stage up to the output")
+
+
+def test_a_passing_check_localizes_nothing(monkeypatch):
+    monkeypatch.setattr(localize, "localize_case", lambda *a, **k: pytest.fail("a passing case was localised"))
+    rows = pd.DataFrame([{"impl": "sdpa", "kind": "forward", "shape": "gqa", "dtype": "float64", "device": "cpu",
+                          "status": status, "error": 0.0, "tolerance": 1e-9, "message": ""} for status in ("pass", "skip")])
+    assert localize.localize_failures(rows) == {}
+
+
+def test_nothing_recorded_is_cannot_tell():
+    assert localize.locate([], [], 1e-9).line.startswith("first divergence: cannot tell (no intermediate")
+
+
+# --- the rerun command and check --json's schema --------------------------------------------------------
+
+def test_the_rerun_command_selects_exactly_that_case():
+    from attnbench.cli.check import _case_filter
+    from attnbench.correctness.matrix import cases
+
+    case = next(c for c in cases(["forward"]) if c.shape.id == "gqa" and c.dtype == "float32")
+    words = shlex.split(localize.repro_command("my attn.py:Cls", case, seed=3))
+    assert words[:3] == ["attnbench", "check", "my attn.py:Cls"]
+    args = dict(zip(words[3::2], words[4::2], strict=True))
+    assert args == {"--kind": "forward", "--shape": "gqa", "--dtype": "float32", "--seed": "3"}
+    only = _case_filter([args["--shape"]], [args["--dtype"]])
+    assert [c for c in cases([args["--kind"]]) if only(c)] == [case]
+
+
+def _validate(doc: dict) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(doc, schema)
+
+
+def test_check_json_with_a_localization_follows_its_schema(tmp_path):
+    from attnbench.cli.check import _write_json
+
+    rows = pd.DataFrame([
+        {"impl": "a.py:A", "kind": "forward", "shape": "gqa", "dtype": "float64", "device": "cpu", "status": "fail",
+         "error": 0.3, "tolerance": 1e-9, "message": "forward error 0.3 > tolerance 1e-09"},
+        {"impl": "a.py:A", "kind": "forward", "shape": "gqa", "dtype": "float32", "device": "cpu", "status": "pass",
+         "error": 1e-7, "tolerance": 1e-5, "message": ""}])
+    loc = localize.Localization('first divergence: scores at a.py:3 "s = q @ k.T": error 1.0e+00', "scores", "/x/a.py", 3,
+                                "s = q @ k.T", "error 1.0e+00", "q heads", "a.py:2")
+    _write_json(rows, str(tmp_path / "c.json"), {0: {"rerun": "attnbench check a.py:A --kind forward", "localization":
+                                                     loc.to_json()}})
+    doc = json.loads((tmp_path / "c.json").read_text())
+    _validate(doc)
+    assert doc["cases"][0]["localization"]["lineno"] == 3 and "rerun" not in doc["cases"][1]
+    doc["cases"][0]["localization"]["line"] = "somewhere"
+    with pytest.raises(Exception, match="first divergence"):
+        _validate(doc)
+
+
+# --- every planted bug, through the binding (slow) ------------------------------------------------------
+
+PLANTED_CASES = {
+    "oddT_din_ne_dout": ["QProjection", "KProjection", "VProjection", "HeadSplit", "RawScores", "ScaledScores",
+                         "MaskedScores", "Probabilities", "ProbsTimesV", "MergedHeads", "OutputProjection",
+                         "ScaleFoldedIntoQ", "FusedSplitPerHead", "HalfSoftmax"],
+    "gqa": ["GroupedFirstHeadOnly"],
+    "rope_half_theta500_gqa": ["RotatedQ"],
+    "qknorm_head_eps": ["NormedK"],
+    "rope_interleaved_theta100_bias": ["RotatedKPairs"],
+}
+CORRECT = {"oddT_din_ne_dout": ["Plain", "Fused", "MaskIn"], "gqa": ["Grouped"], "qknorm_head_eps": ["Rotary"],
+           "rope_interleaved_theta100_bias": ["RotaryPairs"]}
+EXPECTED_STAGE = {"QProjection": "q heads", "KProjection": "k heads", "VProjection": "v heads", "HeadSplit": "q heads",
+                  "RawScores": "scores", "ScaledScores": "scaled scores", "MaskedScores": "masked scores",
+                  "Probabilities": "probabilities", "ProbsTimesV": "probabilities @ V", "MergedHeads": "merged heads",
+                  "OutputProjection": "output", "RotatedQ": "rotated q", "NormedK": "normed k",
+                  "RotatedKPairs": "rotated k"}
+
+
+def _case(shape_id: str):
+    from attnbench.correctness.matrix import cases
+
+    return next(c for c in cases(["forward"]) if c.shape.id == shape_id and c.dtype == "float64")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape_id,cls", [(s, c) for s, names in PLANTED_CASES.items() for c in names])
+def test_every_planted_bug_is_named_by_its_planted_line(repo_cwd, shape_id, cls):
+    found = localize.localize_case(f"tests/plugins/planted_stages.py:{cls}", _case(shape_id))
+    assert found.path and Path(found.path).name == "planted_stages.py", found.line
+    assert found.lineno == planted_line(getattr(_planted_module(), cls)), found.line
+    assert f" at tests/plugins/planted_stages.py:{found.lineno} " in found.line
+    assert found.stage == EXPECTED_STAGE.get(cls, found.stage), found.line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape_id,cls", [(s, c) for s, names in CORRECT.items() for c in names])
+def test_a_correct_base_is_never_blamed(repo_cwd, shape_id, cls):
+    found = localize.localize_case(f"tests/plugins/planted_stages.py:{cls}", _case(shape_id))
+    assert found.stage is None and found.line.startswith("first divergence: cannot tell ("), found.line
+
+
+@pytest.mark.slow
+def test_a_gradient_bug_under_a_right_forward_is_named_by_its_line(repo_cwd):
+    from attnbench.correctness.matrix import cases
+
+    case = next(c for c in cases(["backward"]) if c.shape.id == "oddT_din_ne_dout" and c.dtype == "float64")
+    found = localize.localize_case("tests/plugins/planted_stages.py:DetachedProbabilities", case)
+    assert found.lineno == planted_line(_planted_module().DetachedProbabilities), found.line
+    assert found.stage == "probabilities" and "its gradient zero where the reference's is not" in found.line
+    plain = localize.localize_case("tests/plugins/planted_stages.py:Plain", case)
+    assert plain.stage is None and "gradients" in plain.line, plain.line
+
+
+@pytest.mark.slow
+def test_check_prints_the_divergence_and_a_rerun_that_reproduces_that_case_alone(repo_cwd, tmp_path):
+    from click.testing import CliRunner
+
+    from attnbench.cli.app import cli
+
+    target = "tests/plugins/planted_stages.py:ScaledScores"
+    args = ["check", target, "--kind", "forward", "--shape", "oddT_din_ne_dout", "--json", str(tmp_path / "c.json")]
+    result = CliRunner().invoke(cli, args, terminal_width=400)
+    assert result.exit_code == 1, result.output
+    line = planted_line(_planted_module().ScaledScores)
+    assert f"first divergence: scaled scores at tests/plugins/planted_stages.py:{line} " in result.output
+    assert result.output.count("first divergence:") == 1  # once per failing kind, on the float64 case
+    doc = json.loads((tmp_path / "c.json").read_text())
+    _validate(doc)
+    failing = [c for c in doc["cases"] if c["status"] == "fail"]
+    assert {"float64", "float32"} <= {c["dtype"] for c in failing} and all("rerun" in c for c in failing)
+    rerun = shlex.split(next(c["rerun"] for c in failing if c["dtype"] == "float32"))
+    again = CliRunner().invoke(cli, [*rerun[1:], "--json", str(tmp_path / "r.json")], terminal_width=400)
+    cases = json.loads((tmp_path / "r.json").read_text())["cases"]
+    assert again.exit_code == 1 and [(c["kind"], c["shape"], c["dtype"], c["status"]) for c in cases] == [
+        ("forward", "oddT_din_ne_dout", "float32", "fail")]
+    assert again.output.count("first divergence: scaled scores at ") == 1
+
+
+def test_shape_ids_in_planted_cases_exist():
+    from attnbench.correctness.matrix import shape_specs
+
+    assert set(PLANTED_CASES) | set(CORRECT) <= set(shape_specs())
+    assert isinstance(Shape, type)
