@@ -5,6 +5,7 @@ through one path, :func:`register`. A name given anywhere an implementation is a
 
 * a registered name (``weight_split``, ``sdpa_flash``, ...);
 * ``compiled:NAME`` or ``compiled:NAME@MODE``: ``torch.compile`` applied to ``NAME`` as a transform;
+* ``deterministic:NAME``: ``NAME`` with every call under ``torch.use_deterministic_algorithms(True)`` (issue 48);
 * ``hf:MODEL[@BACKEND]`` or ``hf:package.module:Class[@BACKEND]``: a Hugging Face ``transformers`` attention
   layer (``implementations/hf.py``), resolved on demand and so not among :func:`names` (default sweeps and
   checks leave it out); :func:`listed` adds the shipped ones for ``attnbench list``;
@@ -135,6 +136,24 @@ def _compiled(name: str) -> Implementation:
                    source=f"torch.compile over {base.source}", min_torch=max(base.min_torch, "2.1", key=Version))
 
 
+def _deterministic(name: str) -> Implementation:
+    """``deterministic:NAME`` (issue 48): ``NAME`` with its transform (if any), then every call under
+    ``torch.use_deterministic_algorithms(True)`` (:mod:`attnbench.plugins.deterministic`)."""
+    from attnbench.plugins.deterministic import PREFIX, DeterministicMode
+
+    base_name = name[len(PREFIX):]
+    if not base_name or base_name.startswith(PREFIX):
+        raise UnknownImplementationError(f"{name!r}: give deterministic:NAME once, with an implementation's name")
+    base = get(base_name)
+
+    def transform(module: nn.Module, _inner=base.transform) -> nn.Module:
+        return DeterministicMode(_inner(module) if _inner is not None else module)
+
+    return replace(base, name=name, transform=transform,
+                   description=f"torch.use_deterministic_algorithms(True) around {base_name}: {base.description}",
+                   source=f"torch.use_deterministic_algorithms(True) around {base.source}")
+
+
 def get(name: str) -> Implementation:
     """The :class:`Implementation` called ``name`` (see the module docstring for the accepted forms)."""
     display, name = plugins.split_display_name(name)
@@ -148,6 +167,8 @@ def get(name: str) -> Implementation:
         return catalog._REGISTRY[name]
     if name.startswith("compiled:"):
         impl = _compiled(name)
+    elif name.startswith("deterministic:"):  # issue 48
+        impl = _deterministic(name)
     elif name.partition(":")[0] + ":" in catalog._PREFIXES:
         impl = catalog._PREFIXES[name.partition(":")[0] + ":"][0](name)
     elif ":" in name:

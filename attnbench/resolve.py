@@ -68,6 +68,7 @@ class Request:
     softcap: float | None = None
     masks: tuple[str, ...] = ()  # issue 37: the kinds of attnbench.correctness.masks.KINDS asked for (alibi, prefix, ...)
     lengths: str | None = None  # issue 37: a cell's length distribution ("" = a rectangle); None: not known here
+    batch_spec: str | None = None  # issue 48: a mixed serving step (attnbench.runner.mixed); "" / None: not one
 
     @property
     def train(self) -> bool:
@@ -274,14 +275,23 @@ def varlen_rule(impl, req: Request) -> str | None:
     if req.lengths and not takes:
         return (f"does not support variable-length batches (lengths={req.lengths}); the varlen implementations do "
                 "(varlen_padded, varlen_packed, varlen_loop, ...: docs/varlen.md)")
-    if not req.lengths and takes:
+    if not req.lengths and takes and not req.batch_spec:  # issue 48: a varlen class runs the mixed step too
         return ("a variable-length implementation: it runs cells with --lengths (constant, uniform:LO-HI, longtail, "
                 "bimodal or a file; docs/varlen.md)")
     return None
 
 
+def mixed_rule(impl, req: Request) -> str | None:
+    """Issue 48: a mixed serving step (``batch_spec``) needs a paged KV cache (or a class that declares
+    ``attnbench_mixed_step``: found when it is built) or a variable-length class (:mod:`attnbench.runner.mixed`)."""
+    if not req.batch_spec or getattr(impl, "varlen", False) or getattr(impl, "kv_cache", False):
+        return None
+    return (f"runs no mixed serving step (batch_spec={req.batch_spec}): that needs a paged KV cache (paged_sdpa, "
+            "flex_paged) or variable-length input (varlen_padded, varlen_packed, ...); docs/properties.md")
+
+
 RULES: list[Rule] = [sizes_rule, kv_heads_rule, torch_version_rule, device_type_rule, device_present_rule, dtype_rule,
-                     same_width_rule, backward_rule, dropout_rule, cache_rule, variant_rule, varlen_rule, probe_rule,
+                     same_width_rule, backward_rule, dropout_rule, cache_rule, variant_rule, varlen_rule, mixed_rule, probe_rule,
                      sdpa_rule]
 """Tried in order; the first reason wins. Append a function to add a capability."""
 
@@ -324,6 +334,7 @@ def request_for(target=None, **given) -> Request:
                       d_out=target.d_model, num_heads=target.num_heads, batch=target.batch, seq_len=target.seq_len,
                       cache=target.cache, num_kv_heads=target.num_kv_heads, window=target.window, causal=target.causal,
                       masks=_mask_kinds(getattr(target, "mask", "")), lengths=getattr(target, "lengths", ""),
+                      batch_spec=getattr(target, "batch_spec", "") or None,
                       **_positional_fields(getattr(target, "positional", "")))
     elif target is not None:  # attnbench.spec.AttnSpec
         fields = dict(d_in=target.d_in, d_out=target.d_out, num_heads=target.num_heads, dropout=float(target.dropout),

@@ -250,13 +250,13 @@ RUN_SECTIONS = (
     ("What to run", ("preset", "impls", "device", "dtype", "mode")),
     ("The grid", ("batch", "seq_len", "num_heads", "d_model", "num_kv_heads", "window", "causal", "scope", "layers",
                   "vocab", "new_tokens", "cache", "rope_theta", "rope_style", "rope_scaling", "qk_norm", "norm_eps",
-                  "score_scale", "softcap", "mask", "inputs", "page_size", "lengths")),
+                  "score_scale", "softcap", "mask", "inputs", "page_size", "lengths", "batch_spec")),
     ("Measurement", ("budget_s", "target_rel_ci", "rounds", "threads", "processes", "baseline", "drift",
                      "cpu_allocator", "no_cpu_bind", "cuda_graph", "accuracy", "setup", "metric", "cpu_capability",
                      "profile")),
     ("Output", ("out", "resume", "report_dir", "no_report", "csv", "quiet", "as_json")),
     ("Execution", ("executor", "ray_address", "isolate", "cell_timeout", "no_memory_guard", "no_wait",
-                   "allow_concurrent")),
+                   "allow_concurrent", "predict")),
 )
 """``attnbench run --help``'s sections, common options first in each."""
 
@@ -354,6 +354,10 @@ RUN_SECTIONS = (
               "the implementation's prepare() (its padding/block mask, nested tensor): per-call (default, as a model "
               "does once per forward) or once (prepared before timing: attention alone). setup_s is measured apart.")
 # --- end issue 37 ---
+@click.option("--batch-spec", "batch_spec", help="Mixed serving steps (comma-separated batch specs): "
+              "2q1k_32q1kv2k is 2 prefills of 1k tokens and 32 decodes over 2k-token caches in one step. Paged caches "
+              "(paged_sdpa, flex_paged) and varlen classes run them (prefill_s, decode_s: the two parts); the others "
+              "get skipped rows. --batch and --seq are the spec's; docs/properties.md.")
 # --- issue 39: --metric instructions (attnbench.cli.instructions) ---
 @click.option("--metric", type=click.Choice(["time", "instructions"]), default="time", show_default=True,
               help="time: time each cell; instructions: count its instructions per call under valgrind (CPU cells).")
@@ -361,6 +365,8 @@ RUN_SECTIONS = (
               default="avx2", show_default=True, help="--metric instructions: the one vector ISA PyTorch's CPU kernels "
               "may use (valgrind has no AVX-512); docs/instructions.md.")
 # --- end issue 39 ---
+@click.option("--predict", is_flag=True, help="Print each cell's and the run's predicted time, from earlier runs on "
+              "this machine under --out, and exit without measuring (docs/costmodel.md).")  # issue 49
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (implies --quiet).")
 def run_cmd(sweep_file, **flags) -> None:
@@ -381,8 +387,8 @@ def run_cmd(sweep_file, **flags) -> None:
     o.quiet = o.quiet or o.as_json
     settings = _settings(o)
     axes = _axes(o, flags)
-    if o.metric == "instructions":  # issue 39: counted under valgrind, not timed (attnbench.cli.instructions)
-        return _run_counted(o, settings, axes)
+    if o.predict or o.metric == "instructions":  # issue 49: estimated, nothing measured; issue 39: counted under valgrind
+        return (_predict if o.predict else _run_counted)(o, settings, axes)  # (attnbench.cli.instructions), not timed
     ahead = contextlib.ExitStack()  # the first measuring worker imports torch while this process does (issue 30)
     if not o.resume and o.executor == "local":
         ahead.enter_context(_prestarted(settings, o.device))
@@ -422,6 +428,29 @@ def run_cmd(sweep_file, **flags) -> None:
     elif not o.quiet:
         print_summary(df, run_dir, report_path, time_line, failing)
     _exit_for(df, run_dir)
+
+
+def _predict(o: SimpleNamespace, settings: dict, axes: dict) -> None:
+    """``--predict``: the sweep's cells and wall time estimated from earlier runs under ``--out``
+    (:mod:`attnbench.measure.predict`); nothing measured (a line says so when there is no earlier run)."""
+    import dataclasses
+
+    from attnbench.measure.predict import estimate, lines
+    from attnbench.runner.engine import make_sweep
+
+    if o.resume:
+        raise click.UsageError("--predict estimates a new sweep; give no --resume")
+    sweep = make_sweep(preset=o.preset, file=o.sweep_file, settings=settings, executor=o.executor, **axes)
+    est = estimate(sweep.cells(), dataclasses.asdict(sweep.settings), o.out, report=not o.no_report)
+    if o.as_json:
+        click.echo(json.dumps({"predicted_s": None, "reason": est} if isinstance(est, str) else
+                              {"predicted_s": est.total_s, "cells": len(est.cells), "fixed_s": est.fixed_s,
+                               "runs": est.runs, "notes": est.notes}))
+    elif isinstance(est, str):
+        console.print(f"--predict: {est}", markup=False, soft_wrap=True)
+    else:
+        for line in lines(est, per_cell=not o.quiet):
+            console.print(line, markup=False, soft_wrap=True)
 
 
 def _run_counted(o: SimpleNamespace, settings: dict, axes: dict):
@@ -469,7 +498,8 @@ def _axes(o: SimpleNamespace, flags: dict) -> dict:
                 seq_len=o.seq_len, num_heads=o.num_heads, d_model=o.d_model, mode=o.mode, cache=o.cache,
                 num_kv_heads=o.num_kv_heads, window=o.window, causal=None if o.causal is None else (o.causal,),
                 positional=compose(flags), scope=o.scope, layers=o.layers, vocab=o.vocab, new_tokens=o.new_tokens,
-                inputs=o.inputs, mask=o.mask, page_size=o.page_size, lengths=o.lengths)
+                inputs=o.inputs, mask=o.mask, page_size=o.page_size, lengths=o.lengths,
+                batch_spec=o.batch_spec)
 
 
 def _units_per_cell(sweep, resume: str | None, settings: dict) -> int:

@@ -294,6 +294,10 @@ def min_bytes(row: dict) -> float:
     if mode == "decode":
         return decode_bytes(b, t, d, d, num_heads=h, num_kv_heads=kv_heads, window=window, element_bytes=e) \
             + 2 * b * d * e
+    if row.get("batch_spec"):  # issue 48: the mixed step reads every request's cache besides its new tokens
+        from attnbench.runner.mixed import min_bytes as mixed_min_bytes
+
+        return mixed_min_bytes(str(row["batch_spec"]), d, d // h * kv_heads, e)
     tokens = int(_number(row, "tokens")) if row.get("lengths") and _number(row, "tokens") > 0 else b * t
     kv_dim = d // h * kv_heads
     weights = 2 * d * d + 2 * kv_dim * d + d

@@ -29,7 +29,7 @@ from attnbench.results.text import (  # noqa: F401  (fmt_bytes, fmt_speedup: the
 )
 
 GROUP_AXES = ("device", "dtype", "mode", "cache", "batch", "num_heads", "d_model", "num_kv_heads", "window", "causal",
-              "positional", "inputs", "lengths")  # inputs: issue 38's stress inputs; lengths: issue 37
+              "positional", "inputs", "lengths", "batch_spec")  # inputs: issue 38; lengths: issue 37; batch_spec: 48
 """The axes that define one panel/configuration; within it, lines are implementations over ``seq_len``."""
 
 
@@ -137,7 +137,8 @@ def _default_axis(df: pd.DataFrame, axis: str) -> bool:
     if axis == "num_kv_heads":
         return bool((df["num_kv_heads"] == df["num_heads"]).all()) or not value
     return {"cache": value == "warm", "window": not value, "causal": bool(value) is True,
-            "positional": not value, "inputs": value in ("normal", ""), "lengths": not value}.get(axis, False)
+            "positional": not value, "inputs": value in ("normal", ""), "lengths": not value,
+            "batch_spec": not value}.get(axis, False)
 
 
 def common_label(df: pd.DataFrame) -> str:

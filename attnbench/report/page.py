@@ -15,9 +15,11 @@ from attnbench.errors import ResultsError
 from attnbench.models import views as model_views
 from attnbench.report import accuracy as accuracy_view
 from attnbench.report import analysis as an
+from attnbench.report import costmodel as costmodel_view
 from attnbench.report import figures as figs
 from attnbench.report import mask_gallery, model_figures, variants
 from attnbench.report import paged as paged_view
+from attnbench.report import properties as properties_view
 from attnbench.report import roofline as roofline_view
 from attnbench.report.forked import Forked
 from attnbench.results import setup_view
@@ -361,9 +363,19 @@ def _detail_tables(df, meta: dict, bar_table: pd.DataFrame, tables: Tables, t: d
     head_disp, head_raw = roofline_view.headroom_table(df)  # issue 49: the cells furthest from their roofline
     if len(head_disp):
         t["headroom"] = tables.add("headroom", head_disp, head_raw, classes=["regression" if f else "" for f in head_disp["flag"]])
+    cost_disp, cost_raw, off_disp, off_raw = costmodel_view.tables(df)  # issue 49: the cost model's held-out error
+    if len(cost_disp):
+        t["costmodel"] = tables.add("costmodel", cost_disp, cost_raw, long_columns=("note",))
+        t["mispredicted"] = tables.add("mispredicted", off_disp, off_raw)
     varlen_rows = setup_view.report_table(df)  # issue 37: variable-length batches and setup cost
     if len(varlen_rows):
         t["varlen"] = tables.add("varlen_setup", varlen_rows)
+    props, props_raw, props_classes = properties_view.table(df)  # issue 48: implementation x property, coloured
+    if len(props):
+        t["properties"] = dict(tables.add("properties", props, props_raw), cells=properties_view.cells(props, props_classes))
+    mixed, mixed_raw = properties_view.mixed_table(df)  # issue 48: the mixed serving step and its parts
+    if len(mixed):
+        t["mixed"] = tables.add("mixed_step", mixed, mixed_raw)
     per_token = variants.cache_per_token(df)
     if len(per_token):
         t["cache_per_token"] = tables.add("cache_per_token", variants.cache_per_token_display(per_token), per_token)

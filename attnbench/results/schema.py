@@ -40,7 +40,7 @@ INPUTS = ("normal", "outliers", "large-logits")
 """``cold`` flushes the GPU L2 cache before each timed call (outside the timed region); CPU cells are ``warm``."""
 
 AXES = ("impl", "device", "dtype", "batch", "seq_len", "num_heads", "d_model", "mode", "cache", "num_kv_heads", "window",
-        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "page_size", "lengths")
+        "causal", "positional", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "page_size", "lengths", "batch_spec")
 """The columns that identify a cell; two runs are compared cell by cell on these."""
 
 INT_AXES = ("batch", "seq_len", "num_heads", "d_model")
@@ -170,6 +170,11 @@ COLUMNS: dict[str, str] = {
     # issue 48 (attnbench.runner.properties): bitwise | within k ulps | differs by X, at the row's shape and threads;
     # "" / None: not measured (decode, variable-length, compiled or costly cells)
     "deterministic": "string", "batch_invariant": "string",
+    # issue 48, the mixed serving step (attnbench.runner.mixed): batch_spec, the step's requests ("2q1k_32q1kv2k";
+    # "" = not a mixed step); tokens = its new tokens; prefill_s / decode_s: the median seconds of the step's prefill
+    # part (requests from an empty cache) and decode part (requests over a cache: decodes and chunks), each one call
+    # (attnbench.runner.mixed_workload; NaN: the spec has no such part); their flops_count is "real-tokens"
+    "batch_spec": "string", "prefill_s": "float64", "decode_s": "float64",
 }
 """Column name -> pandas dtype. ``samples_s`` holds the raw per-call samples (list of float seconds);
 ``sample_groups`` the sizes of its consecutive groups, one per round and measuring process (the CI is
@@ -204,6 +209,7 @@ class Cell:
     mask: str = ""  # issue 37: alibi / prefix:N / document:D / sink (attnbench.correctness.masks.extra_text); "" = none
     page_size: int = 0  # issue 37: decode through a paged KV cache of pages of this many tokens (0: not paged)
     lengths: str = ""  # issue 37: a length distribution (attnbench.runner.varlen); "" = every sequence seq_len
+    batch_spec: str = ""  # issue 48: a mixed serving step (attnbench.runner.mixed); "" = not one
 
     def __post_init__(self) -> None:  # one spelling per cell: MHA is num_kv_heads None, full attention window None
         if self.num_kv_heads is not None and self.num_kv_heads == self.num_heads:
@@ -224,6 +230,8 @@ class Cell:
         if self.mask is None or self.mask != self.mask:  # None / NaN read back from a row
             object.__setattr__(self, "mask", "")
         object.__setattr__(self, "lengths", str(self.lengths) if self.lengths and self.lengths == self.lengths else "")
+        object.__setattr__(self, "batch_spec", str(self.batch_spec) if self.batch_spec and self.batch_spec == self.batch_spec
+                           else "")
 
     @property
     def attention_mode(self) -> str:
@@ -259,6 +267,7 @@ class Cell:
         variant += f"|mask={self.mask}" if self.mask else ""  # issue 37; cells without one keep their keys
         variant += f"|page{self.page_size}" if self.page_size else ""  # issue 37: the paged groups
         variant += f"|lengths={self.lengths}" if self.lengths else ""  # issue 37: rectangular cells keep their keys
+        variant += f"|spec={self.batch_spec}" if self.batch_spec else ""  # issue 48: the mixed serving step
         return (f"{self.device}|{self.dtype}|b{self.batch}|T{self.seq_len}|h{self.num_heads}"
                 f"|d{self.d_model}|{self.mode}|{self.cache}{variant}")
 
@@ -267,7 +276,7 @@ class Cell:
         return asdict(self)
 
 
-SCHEMA_VERSION = 10  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
+SCHEMA_VERSION = 11  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s); 4: issue 27 (scope, model shape,
 # generation, attention share), issue 26 (positional), issue 28 (timeout_s, predicted_*, available_bytes);
 # 5: issue 30 (pair_base_s: adjacent pairs; speedup_spread_rel: the speed-ups' between-round term);
 # 6: issue 38 (error_*: accuracy against the float64 reference; phase_accuracy_s; inputs) and issue 39 (instructions,
@@ -275,7 +284,7 @@ SCHEMA_VERSION = 10  # 3: issue 30 (cycles, stopped_by, compile_cache, phase_*_s
 # 7: issue 37 (mask, mask_label, flops_count, mask_density; page_size, pages, page_fragmentation; lengths, tokens,
 #    lengths_*, padding_frac, setup_s, setup_policy); 8: issue 45 (instr_repeats, instr_spread: an instruction count's noise)
 # 9: issue 49 (min_bytes, intensity, bound, attainable_s, headroom, ceiling_*, plausibility: the roofline)
-# 10: issue 48 (deterministic, batch_invariant)
+# 10: issue 48 (deterministic, batch_invariant); 11: issue 48 (batch_spec, prefill_s, decode_s: the mixed step)
 """Version of the row format, recorded in every run's ``meta.json`` (``schema_version``; runs before it have none
 and read as version 1). Raise it when a column is added, and teach :func:`fill_added_columns` its default."""
 
@@ -360,6 +369,7 @@ KEPT_ON_FAILURE = frozenset({
     "status", "error", "notes", "host", "worker", "started_at", "duration_s", "cpu_allocator", "cpu_binding",
     "cpu_affinity", "scope", "layers", "vocab", "new_tokens", "inputs", "mask", "mask_label", "page_size",
     "lengths", "tokens", "lengths_min", "lengths_median", "lengths_max", "padding_frac", "setup_policy",  # issue 37
+    "batch_spec",  # issue 48
     "phase_build_s", "phase_warmup_s", "phase_timed_s", "phase_work_s",  # issue 30: the run's time, spent either way
     "phase_accuracy_s",  # issue 38: the accuracy pass's time, spent either way
     "timeout_s", "predicted_s", "predicted_peak_bytes", "available_bytes"})  # issue 28: why it was skipped or timed out
@@ -410,7 +420,7 @@ def fill_added_columns(df):
             df[name] = ""
         elif name == "flops_count" and "flops" in df.columns:  # they counted the pairs the mask keeps too
             df[name] = "masked"
-        elif name in ("lengths", "setup_policy"):  # runs before issue 37: rectangles, no prepare()
+        elif name in ("lengths", "setup_policy", "batch_spec"):  # runs before issue 37 / 48: rectangles, no prepare()
             df[name] = ""
         elif kind == "object":
             df[name] = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)

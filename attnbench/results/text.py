@@ -95,6 +95,8 @@ def axis_label(axis: str, value) -> str:
         return str(value).replace(";", ", ") if value else "no RoPE"
     if axis == "lengths":  # issue 37: a length distribution, "" = a rectangular batch
         return f"lengths {value}" if value and value == value else "rectangular"
+    if axis == "batch_spec":  # issue 48: a mixed serving step, "" = not one
+        return f"step {value}" if value and value == value else "no mixed step"
     return _AXIS_LABEL.get(axis, "{}").format(value)
 
 
@@ -119,6 +121,9 @@ def variant_labels(row) -> list[str]:
     lengths = get("lengths")
     if isinstance(lengths, str) and lengths:  # issue 37: a variable-length batch
         out.append(axis_label("lengths", lengths))
+    spec = get("batch_spec")
+    if isinstance(spec, str) and spec:  # issue 48: a mixed serving step
+        out.append(axis_label("batch_spec", spec))
     return out
 
 

@@ -166,6 +166,11 @@ def resident_bytes(cell: Cell) -> float:
 
 
 def cell_flops(cell: Cell) -> float:
+    if cell.batch_spec:  # issue 48: a mixed step, as a class without a cache runs it (every request's whole sequence)
+        from attnbench.runner.mixed import Request, mixed_flops, parse_batch_spec
+
+        every = tuple(Request(r.kv, r.kv) for r in parse_batch_spec(cell.batch_spec))
+        return mixed_flops(every, cell.d_model, cell.kv_heads / cell.num_heads, cell.window)
     if cell.scope != "layer":  # a block or a model: its own FLOP model (attention, MLP, LM head; generation's steps)
         from attnbench.models.workload import step_flops
 
@@ -228,7 +233,7 @@ def calibrate(cell: Cell, settings, guard: Callable[[], contextlib.AbstractConte
 
     t2 = min(CALIBRATION_T, cell.seq_len // 2)
     lengths = (t2 // 2, t2)
-    if lengths[0] < 16:
+    if lengths[0] < 16 or cell.batch_spec:  # issue 48: a mixed step has no sequence length to scale
         return None
     peaks, times, flops = [], [], []
     try:

@@ -74,6 +74,12 @@ def make_sweep(preset: str | None = None, file: str | Path | None = None, base: 
     if all(sweep.lengths) and not named:  # issue 37: --lengths without --impl: the variable-length implementations
         takes = [n for n in sweep.impl if registry.get(n).varlen] or [n for n in registry.names() if registry.get(n).varlen]
         sweep = dataclasses.replace(sweep, impl=tuple(takes))
+    if all(sweep.batch_spec) and not named:  # issue 48: --batch-spec without --impl: the caches and varlen classes
+        def runs(n: str) -> bool:
+            return bool(registry.get(n).varlen or registry.get(n).kv_cache)
+
+        takes = [n for n in sweep.impl if runs(n)] or [n for n in registry.names() if runs(n)]
+        sweep = dataclasses.replace(sweep, impl=tuple(sorted(takes, key=lambda n: n != "paged_sdpa")))  # the baseline
     if set(sweep.mode) == {"decode"}:
         for name in named:  # asked for decoding only, by name: an implementation without a cache is a mistake
             if not registry.get(name).kv_cache:

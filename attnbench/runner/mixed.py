@@ -17,6 +17,10 @@ A module runs the step when it has the paged-cache protocol (``set_page_size``, 
 lengths=...)``: ``implementations/paged.py``): one call fills every request's cache with its ``KV - Q`` earlier tokens
 (:func:`fill`), then the step is one call with ``lengths = [Q, ...]`` (:func:`step`). FLOPs and bytes count real
 tokens only (:func:`mixed_flops`, :func:`mixed_kv_bytes`).
+
+As a sweep axis (``attnbench run --batch-spec``, a sweep file's ``batch_spec``): :func:`parse_batch_specs` and
+:func:`mixed_cells`; such a cell's workload, with its prefill and decode parts timed apart, is
+:mod:`attnbench.runner.mixed_workload`, and the serving preset (``presets/serving.toml``) holds three specs.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ import torch
 
 from attnbench.errors import SweepError
 
+DEFAULT_PAGE_SIZE = 16
+"""Tokens per page of a paged cache in a mixed cell whose sweep gives no ``page_size``."""
+FLOPS_COUNT = "real-tokens"
+"""The ``flops_count`` of a mixed row: each request's new tokens over the keys they see (no padding, no recompute)."""
 _TERM = re.compile(r"^(\d+)?q(\d+)(k?)(?:(?:kv|s)(\d+)(k?))?$")
 
 
@@ -70,6 +78,40 @@ def parse_batch_spec(text: str) -> tuple[Request, ...]:
     return tuple(out)
 
 
+def canonical(text) -> str:
+    """One spelling of a batch spec (checked): lower case, terms joined by ``_``, ``kv`` for ``s``; ``""`` for none."""
+    value = "" if text is None or str(text).strip().lower() in ("", "none") else str(text).strip().lower()
+    if not value:
+        return ""
+    parse_batch_spec(value)
+    return "_".join(t.replace("s", "kv") for t in re.split(r"[_+]", value) if t)
+
+
+def parse_batch_specs(value) -> tuple[str, ...]:
+    """The ``batch_spec`` axis of a sweep (``attnbench run --batch-spec``, a sweep file's ``batch_spec``): a TOML
+    list or comma-separated text of batch specs, each in its :func:`canonical` spelling (``""``: not a mixed step)."""
+    items = list(value) if isinstance(value, list | tuple) else str(value).split(",")
+    return tuple(dict.fromkeys(canonical(v) for v in items)) or ("",)
+
+
+def mixed_cells(cell, batch_specs, page_sizes=(0,)):
+    """The cells of ``cell`` for each batch spec: a spec's cell has ``batch`` = its requests, ``seq_len`` = its longest
+    cache, mode ``inference`` (the step runs without autograd) and the sweep's page size (16 when none is given:
+    the page size a paged cache runs the step with; it names the comparison group for the others). ``""`` keeps
+    ``cell`` as it is."""
+    from dataclasses import replace
+
+    pages = [p for p in page_sizes if p] or [DEFAULT_PAGE_SIZE]
+    for spec in batch_specs:
+        if not spec:
+            yield cell
+            continue
+        requests = parse_batch_spec(spec)
+        for page in pages:
+            yield replace(cell, batch=len(requests), seq_len=max(r.kv for r in requests), mode="inference",
+                          lengths="", page_size=page, batch_spec=spec)
+
+
 def describe(requests: tuple[Request, ...]) -> str:
     """``2 prefill of 1024; 32 decode over 2048``: the step in words, grouped as written."""
     groups: dict[tuple[str, int, int], int] = {}
@@ -80,19 +122,37 @@ def describe(requests: tuple[Request, ...]) -> str:
     return "; ".join(f"{n} {words[k].format(q=q, kv=kv)}" for (k, q, kv), n in groups.items())
 
 
-def mixed_flops(requests: tuple[Request, ...], d_model: int, num_kv_heads_ratio: float = 1.0) -> float:
+def _pairs(r: Request, window: int | None) -> int:
+    """Query-key pairs of request ``r``'s new tokens: token ``i`` sees ``kv - q + i + 1`` keys, at most ``window``."""
+    if window is None:
+        return r.q * r.cached + r.q * (r.q + 1) // 2
+    seen = [min(r.cached + i + 1, window) for i in range(min(r.q, max(window - r.cached, 0)))]  # below the window
+    return sum(seen) + (r.q - len(seen)) * window
+
+
+def mixed_flops(requests: tuple[Request, ...], d_model: int, num_kv_heads_ratio: float = 1.0,
+                window: int | None = None) -> float:
     """FLOPs of one step over real tokens: the q, k, v and output projections of every new token (``k`` and ``v``
     scaled by ``num_kv_heads / num_heads``) and, per new token, ``q.k`` and ``p.v`` over the keys it sees (causal:
-    token ``i`` of a request sees ``kv - q + i + 1``)."""
+    token ``i`` of a request sees ``kv - q + i + 1``, at most ``window``)."""
     tokens = sum(r.q for r in requests)
     proj = 2 * tokens * d_model * d_model * (2 + 2 * num_kv_heads_ratio)
-    pairs = sum(r.q * r.cached + r.q * (r.q + 1) // 2 for r in requests)
+    pairs = sum(_pairs(r, window) for r in requests)
     return float(proj + 4 * d_model * pairs)
 
 
 def mixed_kv_bytes(requests: tuple[Request, ...], kv_width: int, element_bytes: int) -> float:
     """Bytes of keys and values the step must read: each request's ``kv`` tokens once, ``2 x kv_width`` each."""
     return float(sum(r.kv for r in requests) * 2 * kv_width * element_bytes)
+
+
+def min_bytes(batch_spec: str, d_model: int, kv_width: int, element_bytes: int) -> float:
+    """The bytes a mixed step must move at the least (the roofline's ``min_bytes``): the new tokens' input and
+    output, the projection weights once, and every request's keys and values once (:func:`mixed_kv_bytes`)."""
+    requests = parse_batch_spec(batch_spec)
+    tokens = sum(r.q for r in requests)
+    weights = 2 * d_model * d_model + 2 * kv_width * d_model + d_model
+    return float((2 * tokens * d_model + weights) * element_bytes) + mixed_kv_bytes(requests, kv_width, element_bytes)
 
 
 def inputs(requests: tuple[Request, ...], d_model: int, seed: int = 0) -> torch.Tensor:

@@ -10,7 +10,7 @@ it was not measured:
   batch's output (a batch of 1 is compared with the same sequence twice in a batch of 2).
 
 They are measured after the timing, with the threads the row was timed with, for layer cells with a rectangular
-batch (not decode, variable-length, block or model cells) when the calls cost at most :data:`BUDGET_S` together, and
+batch (not decode, variable-length, mixed-step, block or model cells) when the calls cost at most :data:`BUDGET_S` together, and
 never for ``compiled:`` cells (a batch of 1 would compile again). The row's notes say when they were not.
 """
 
@@ -30,7 +30,8 @@ def why_not(workload, compiled: bool, median_s: float) -> str | None:
     cell = workload.cell
     if compiled:
         return "a compiled: cell (a batch of 1 would compile again)"
-    if cell.mode == "decode" or getattr(cell, "lengths", "") or str(getattr(cell, "scope", "layer")) != "layer":
+    if cell.mode == "decode" or getattr(cell, "lengths", "") or getattr(cell, "batch_spec", "") \
+            or str(getattr(cell, "scope", "layer")) != "layer":
         return "measured for rectangular layer cells only (attnbench check states them for every class)"
     if not isinstance(getattr(workload, "x", None), torch.Tensor) or workload.x.dim() != 3:
         return "no (batch, T, d) input"

@@ -20,6 +20,7 @@ from attnbench.devices import dtype_name
 from attnbench.errors import SweepError
 from attnbench.results.schema import AXES, CACHE_STATES, INPUTS, INT_AXES, MODEL_AXES, MODES, Cell, display_name
 from attnbench.runner.masks import apply_mask, parse_masks
+from attnbench.runner.mixed import mixed_cells, parse_batch_specs
 from attnbench.runner.positional import KEYS as POSITIONAL_KEYS
 from attnbench.runner.positional import compose, parse_positional
 from attnbench.runner.setup import check_policy
@@ -102,6 +103,7 @@ class Sweep:
     mask: tuple[str, ...] = ("",)  # issue 37: masks (attnbench.runner.masks); "" = the window / causal axes alone
     page_size: tuple[int, ...] = (0,)  # issue 37: decode through paged KV caches of these page sizes (0: none)
     lengths: tuple[str, ...] = ("",)  # issue 37: length distributions ("" = rectangular; attnbench.runner.varlen)
+    batch_spec: tuple[str, ...] = ("",)  # issue 48: mixed serving steps ("" = none; attnbench.runner.mixed)
     settings: Settings = field(default_factory=Settings)
     name: str = "custom"
 
@@ -142,7 +144,8 @@ class Sweep:
         object.__setattr__(self, "positional", parse_positional(self.positional))
         object.__setattr__(self, "mask", parse_masks(self.mask))
         object.__setattr__(self, "page_size", parse_page_sizes(self.page_size))
-        if any(self.page_size) and "decode" not in self.mode:  # issue 37: pages are a decode cache's
+        object.__setattr__(self, "batch_spec", parse_batch_specs(self.batch_spec))  # issue 48
+        if any(self.page_size) and "decode" not in self.mode and not any(self.batch_spec):  # issue 37: a decode cache's
             raise SweepError(f"--page-size {','.join(map(str, self.page_size))} applies to decode cells (a paged KV "
                              "cache), and the sweep has none: add decode to --mode (docs/paged.md)")
         object.__setattr__(self, "lengths", parse_lengths(self.lengths))  # issue 37
@@ -184,9 +187,10 @@ class Sweep:
             for cell in (replace(c, inputs=kind, page_size=page if c.mode == "decode" else 0, lengths=dist)
                          for c in scope_cells(layer, scope, self.layers, self.vocab, self.new_tokens)
                          for kind in self.inputs for page in self.page_size for dist in self.lengths):
-                if cell.cell_id not in seen:
-                    seen.add(cell.cell_id)
-                    out.append(cell)
+                for one in mixed_cells(cell, self.batch_spec, self.page_size):  # issue 48
+                    if one.cell_id not in seen:
+                        seen.add(one.cell_id)
+                        out.append(one)
         return out
 
 
@@ -318,7 +322,7 @@ def parse_axis(axis: str, value) -> tuple:
         return parse_ints(value, axis)
     parsers = {"num_kv_heads": parse_kv_heads, "window": parse_windows, "causal": parse_bools,
                "positional": parse_positional, "mask": parse_masks, "page_size": parse_page_sizes,
-               "lengths": parse_lengths}
+               "lengths": parse_lengths, "batch_spec": parse_batch_specs}
     return parsers[axis](value) if axis in parsers else parse_strs(value)
 
 
@@ -329,7 +333,7 @@ AXIS_KEYS = {"impl": "impl", "device": "device", "dtype": "dtype", "batch": "bat
              "positional": "positional",
              "scope": "scope", "layers": "layers", "vocab": "vocab", "new_tokens": "new_tokens", "new-tokens": "new_tokens",
              "inputs": "inputs", "mask": "mask", "page_size": "page_size", "page-size": "page_size",
-             "lengths": "lengths"}
+             "lengths": "lengths", "batch_spec": "batch_spec", "batch-spec": "batch_spec"}
 
 
 def sweep_from_dict(data: dict, name: str = "custom", available_impls: list[str] | None = None) -> Sweep:

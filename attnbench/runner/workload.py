@@ -51,16 +51,7 @@ class Workload:
     def check_output(self, out: torch.Tensor) -> str | None:
         """Why ``out`` is not a valid result (wrong shape, dtype or non-finite values), or ``None``."""
         tokens = 1 if self.cell.mode == "decode" else self.cell.seq_len
-        want = (self.cell.batch, tokens, self.cell.d_model)
-        if not isinstance(out, torch.Tensor):
-            return f"returned {type(out).__name__}, not a tensor"
-        if tuple(out.shape) != want:
-            return f"output shape {tuple(out.shape)} != expected {want}"
-        if out.dtype != self.x.dtype:
-            return f"output dtype {out.dtype} != input dtype {self.x.dtype}"
-        if not bool(torch.isfinite(out.detach()).all()):
-            return "output has non-finite values (nan/inf)"
-        return None
+        return output_problem(out, (self.cell.batch, tokens, self.cell.d_model), self.x.dtype, "output shape")
 
     def analytic_flops(self) -> float:
         """The useful FLOPs of one step (:func:`attnbench.measure.flops.analytic_flops` of the layer)."""
@@ -97,6 +88,10 @@ def build_workload(cell: Cell, seed: int = 0, ready: Ready | None = None, setup:
     """
     if cell.lengths:
         return build_varlen_workload(cell, seed, ready, setup)
+    if cell.batch_spec:  # issue 48: the mixed serving step
+        from attnbench.runner.mixed_workload import build_mixed_workload
+
+        return build_mixed_workload(cell, seed, ready)
     if cell.scope != "layer":
         stress.layer_only(cell)  # issue 38: stress inputs are drawn for the layer alone
         from attnbench.models.workload import build_scope_workload
@@ -214,3 +209,17 @@ def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[
     with torch.inference_mode():
         cache_state.reset_cache(module)  # freed before measuring, so the prefill's allocation is not netted out
     return retained_bytes(prefill, device), "kv_cache_bytes from the allocator (what the prefill left allocated)"
+
+
+def output_problem(out, want: tuple[int, ...], dtype: torch.dtype, what: str) -> str | None:
+    """Why ``out`` is not a valid result: not a tensor, a shape other than ``want`` (``what`` names it), another dtype
+    than the input's, non-finite values; ``None`` when it is valid."""
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != want:
+        return f"{what} {tuple(out.shape)} != expected {want}"
+    if out.dtype != dtype:
+        return f"output dtype {out.dtype} != input dtype {dtype}"
+    if not bool(torch.isfinite(out.detach()).all()):
+        return "output has non-finite values (nan/inf)"
+    return None
