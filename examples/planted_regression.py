@@ -26,3 +26,13 @@ class PlantedWeightSplit(MultiHeadAttention):
         for _ in range(PLANTED_PASSES):
             out[..., :PLANTED_COLUMNS].mul_(1.0)
         return out
+
+
+class PlantedOnePass(PlantedWeightSplit):
+    """weight_split plus one elementwise pass over part of its output: a third of ``PlantedWeightSplit``'s extra work
+    (below the +0.5% the noise threshold must catch)."""
+
+    def forward(self, x):
+        out = MultiHeadAttention.forward(self, x)
+        out[..., :PLANTED_COLUMNS].mul_(1.0)
+        return out

@@ -217,3 +217,20 @@ def test_run_metric_instructions_without_valgrind_writes_skipped_rows_and_says_w
     assert meta["metric"] == "instructions" and meta["instruction_env"]["ATEN_CPU_CAPABILITY"] == "avx2"
     df = pd.read_parquet(run_dir / "results.parquet")
     assert list(df["status"]) == ["skipped"] and "valgrind" in df["error"].iloc[0]
+
+
+def test_the_gate_evidence_uses_each_pairs_noise_threshold_unless_one_is_fixed(monkeypatch):
+    """tools/instruction_evidence gate decides as `attnbench compare` does: +0.4% with spreads of 0.2% is caught,
+    the unchanged pairs (0.05% apart) pass; a fixed 1% threshold passes the same +0.4%."""
+    from attnbench.tools import instruction_evidence as ev
+
+    def counts(impls, args, settings):
+        return [dict(impl=i, instructions=(1.004e6 if "Planted" in i else 1e6 + 500 * (n // 2 % 2)), spread=0.002)
+                for n, i in enumerate(impls)]
+
+    monkeypatch.setattr(ev, "_counts", counts)
+    args = ev.parser().parse_args(["gate", "--runs", "4", "--planted", "PlantedOnePass"])
+    out = ev.gate(args, None)
+    assert (out["caught"], out["passed"], out["thresholds"]) == (4, 4, [0.002] * 4)
+    fixed = ev.gate(ev.parser().parse_args(["gate", "--runs", "4", "--threshold", "0.01"]), None)
+    assert (fixed["caught"], fixed["passed"]) == (0, 4)

@@ -437,3 +437,23 @@ def test_projection_modules_a_constructor_takes_are_built_from_the_spec(repo_cwd
     assert (module.k_proj.in_features, module.k_proj.out_features) == (32, 16) and module.k_proj.bias is None
     code, out, _ = cli(["check", "-v", "--kind", "forward", R + "injected.py:InjectedAttention"], capsys)
     assert code == 0 and "k_proj=nn.Linear(d_in, num_kv_heads * head_dim, bias=qkv_bias)" in " ".join(out.split()), out
+
+
+def test_a_loose_file_importing_its_repository_by_name_is_imported_from_the_repository_root(tmp_path):
+    """stable-diffusion's ldm/modules/attention.py, flux's flux/modules/layers.py: folders without __init__.py whose
+    files import `from ldm.modules.x import y`, run from the repository root. attnbench finds that root (issue 46,
+    the held-out corpus), where it said "imports 'ldm', which is not installed here" and suggested `pip install`."""
+    from attnbench.errors import PluginLoadError
+    from attnbench.plugins.loading import IMPORTED, import_file
+
+    mods = tmp_path / "repo" / "nsldm" / "modules"
+    mods.mkdir(parents=True)
+    (tmp_path / "repo" / ".git").mkdir()
+    (mods / "util.py").write_text("def twice(x):\n    return 2 * x\n")
+    (mods / "attention.py").write_text("from nsldm.modules.util import twice\n\nVALUE = twice(21)\n")
+    (mods / "broken.py").write_text("import nsldm_missing_dependency\n")
+    module = import_file(str(mods / "attention.py"))
+    assert module.__name__ == "nsldm.modules.attention" and module.VALUE == 42
+    assert "a folder of its repository without __init__.py" in IMPORTED[module.__name__]
+    with pytest.raises(PluginLoadError, match="imports 'nsldm_missing_dependency', which is not installed here"):
+        import_file(str(mods / "broken.py"))

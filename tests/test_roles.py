@@ -141,3 +141,19 @@ def test_every_required_input_gets_x_for_self_attention(repo_cwd):
     assert len(results) == 2 and all(r.status == "pass" for r in results.values()), \
         [(k, r.status, r.message) for k, r in results.items()]
     assert impl.factory.context.inputs == ("k", "v")
+
+
+@pytest.mark.parametrize("cls", ["MaskedWhenGiven", "RequiredBias"])
+def test_an_optional_or_bias_named_mask_is_probed_for_its_causal_form(repo_cwd, capsys, cls):
+    """open_clip: causal only when given `attn_mask` (it was run without one: FAIL, "no causal mask"); VAR: a required
+    `attn_bias` (refused: "needs 'attn_bias', which attnbench cannot supply"). Second held-out corpus, round 10."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/optional_mask_forms.py:" + cls, "--kind",
+                          "forward,backward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_mask_no_form_of_which_is_causal_is_refused_as_not_causal(repo_cwd, capsys):
+    """dinov2's MemEffAttention without xformers ignores its `attn_bias`: refused with that cause, where it used to
+    run without a mask and fail every case."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/optional_mask_forms.py:NeverCausal"], capsys)
+    assert code == 2 and "is not causal with any mask form attnbench can supply" in err, out + err

@@ -54,6 +54,8 @@ class Localization:
     detail: str | None = None
     matched_stage: str | None = None
     matched_at: str | None = None
+    called_at: str | None = None
+    called_code: str | None = None
 
     def to_json(self) -> dict:
         """The fields as plain JSON values (``attnbench/schemas/check.schema.json``, ``localization``)."""
@@ -114,6 +116,10 @@ def locate(records: list[Record], stages: list[Stage], tol: float) -> Localizati
         found = _candidate(by_name[name], later, _after(name, matched, pool, records), explained, tol)
         if found is None or (name in OPTIONAL and not found[2]):
             continue  # nothing of this stage's form (fused away), or an optional form nothing fits
+        if not matched and not found[2]:  # no anchor at all: a tensor of the stage's form is no evidence of where
+            return cannot_tell("no tensor of the class matches any stage of the reference, not even its projections "
+                               "(per-head modules, or another split of the heads?): the values cannot say where it "
+                               "diverges")
         return _finding(name, found, matched, tol)
     if "output" in matched:
         return cannot_tell(f"every stage up to the output matches the reference within {tol:.0e}: the failure is not "
@@ -185,7 +191,10 @@ def _finding(name: str, found: tuple[Record, Fit, bool, str | None], matched: di
     before = [s for s in ORDER[:ORDER.index(name)] if s in matched]
     seen = as_stage and as_stage.startswith("seen at ")
     words = fit.words(tol) + (f" ({as_stage}, computed from this line)" if seen else f" as {as_stage}" if as_stage else "")
-    line = f'first divergence: {name} at {rec.where} "{rec.text}": {words}'
+    line = f'first divergence: {name} at {rec.where} "{rec.text}"'
+    if rec.caller is not None:  # a line in a helper: where the class called it, which may be the wrong line
+        line += f' (in {rec.caller[3]}(), called at {rec.called_at} "{rec.caller[2]}")'
+    line += f": {words}"
     if before:
         last = matched[before[-1]]
         qkv = [s for s in ("q", "k", "v") if s in matched]
@@ -196,7 +205,8 @@ def _finding(name: str, found: tuple[Record, Fit, bool, str | None], matched: di
     else:
         line += "; nothing matches before it"
         at = None
-    return Localization(line, name, rec.path, rec.line, rec.text, words, before[-1] if before else None, at)
+    return Localization(line, name, rec.path, rec.line, rec.text, words, before[-1] if before else None, at,
+                        rec.called_at, rec.caller[2] if rec.caller is not None else None)
 
 
 def replay(impl, case, device: str = "cpu", seed: int = 0, grad: bool = False):
@@ -290,6 +300,25 @@ DTYPE_RANK = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
 """Which failing case of a kind is localised: the most precise dtype first (its intermediates are the sharpest)."""
 
 
+def _degenerate(case) -> bool:
+    """A case whose stages cannot be told apart: one or two tokens (one query's weights are all 1, RoPE does nothing
+    at position 0, the merged heads equal the values), or one feature per head. Localised only when a kind has no
+    other failing case: on an unseen set, 4 of 9 wrong lines came from such cases."""
+    if case is None:
+        return True
+    spec = case.shape.spec
+    return case.shape.seq_len < 3 or spec.head_dim < 2
+
+
+def _pick(rows, known: dict) -> int:
+    """The failing row of one kind to localise: not degenerate, then the most precise dtype, then the longest."""
+    def key(j):
+        case = known.get((rows.at[j, "kind"], rows.at[j, "shape"], rows.at[j, "dtype"]))
+        return (_degenerate(case), DTYPE_RANK.get(rows.at[j, "dtype"], 9), -(case.shape.seq_len if case else 0))
+
+    return min(rows.index, key=key)
+
+
 def localize_failures(results, seed: int = 0, device: str = "cpu", spelled: dict | None = None) -> dict[int, dict]:
     """For ``results`` (:func:`~attnbench.correctness.matrix.run_matrix`'s rows): row index -> ``{"rerun": command}``
     for every failing or erroring case, plus ``"localization"`` (:meth:`Localization.to_json`) for one failing case
@@ -310,7 +339,7 @@ def localize_failures(results, seed: int = 0, device: str = "cpu", spelled: dict
                   shlex.join(["attnbench", "check", name, "--kind", r.kind, "--dtype", r.dtype, "--seed", str(seed)])}
     failed = bad[bad.status == "fail"]
     for (impl_name, _kind), rows in failed.groupby(["impl", "kind"], sort=False):
-        i = sorted(rows.index, key=lambda j: DTYPE_RANK.get(rows.at[j, "dtype"], 9))[0]
+        i = _pick(rows, known)
         case = known.get((rows.at[i, "kind"], rows.at[i, "shape"], rows.at[i, "dtype"]))
         if case is None:
             continue

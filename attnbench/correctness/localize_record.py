@@ -37,6 +37,12 @@ class Record:
     text: str
     inputs: tuple[int, ...] = ()
     live: torch.Tensor | None = field(default=None, repr=False)  # the tensor itself, for gradients
+    caller: tuple[str, int, str, str] | None = None  # a helper's line: (path, line, text) of its call, its name
+
+    @property
+    def called_at(self) -> str | None:
+        """``file.py:42`` of the call of the helper (a function or another module's forward) that made it, if any."""
+        return None if self.caller is None else f"{_shown(self.caller[0])}:{self.caller[1]}"
 
     @property
     def where(self) -> str:
@@ -89,20 +95,26 @@ class Recorder(TorchFunctionMode):
                 where = where or self._where()
                 if where is not None:
                     self._from[id(t)] = (len(self.records),)
-                    self.records.append(Record(len(self.records), _name(func), t.detach().clone(), *where, feeds,
-                                               t if self.keep_live else None))
+                    self.records.append(Record(len(self.records), _name(func), t.detach().clone(), *where[:3], feeds,
+                                               t if self.keep_live else None, where[3]))
             self._alive.append(t)
         return out
 
-    def _where(self) -> tuple[str, int, str] | None:
-        """``(path, line, text)`` of the innermost frame of the class's code, or ``None`` (the machinery's own call)."""
+    def _where(self) -> tuple[str, int, str, tuple | None] | None:
+        """``(path, line, text, caller)`` of the innermost frame of the class's code, or ``None`` (the machinery's own
+        call); ``caller``: ``(path, line, text, name)`` of the next frame of the class's code outward (the call of the
+        helper the line is in), or ``None`` when the line is in the forward attnbench called."""
+        found = []
         frame = sys._getframe(2)
-        while frame is not None and id(frame) not in self._outer:
+        while frame is not None and id(frame) not in self._outer and len(found) < 2:
             path = frame.f_code.co_filename
             if not path.startswith(_SKIP_DIRS) and not path.startswith("<"):
-                return path, frame.f_lineno, linecache.getline(path, frame.f_lineno).strip()
+                found.append((path, frame.f_lineno, linecache.getline(path, frame.f_lineno).strip(), frame.f_code.co_name))
             frame = frame.f_back
-        return None
+        if not found:
+            return None
+        caller = (*found[1][:3], found[0][3]) if len(found) > 1 else None
+        return (*found[0][:3], caller)
 
 
 def _name(func) -> str:

@@ -41,7 +41,7 @@ from attnbench.plugins.cache_objects import cache_object_for
 from attnbench.plugins.module_cache import AppendingCache, build_own_cache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
-MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask")
+MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask", "attn_bias", "attention_bias")  # forms: probed
 TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
                "freqs_cis": "complex", "freq_cis": "complex", "freqs_cos": "cos per frequency",
                "freqs_sin": "sin per frequency", "rope": "complex", "rope_cache": "complex"}
@@ -199,7 +199,7 @@ class ContextPlan:
 
 def plan_for(target) -> ContextPlan | None:
     """The context ``target.forward`` takes, or ``None`` when it takes nothing attnbench binds (``forward(x)``,
-    ``forward(x, use_cache=False)``, or only optional masks). Raises :class:`PluginLoadError` for a required
+    ``forward(x, use_cache=False)``). Raises :class:`PluginLoadError` for a required
     parameter attnbench cannot supply."""
     forward = getattr(target, "forward", None) if inspect.isclass(target) else None
     if forward is None:
@@ -238,9 +238,12 @@ def plan_for(target) -> ContextPlan | None:
     position = next((n for n in names if n in POSITION_NAMES), None) or guessed
     cache = next((n for n in names if n in CACHE_NAMES), None)
     causal_arg = next((n for n in names if n in CAUSAL_ARGS), None)
-    if not (required or tables or position or cache or causal_arg or any(n in WINDOW_ARGS + LENGTH_NAMES for n in names)):
-        return None  # e.g. forward(x, attention_mask=None): it masks by itself
     mask = next((n for n in names if n in MASK_NAMES), None)
+    if not (required or tables or position or cache or causal_arg or mask or
+            any(n in WINDOW_ARGS + LENGTH_NAMES for n in names)):
+        return None  # e.g. forward(x, use_cache=False)
+    # forward(x, attn_mask=None) too is planned: left at None when the class is causal without it, the causal form the
+    # class reads when it is not (open_clip's Attention), refused as not causal when no form makes it so (dinov2's)
     optional_position = any(p.name == position and p.default is None for p in rest)
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
                        inputs=inputs,

@@ -140,7 +140,8 @@ def _positional(binding: Binding, names: set[str], where: str, declared: dict, p
         names = names - set(ALIASES["rope_theta"])
         lines.append(f"rope: {'from the tables its forward takes' if plan is not None and plan.tables else 'no'} "
                      f"(constructor takes {theta}, but a probe found it inert: built at theta 10000 and at 100 with the "
-                     "same parameters, the class gives the same output)")
+                     "same parameters the class gives the same output, and the last token's output stays when the "
+                     "tokens before it are permuted)")
     caps, more = infer_positional(binding, names, where, declared)
     return caps, lines + more
 

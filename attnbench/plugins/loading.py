@@ -73,6 +73,37 @@ def import_file(path_text: str) -> ModuleType:
     mod_name = f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
+    try:
+        return _import_script(path_text, resolved, mod_name)
+    except PluginLoadError as exc:
+        rooted = _namespace_root(resolved, exc.__context__)  # what the import raised
+        if rooted is None:
+            raise
+        module = _import_package_module(path_text, *rooted)
+        IMPORTED[module.__name__] = (f"imported {resolved.name} as {rooted[1]}: it imports {rooted[1].split('.')[0]!r}, "
+                                     f"a folder of its repository without __init__.py, so {rooted[0]} is on sys.path")
+        return module
+
+
+def _namespace_root(resolved: Path, exc: BaseException | None) -> tuple[Path, str] | None:
+    """``(root, "top.sub.module")`` when a loose file failed to import ``top...`` and ``top`` is a folder (or
+    ``top.py``) of an ancestor ``root`` of the file which holds the file too: the repository's own code, imported by
+    its absolute name from the root Python is run at (stable-diffusion's ``ldm``, flux's ``flux``: folders without
+    ``__init__.py``, namespace packages). ``None`` otherwise: then a missing name is a missing package."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    for root in resolved.parents:
+        if (root / top).is_dir() or (root / f"{top}.py").is_file():
+            parts = [*resolved.relative_to(root).parent.parts, resolved.stem]
+            return (root, ".".join(parts)) if all(p.isidentifier() for p in parts) else None
+        if (root / ".git").exists():
+            return None  # not above the repository
+    return None
+
+
+def _import_script(path_text: str, resolved: Path, mod_name: str) -> ModuleType:
+    """A loose file imported as ``python path_text`` would (its folder first on ``sys.path``), as ``mod_name``."""
     spec = importlib.util.spec_from_file_location(mod_name, resolved)
     if spec is None or spec.loader is None:
         raise PluginLoadError(f"cannot import {path_text!r} as Python; it must be a .py file")

@@ -164,28 +164,38 @@ def bias_by_flag(binding: Binding, probe: AttnSpec) -> Binding:
 
 
 def theta_rotates(binding: Binding, probe: AttnSpec, bind=None) -> bool | None:
-    """Does the class rotate at all, given the rotary base its constructor takes? Built at theta 10,000 and at 100 with
-    the same parameters, its output on 4 tokens moves only if the theta builds something position-dependent; when it
-    stays, the theta is inert (mamba's ``MHA`` takes ``rotary_emb_base`` but rotates nothing with
-    ``rotary_emb_dim=0``; lingua takes one beside the tables its forward is given). A class that rotates only its
-    queries (a bug) still rotates by the theta, so its RoPE cases run, and fail. None when the probe cannot run."""
+    """Does the class rotate at all, given the rotary base its constructor takes? It does when its output moves with the
+    theta (built at 10,000 and at 100 with the same parameters: a class that rotates its queries only) or with the
+    positions (the last of 4 tokens' output moves when the 3 before it are permuted: a class that rotates with a theta
+    of its own, whose RoPE cases then fail). When neither, the theta builds nothing (mamba's ``MHA`` takes
+    ``rotary_emb_base`` but rotates nothing with ``rotary_emb_dim=0``; lingua takes one beside the tables its forward
+    is given, neutral here). None when the probe cannot run."""
     x = torch.randn(1, 4, probe.d_in, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    outs, params = [], None
     try:
-        for theta in (10000.0, 100.0):
-            torch.manual_seed(0)
-            module = binding(replace(probe, rope_theta=theta)).double().eval()
-            if params is None:
-                params = {n: p.detach().clone() for n, p in module.named_parameters()}
-            else:  # the same parameters: only what the theta builds (tables, frequencies) differs
-                module.load_state_dict(params, strict=False)
-            module = bind(module, probe) if bind is not None else module  # the spec's tables, neutral: the class's own
-            with torch.no_grad():
-                out = module(x)
-            outs.append(out[0] if isinstance(out, tuple) else out)
+        at_base, permuted = _outputs(binding, probe, bind, 10000.0, None, (x, x[:, [2, 0, 1, 3]]))
+        other = _outputs(binding, probe, bind, 100.0, _params(binding, probe), (x,))[0]
     except Exception:  # does not run at the probe's sizes: the rope cases show what it does
         return None
-    return not torch.allclose(outs[0], outs[1], rtol=1e-9, atol=1e-12)
+    moved_by_theta = not torch.allclose(at_base, other, rtol=1e-9, atol=1e-12)
+    return moved_by_theta or not torch.allclose(at_base[:, -1], permuted[:, -1], rtol=1e-9, atol=1e-12)
+
+
+def _params(binding: Binding, probe: AttnSpec) -> dict:
+    torch.manual_seed(0)
+    module = binding(replace(probe, rope_theta=10000.0)).double()
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def _outputs(binding: Binding, probe: AttnSpec, bind, theta: float, params: dict | None, inputs) -> list:
+    """The class built at ``theta`` (``params`` loaded, so that only what the theta builds differs) on each input."""
+    torch.manual_seed(0)
+    module = binding(replace(probe, rope_theta=theta)).double().eval()
+    if params is not None:
+        module.load_state_dict(params, strict=False)
+    module = bind(module, probe) if bind is not None else module  # the spec's tables, neutral: the class's own
+    with torch.no_grad():
+        outs = [module(t) for t in inputs]
+    return [o[0] if isinstance(o, tuple) else o for o in outs]
 
 
 def kv_heads_by_shape(binding: Binding, probe: AttnSpec) -> Binding:

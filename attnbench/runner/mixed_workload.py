@@ -39,7 +39,7 @@ from attnbench.resolve import Ready, ready_for
 from attnbench.results.schema import Cell
 from attnbench.runner import mixed, paging, varlen
 from attnbench.runner.mixed import Request
-from attnbench.runner.workload import output_problem
+from attnbench.runner.output_check import output_problem
 from attnbench.spec import AttnSpec, positional_from_text
 from attnbench.weights import random_weights, zero_held
 

@@ -23,6 +23,7 @@ from attnbench.results.schema import Cell
 from attnbench.runner import paging, stress
 from attnbench.runner import setup as setup_cost
 from attnbench.runner.masks import mask_fields
+from attnbench.runner.output_check import output_problem
 from attnbench.runner.varlen_workload import build_varlen_workload
 from attnbench.spec import AttnSpec, positional_from_text
 
@@ -209,17 +210,3 @@ def _prefill(module: nn.Module, x: torch.Tensor, device: torch.device) -> tuple[
     with torch.inference_mode():
         cache_state.reset_cache(module)  # freed before measuring, so the prefill's allocation is not netted out
     return retained_bytes(prefill, device), "kv_cache_bytes from the allocator (what the prefill left allocated)"
-
-
-def output_problem(out, want: tuple[int, ...], dtype: torch.dtype, what: str) -> str | None:
-    """Why ``out`` is not a valid result: not a tensor, a shape other than ``want`` (``what`` names it), another dtype
-    than the input's, non-finite values; ``None`` when it is valid."""
-    if not isinstance(out, torch.Tensor):
-        return f"returned {type(out).__name__}, not a tensor"
-    if tuple(out.shape) != want:
-        return f"{what} {tuple(out.shape)} != expected {want}"
-    if out.dtype != dtype:
-        return f"output dtype {out.dtype} != input dtype {dtype}"
-    if not bool(torch.isfinite(out.detach()).all()):
-        return "output has non-finite values (nan/inf)"
-    return None

@@ -6,9 +6,9 @@
     :mod:`attnbench.tools.load` (a memory-bandwidth hog);
 ``python -m attnbench.tools.instruction_evidence gate --runs 10 [--load memory]``
     the gate's decisions: ``--runs`` counts of ``weight_split`` and of the planted regression
-    (``examples/planted_regression.py``: the same output with one extra elementwise pass), alternated; each
-    planted count is compared with an unchanged one (must fail the 1% gate) and each unchanged count with the next
-    unchanged one (must pass).
+    (``examples/planted_regression.py``: the same output with extra elementwise passes; ``--planted PlantedOnePass``
+    for one), alternated; each planted count is compared with an unchanged one (must fail) and each unchanged count
+    with the next unchanged one (must pass), at each pair's noise threshold (``--threshold`` fixes one).
 
 ``python -m attnbench.tools.instruction_evidence walltime --impl sdpa``
     times the cell natively in a process with the count's environment (one thread, the same ISA limit): the
@@ -30,19 +30,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 from attnbench.measure.instructions import CountSettings, count_cell, count_env
-from attnbench.results.compare_instructions import DEFAULT_THRESHOLD
+from attnbench.results.compare_instructions import DEFAULT_THRESHOLD, cell_threshold
 from attnbench.results.schema import Cell
 from attnbench.tools.load import Load
 
-PLANTED = "weight_split={}:PlantedWeightSplit"
+PLANTED = "weight_split={}:{}"
 
 
-def planted_impl() -> str:
-    """The planted regression under weight_split's name (the example file of the source tree)."""
+def planted_impl(cls: str = "PlantedWeightSplit") -> str:
+    """The planted regression ``cls`` under weight_split's name (the example file of the source tree):
+    ``PlantedWeightSplit`` (about +1.1% instructions per call) or ``PlantedOnePass`` (about a third of that)."""
     path = Path(__file__).resolve().parents[2] / "examples" / "planted_regression.py"
     if not path.is_file():
         raise SystemExit(f"{path} not found: the gate evidence needs a source checkout of attnbench")
-    return PLANTED.format(path)
+    return PLANTED.format(path, cls)
 
 
 def _cell(impl: str, args) -> Cell:
@@ -53,6 +54,7 @@ def _count(impl: str, args, settings: CountSettings) -> dict:
     t0 = time.perf_counter()
     row = count_cell(_cell(impl, args), settings)
     out = dict(impl=impl, instructions=row["instructions"], baseline=row["instructions_baseline"],
+               spread=row.get("instr_spread", float("nan")),
                count_s=time.perf_counter() - t0, call_s=row["instr_call_s"], capability=row["cpu_capability"])
     print(f"  {impl.split('=')[0]}: {out['instructions']:,.1f} instructions/call ({out['count_s']:.0f} s)", flush=True)
     return out
@@ -77,17 +79,27 @@ def spread(args, settings: CountSettings) -> dict:
 
 
 def gate(args, settings: CountSettings) -> dict:
-    planted = planted_impl()
+    """``--runs`` counts of weight_split and of the planted class, alternated. Each planted count is compared with an
+    unchanged one (must fail), each unchanged count with the next unchanged one (must pass), at ``--threshold`` or,
+    without it, at each pair's threshold from its two recorded spreads, as ``attnbench compare`` sets it."""
+    planted = planted_impl(args.planted)
     both = _counts(["weight_split", planted] * args.runs, args, settings)  # alternated
     base, bad = both[0::2], both[1::2]
-    t = args.threshold
-    caught = [b["instructions"] / a["instructions"] > 1 + t for a, b in zip(base, bad, strict=True)]
-    passed = [base[(i + 1) % len(base)]["instructions"] / a["instructions"] <= 1 + t for i, a in enumerate(base)]
+
+    def limit(a: dict, b: dict) -> float:
+        return args.threshold if args.threshold is not None else cell_threshold(a["spread"], b["spread"])[0]
+
+    caught = [b["instructions"] / a["instructions"] > 1 + limit(a, b) for a, b in zip(base, bad, strict=True)]
+    nxt = [base[(i + 1) % len(base)] for i in range(len(base))]
+    passed = [b["instructions"] / a["instructions"] <= 1 + limit(a, b) for a, b in zip(base, nxt, strict=True)]
     extra = statistics.median(b["instructions"] / a["instructions"] - 1 for a, b in zip(base, bad, strict=True))
-    print(f"planted regression: +{100 * extra:.3f}% instructions (median); caught {sum(caught)}/{len(caught)} at "
-          f"{100 * t:g}%; unchanged passed {sum(passed)}/{len(passed)}")
-    return dict(kind="gate", threshold=t, extra_rel=extra, caught=sum(caught), passed=sum(passed), runs=args.runs,
-                unchanged=base, planted=bad)
+    limits = sorted(limit(a, b) for a, b in zip(base, bad, strict=True))
+    how = f"{100 * args.threshold:g}%" if args.threshold is not None else \
+        f"each pair's noise threshold ({100 * limits[0]:.3f}% to {100 * limits[-1]:.3f}%)"
+    print(f"planted regression ({args.planted}): +{100 * extra:.3f}% instructions (median); caught "
+          f"{sum(caught)}/{len(caught)} at {how}; unchanged passed {sum(passed)}/{len(passed)}")
+    return dict(kind="gate", planted_class=args.planted, threshold=args.threshold, thresholds=limits, extra_rel=extra,
+                caught=sum(caught), passed=sum(passed), runs=args.runs, unchanged=base, planted=bad)
 
 
 def walltime(args, settings: CountSettings) -> dict:
@@ -120,7 +132,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--d-model", dest="d_model", type=int, default=256)
     p.add_argument("--mode", default="inference")
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    p.add_argument("--threshold", type=float, default=None, help="gate: a fixed relative threshold (e.g. "
+                   f"{DEFAULT_THRESHOLD}); default: each pair's, from its spreads, as attnbench compare sets it")
+    p.add_argument("--planted", default="PlantedWeightSplit", choices=("PlantedWeightSplit", "PlantedOnePass"),
+                   help="gate: the planted class of examples/planted_regression.py")
     p.add_argument("--json", type=Path, help="write the counts here")
     p.add_argument("--jobs", type=int, default=1, help="counts at once (default 1)")
     return p
