@@ -56,7 +56,8 @@ def _count(impl: str, args, settings: CountSettings) -> dict:
     out = dict(impl=impl, instructions=row["instructions"], baseline=row["instructions_baseline"],
                spread=row.get("instr_spread", float("nan")),
                count_s=time.perf_counter() - t0, call_s=row["instr_call_s"], capability=row["cpu_capability"])
-    print(f"  {impl.split('=')[0]}: {out['instructions']:,.1f} instructions/call ({out['count_s']:.0f} s)", flush=True)
+    print(f"  {impl.split('=')[0]}{' (planted)' if 'Planted' in impl else ''}: {out['instructions']:,.1f} "
+          f"instructions/call, spread {100 * out['spread']:.4f}% ({out['count_s']:.0f} s)", flush=True)
     return out
 
 
