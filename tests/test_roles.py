@@ -157,3 +157,22 @@ def test_a_mask_no_form_of_which_is_causal_is_refused_as_not_causal(repo_cwd, ca
     run without a mask and fail every case."""
     code, out, err = run(["check", "tests/plugins/reach_roles/optional_mask_forms.py:NeverCausal"], capsys)
     assert code == 2 and "is not causal with any mask form attnbench can supply" in err, out + err
+
+
+def test_a_class_multi_query_by_construction_runs_its_one_kv_head_cases(repo_cwd, capsys):
+    """memorizing-transformers' `to_kv = Linear(dim, 2 * dim_head)` with no kv-heads parameter was refused as
+    "to_kv.weight has shape (12, 24), expected (48, 24)"; its weights say it is multi-query (second held-out corpus)."""
+    code, out, err = run(["check", "-v", "tests/plugins/reach_roles/multi_query_fused_kv.py:MultiQueryAttention"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "kv heads: always 1 (multi-query" in out and "W_k <- to_kv.weight[0:64]" in out
+    assert "skipped: its own constraint" in out  # the cases with more kv heads than one
+
+
+def test_multi_query_is_read_off_the_weights_not_assumed(repo_cwd):
+    from attnbench.plugins import import_file
+    from attnbench.plugins.layout import SQUARE_PROBE
+    from attnbench.plugins.stages import always_one_kv_head
+
+    mqa = bind(import_file("tests/plugins/reach_roles/multi_query_fused_kv.py").MultiQueryAttention)
+    mha = bind(import_file("tests/plugins/roles/conventions.py").TwoInts)
+    assert always_one_kv_head(mqa, SQUARE_PROBE) and not always_one_kv_head(mha, SQUARE_PROBE)

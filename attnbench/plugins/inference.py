@@ -528,6 +528,10 @@ def implementation_fields(obj, source: str) -> dict:
     variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
     own = dict(caps.pop("own", {}))
+    if "gqa" not in declared and stages.always_one_kv_head(binding, _probe(binding)):
+        own["kv_heads"], caps["gqa"] = 1, True
+        evidence.append("kv heads: always 1 (multi-query: built for 4 heads, its weight matrices hold one key/value "
+                        "head's, and no constructor parameter sets them): cases with other kv heads are skipped")
     rotates = bool(plan is not None and plan.tables)  # own tables (requires rope_theta): own_spec refuses odd head dims
     odd = even_head_dim_reason(binding, plan, rotates)
     if odd is not None:

@@ -542,6 +542,9 @@ class PluginFactory:
             spec = replace(spec, norm_eps=self.own["norm_eps"])
         if self.own.get("rope_sign", 1) != 1 and spec.rope_theta is not None and spec.rope_sign == 1:
             spec = replace(spec, rope_sign=self.own["rope_sign"])  # its pairs turn the other way (plugins.measured)
+        if self.own.get("kv_heads") == 1 and (spec.num_kv_heads or spec.num_heads) != 1:
+            raise UnavailableError(f"{name} always has one key/value head (multi-query), not "
+                                   f"{spec.num_kv_heads or spec.num_heads} ({OWN_CONSTRAINT})")
         if "even_head_dim" in self.own and spec.head_dim % 2:
             raise UnavailableError(f"{name} needs an even head dim, not {spec.head_dim}: it always rotates q and k by "
                                    f"pairs ({OWN_CONSTRAINT}; a probe at head_dim 3 raised {self.own['even_head_dim']})")
@@ -575,13 +578,14 @@ class PluginFactory:
     def layout(self, spec: AttnSpec, module: nn.Module) -> Layout:
         """The layout of ``module`` (built for ``spec``), discovered once per bias setting (and for grouped-query
         specs, whose keys and values are narrower) on the probe spec."""
-        gqa = spec.num_kv_heads not in (None, spec.num_heads)  # keys and values narrower than queries
+        gqa = spec.num_kv_heads not in (None, spec.num_heads) or self.own.get("kv_heads") == 1  # k, v narrower than q
         qk_norm = getattr(spec, "qk_norm", None)
         sinks = bool(getattr(spec, "sinks", False))  # issue 37: a (num_heads,) sink parameter exists only then
         key = (spec.qkv_bias, gqa, qk_norm, sinks)
         if key not in self._layouts:
             probe = replace(SQUARE_PROBE if self.binding.same_width_only else PROBE, qkv_bias=spec.qkv_bias,
-                            num_kv_heads=GQA_PROBE_KV_HEADS if gqa else None, qk_norm=qk_norm, sinks=sinks)
+                            num_kv_heads=(self.own.get("kv_heads") or GQA_PROBE_KV_HEADS) if gqa else None,
+                            qk_norm=qk_norm, sinks=sinks)  # own kv_heads: multi-query by construction
             try:
                 probe_module = self.binding(probe)
             except Exception:  # the class refuses the probe's sizes: read the layout off the module itself
@@ -668,7 +672,8 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
     mla = bool(getattr(factory, "mla", False))  # issue 46: DeepSeek MLA has no q/k/v biases (the spec forbids them)
     for qkv_bias in (False,) if mla else (False, True):
         module, first_error = None, None
-        for spec in (PROBE, SQUARE_PROBE, *other_specs):
+        one_kv = tuple(replace(p, num_kv_heads=1) for p in (PROBE, SQUARE_PROBE)) if impl.gqa else ()  # multi-query by construction
+        for spec in (PROBE, SQUARE_PROBE, *other_specs, *one_kv):
             if impl.same_width_only and spec.d_in != spec.d_out:
                 continue
             spec = replace(spec, qkv_bias=qkv_bias)  # build fills what the class always applies (own_spec)
@@ -682,7 +687,8 @@ def preflight(impl, device: str = "cpu", other_specs=()) -> list[str]:
         adapter = getattr(getattr(module, "_orig_mod", module), "weight_adapter", None)
         if isinstance(adapter, DiscoveredAdapter) and adapter.layout is not None:
             lines.append(f"weights (qkv_bias={qkv_bias}, shown for d_in=d_out={DISPLAY.d_out}, {DISPLAY.num_heads} heads):")
-            lines += [f"  {line}" for line in adapter.layout.describe(replace(DISPLAY, qkv_bias=qkv_bias))]
+            one = 1 if getattr(factory, "own", {}).get("kv_heads") == 1 else None  # multi-query by construction
+            lines += [f"  {line}" for line in adapter.layout.describe(replace(DISPLAY, qkv_bias=qkv_bias, num_kv_heads=one))]
     return lines + groups_line(impl, dtype)
 
 

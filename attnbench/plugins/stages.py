@@ -227,3 +227,17 @@ def kv_heads_by_shape(binding: Binding, probe: AttnSpec) -> Binding:
 
 def _matrix_elements(binding: Binding, spec: AttnSpec) -> int:
     return sum(p.numel() for p in binding(spec).parameters() if p.dim() >= 2)
+
+
+def always_one_kv_head(binding: Binding, probe: AttnSpec) -> bool:
+    """Is the class multi-query by construction (memorizing-transformers' ``to_kv = Linear(dim, 2 * dim_head)``)? With
+    no constructor parameter for the kv heads, built for 4 heads its weight matrices hold what one key/value head
+    for all 4 query heads holds, not what 4 heads hold."""
+    if "num_kv_heads" in binding.fields or any(r == "num_kv_heads" for _, r in binding.params):
+        return False
+    spec = replace(probe, num_heads=4, num_kv_heads=None)
+    try:
+        built = _matrix_elements(binding, spec)
+    except Exception:  # does not build at 4 heads: the cases show what it does
+        return False
+    return built == weight_elements(replace(spec, num_kv_heads=1)) != weight_elements(spec)
