@@ -176,3 +176,11 @@ def test_multi_query_is_read_off_the_weights_not_assumed(repo_cwd):
     mqa = bind(import_file("tests/plugins/reach_roles/multi_query_fused_kv.py").MultiQueryAttention)
     mha = bind(import_file("tests/plugins/roles/conventions.py").TwoInts)
     assert always_one_kv_head(mqa, SQUARE_PROBE) and not always_one_kv_head(mha, SQUARE_PROBE)
+
+
+def test_a_cache_passed_in_under_a_name_of_its_own_is_not_the_class_s_to_empty(repo_cwd, capsys):
+    """bark's `forward(x, past_kv=None, use_cache=False)` was refused: "takes use_cache but the class has no method to
+    empty its cache" (second held-out corpus); `past_kv` passes the cache in, as `layer_past` does."""
+    code, out, err = run(["check", "-v", "tests/plugins/reach_roles/past_kv_returned.py:PastKVAttention"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "kv_cache: no (forward takes use_cache with past_kv: the cache is passed in" in out

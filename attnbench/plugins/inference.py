@@ -40,6 +40,8 @@ GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, n
 GUIDE = "docs/variants.md: Attention variants and KV-cache decoding"
 EXTERNAL_CACHE = frozenset({"past_key_value", "past_key_values", "layer_past", "past", "cache", "kv_cache", "cache_position"})
 """``forward`` parameters that pass a cache in (Hugging Face, GPT-2 style): such a class keeps no cache of its own."""
+CACHE_WORDS = frozenset({"past", "cache"})
+"""Any other ``forward`` parameter with one of these words in its name passes a cache in too (bark's ``past_kv``)."""
 
 
 def _forward_params(target) -> set[str]:
@@ -107,7 +109,7 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     caps.update(positional)
     lines += positional_lines
     forward = _forward_params(target)
-    external = sorted(forward & EXTERNAL_CACHE)
+    external = sorted(n for n in forward if n in EXTERNAL_CACHE or (n != "use_cache" and CACHE_WORDS & set(n.lower().split("_"))))
     if plan is not None:
         context_caps, context_lines = infer_context(binding, plan, declared)
         caps.update(context_caps)
