@@ -184,3 +184,12 @@ def test_a_cache_passed_in_under_a_name_of_its_own_is_not_the_class_s_to_empty(r
     code, out, err = run(["check", "-v", "tests/plugins/reach_roles/past_kv_returned.py:PastKVAttention"], capsys)
     assert code == 0 and "PASS" in out, out + err
     assert "kv_cache: no (forward takes use_cache with past_kv: the cache is passed in" in out
+
+
+def test_a_fused_mat_qkv_with_split_biases_and_a_required_attn_bias_passes(repo_cwd, capsys):
+    """VAR's `mat_qkv` (refused: "no parameter found for W_q", though the refusal's fix line named it) with q and v
+    biases around a zero k-bias buffer, and a required additive `attn_bias` (second held-out corpus)."""
+    code, out, err = run(["check", "-v", "tests/plugins/reach_roles/fused_qkv_split_biases.py:SplitBiasAttention"],
+                         capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "W_q <- mat_qkv.weight[0:768]" in out and "b_k = 0 (the module has no such parameter" in out
