@@ -172,30 +172,26 @@ def theta_rotates(binding: Binding, probe: AttnSpec, bind=None) -> bool | None:
     is given, neutral here). None when the probe cannot run."""
     x = torch.randn(1, 4, probe.d_in, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     try:
-        at_base, permuted = _outputs(binding, probe, bind, 10000.0, None, (x, x[:, [2, 0, 1, 3]]))
-        other = _outputs(binding, probe, bind, 100.0, _params(binding, probe), (x,))[0]
+        (at_base, permuted), params = _outputs(binding, probe, bind, 10000.0, None, (x, x[:, [2, 0, 1, 3]]))
+        other = _outputs(binding, probe, bind, 100.0, params, (x,))[0][0]
     except Exception:  # does not run at the probe's sizes: the rope cases show what it does
         return None
     moved_by_theta = not torch.allclose(at_base, other, rtol=1e-9, atol=1e-12)
     return moved_by_theta or not torch.allclose(at_base[:, -1], permuted[:, -1], rtol=1e-9, atol=1e-12)
 
 
-def _params(binding: Binding, probe: AttnSpec) -> dict:
-    torch.manual_seed(0)
-    module = binding(replace(probe, rope_theta=10000.0)).double()
-    return {n: p.detach().clone() for n, p in module.named_parameters()}
-
-
-def _outputs(binding: Binding, probe: AttnSpec, bind, theta: float, params: dict | None, inputs) -> list:
-    """The class built at ``theta`` (``params`` loaded, so that only what the theta builds differs) on each input."""
+def _outputs(binding: Binding, probe: AttnSpec, bind, theta: float, params: dict | None, inputs) -> tuple[list, dict]:
+    """The class built at ``theta`` (``params`` loaded, so that only what the theta builds differs) on each input, and
+    the parameters it was run with."""
     torch.manual_seed(0)
     module = binding(replace(probe, rope_theta=theta)).double().eval()
     if params is not None:
         module.load_state_dict(params, strict=False)
+    used = {n: p.detach().clone() for n, p in module.named_parameters()}
     module = bind(module, probe) if bind is not None else module  # the spec's tables, neutral: the class's own
     with torch.no_grad():
         outs = [module(t) for t in inputs]
-    return [o[0] if isinstance(o, tuple) else o for o in outs]
+    return [o[0] if isinstance(o, tuple) else o for o in outs], used
 
 
 def kv_heads_by_shape(binding: Binding, probe: AttnSpec) -> Binding:
