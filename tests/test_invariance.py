@@ -123,3 +123,32 @@ def test_run_rows_carry_deterministic_and_batch_invariant(repo_cwd):
     assert cols == {"deterministic": "", "batch_invariant": ""} and "would take over 2 s" in note
     assert run_properties.columns(workload("BatchVariant", "decode"), False, 1e-4) == (
         {"deterministic": "", "batch_invariant": ""}, None)  # not applicable: no note
+
+
+def test_properties_are_measured_in_the_first_round_and_kept_by_the_merge(tmp_path):
+    """Issue 49 (the default run's time): a later round does not measure the two properties again, as it does not
+    measure memory or count FLOPs; the merged row keeps the first round's."""
+    import attnbench
+    from attnbench.runner import properties as run_properties
+
+    calls = []
+    real = run_properties.measure
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(run_properties, "measure", counted)
+    try:
+        df = attnbench.run(impl=["sdpa"], out=tmp_path / "runs", seq_len=[8], batch=[2], num_heads=[2], d_model=[16],
+                           settings={"budget_s": 0.02, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3,
+                                     "threads": 1, "rounds": 2, "accuracy": "off"},
+                           executor="inprocess")  # in this process, where the count above sees the calls
+    finally:
+        mp.undo()
+    assert list(df.status) == ["ok"] and df.deterministic.iloc[0] == "bitwise"
+    assert df.batch_invariant.iloc[0] in ("bitwise",) or df.batch_invariant.iloc[0].startswith("within ")
+    assert len(calls) == 1  # one round measured them
+    assert run_properties.merged_columns([{"deterministic": ""}, {"deterministic": "bitwise", "batch_invariant": "x"}]) \
+        == {"deterministic": "bitwise", "batch_invariant": "x"}

@@ -318,9 +318,10 @@ def record_work(built: Built, settings: Settings, row: dict, peak_gflops_per_s: 
     row["peak_gflops_per_s"] = peak
     row["frac_peak"] = row["gflops_per_s"] / peak
     row.update(workload.extra_columns(row["median_s"]))
-    props, note = run_properties.columns(workload, built.compiled, row["median_s"])  # issue 48
-    row.update(props)
-    notes += [note] if note else []
+    if settings.work_pass:  # issue 48; later rounds keep the first round's (merge_rounds), as memory and FLOPs
+        props, note = run_properties.columns(workload, built.compiled, row["median_s"])
+        row.update(props)
+        notes += [note] if note else []
     row["status"] = "ok"
     row["notes"] = "; ".join(notes)
     roofline.record(row, str(workload.device))  # issue 49: intensity, bound, headroom against the cached ceilings
@@ -426,6 +427,7 @@ def merge_rounds(rows: list[dict], processes: int = 1, drift: float = 0.0) -> di
     merged["notes"] = "; ".join(n for n in (*notes, rows[0]["notes"]) if n)
     merged.update(phases.merged_columns(rows))
     merged.update(accuracy.merged_columns(rows))  # issue 38: the round that measured the error
+    merged.update(run_properties.merged_columns(rows))  # issue 48: the round that measured them
     return merged
 
 

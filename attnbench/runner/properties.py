@@ -11,7 +11,9 @@ it was not measured:
 
 They are measured after the timing, with the threads the row was timed with, for layer cells with a rectangular
 batch (not decode, variable-length, mixed-step, block or model cells) when the calls cost at most :data:`BUDGET_S` together, and
-never for ``compiled:`` cells (a batch of 1 would compile again). The row's notes say when they were not.
+never for ``compiled:`` cells (a batch of 1 would compile again). The row's notes say when they were not. Like peak
+memory and the counted FLOPs, only the first round measures them; the merged row keeps that round's
+(:func:`merged_columns`).
 """
 
 from __future__ import annotations
@@ -69,3 +71,12 @@ def columns(workload, compiled: bool, median_s: float) -> tuple[dict, str | None
         return {"deterministic": "", "batch_invariant": ""}, (
             f"deterministic / batch_invariant not measured: {type(exc).__name__}: {str(exc)[:120]}")
     return {"deterministic": statement(det), "batch_invariant": statement(inv)}, None
+
+
+def merged_columns(rows: list[dict]) -> dict[str, str]:
+    """The two columns of one cell's rows from several rounds: the round that measured them (the first; later rounds
+    do not measure them again, as they do not measure memory or count FLOPs)."""
+    for row in rows:
+        if row.get("deterministic") or row.get("batch_invariant"):
+            return {k: row.get(k, "") for k in ("deterministic", "batch_invariant")}
+    return {"deterministic": "", "batch_invariant": ""}
