@@ -119,7 +119,7 @@ def test_run_rows_carry_deterministic_and_batch_invariant(repo_cwd):
     assert cols["deterministic"] != "bitwise"
     assert run_properties.columns(workload("PerSequenceLoop"), False, 1e-4)[0] == {
         "deterministic": "bitwise", "batch_invariant": "bitwise"}
-    cols, note = run_properties.columns(workload("BatchVariant"), False, 1.0)  # 13 calls of 1 s: over the budget
+    cols, note = run_properties.columns(workload("BatchVariant"), False, 1.0)  # 8 calls of 1 s: over the budget
     assert cols == {"deterministic": "", "batch_invariant": ""} and "would take over 2 s" in note
     assert run_properties.columns(workload("BatchVariant", "decode"), False, 1e-4) == (
         {"deterministic": "", "batch_invariant": ""}, None)  # not applicable: no note

@@ -215,9 +215,11 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     tables = Tables(out)
     sp = an.speedups(df, chosen)
     method = an.speedup_method(sp[sp["impl"] != chosen]) if len(sp) else "medians"
-    # the speed-up and memory figures are drawn in a forked process on an idle core while this one draws the rest
-    # and makes the tables (attnbench.report.forked; the same files either way)
-    child = Forked(lambda: (figs.speedup(df, sp, chosen, styles, fig_dir), figs.memory(df, styles, fig_dir)))
+    # CHILD_FIGURES are drawn in a forked process on an idle core while this one draws the rest and makes the tables
+    # (attnbench.report.forked; the same files either way)
+    child = Forked(lambda: dict(zip(CHILD_FIGURES, (
+        figs.speedup(df, sp, chosen, styles, fig_dir), figs.memory(df, styles, fig_dir),
+        roofline_view.figures(df, styles, fig_dir), accuracy_view.figures(df, styles, fig_dir)), strict=True)))
     figure_sections, bar_table = _figures(df, ok, chosen, styles, fig_dir)
     t: dict = {}
     fastest = _overview_tables(df, tables, t)
@@ -227,8 +229,9 @@ def _build_report(results_path: str | Path, out_dir: str | Path | None, baseline
     if len(acc_disp):
         t["accuracy"] = tables.add("accuracy", acc_disp, acc_raw, classes=acc_classes, long_columns=("note",))
     profile, profile_note = _profile_tables(path, top_ops, tables)
-    drawn = dict(zip(("speedup", "memory"), child.result(), strict=True))
-    figure_sections = [(k, title, drawn[k] if fl is None else fl) for k, title, fl in figure_sections]
+    drawn = child.result()
+    figure_sections = [(k, title, drawn[k] if fl is None else fl) for k, title, fl in figure_sections
+                       if fl is not None or drawn[k] or k not in OPTIONAL_CHILD_FIGURES]
     figure_files = [f"figures/{f.name}.{ext}" for _, _, fl in figure_sections for f in fl if not f.skipped
                     for ext in figs.current_render().formats]
     page = jinja_env().get_template("report.html.j2").render(
@@ -266,8 +269,15 @@ def _speedup_note(chosen: str | None, run_baseline: str | None, method: str) -> 
                "between the implementations' timing blocks is in them."))
 
 
+CHILD_FIGURES = ("speedup", "memory", "roofline", "accuracy")
+"""The figure sections the forked child draws (:class:`~attnbench.report.forked.Forked`) while this process draws
+the others and makes the tables: about half of the drawing each on 2 cores."""
+OPTIONAL_CHILD_FIGURES = ("roofline", "accuracy")
+"""The child's sections left out of the page when they have no figure (no row with an intensity or an accuracy)."""
+
+
 def _figures(df, ok, chosen, styles, fig_dir: Path) -> tuple[list, pd.DataFrame]:
-    """The figure sections drawn in this process (the speed-up and memory ones: None, the forked child's) and the
+    """The figure sections drawn in this process (:data:`CHILD_FIGURES`: None, the forked child's) and the
     side-by-side bars' table."""
     bar_fig, bar_table = figs.bars(df, chosen, styles, fig_dir)
     latency_figs = figs.latency(df, styles, fig_dir)
@@ -284,12 +294,8 @@ def _figures(df, ok, chosen, styles, fig_dir: Path) -> tuple[list, pd.DataFrame]
     if (ok["mode"] == "decode").any():  # attention variants and KV-cache decoding
         figure_sections += [("decode", "KV-cache decoding: latency vs cache length", variants.decode_latency(df, styles, fig_dir)),
                             ("kv-cache", "KV-cache bytes vs context length", variants.kv_cache_bytes(df, styles, fig_dir))]
-    roofline_figs = roofline_view.figures(df, styles, fig_dir)  # issue 49: each cell against this machine's ceilings
-    if roofline_figs:
-        figure_sections.append(("roofline", "Roofline: bound and headroom", roofline_figs))
-    accuracy_figs = accuracy_view.figures(df, styles, fig_dir)  # issue 38: accuracy against latency, per dtype
-    if accuracy_figs:
-        figure_sections.append(("accuracy", "Accuracy vs latency", accuracy_figs))
+    figure_sections += [("roofline", "Roofline: bound and headroom", None),  # issue 49; the child's, dropped if none
+                        ("accuracy", "Accuracy vs latency", None)]  # issue 38: accuracy against latency, per dtype
     gallery = mask_gallery.gallery(df, fig_dir)  # issue 37: each mask drawn beside its timings
     if gallery:
         figure_sections.append(("mask-gallery", "Mask gallery", gallery))
