@@ -215,7 +215,7 @@ def test_the_peak_is_the_best_of_its_tries_and_measured_again_on_request(monkeyp
 
     measured = iter([50.0, 180.0, 120.0])
     monkeypatch.setattr(flops, "_best_peaks", {})
-    monkeypatch.setattr(flops, "_measure_peak_gflops", lambda device, dtype, budget_s: next(measured))
+    monkeypatch.setattr(flops, "_measure_peak_gflops", lambda device, dtype, budget_s, floor=0.0: next(measured))
     assert flops.peak_gflops("cpu", "float32") == 50.0
     assert flops.peak_gflops("cpu", "float32") == 50.0  # once per process
     assert flops.peak_gflops("cpu", "float32", again=True) == 180.0
@@ -230,7 +230,7 @@ def test_a_cell_faster_than_the_peak_measures_it_again_and_says_so(monkeypatch):
     from attnbench.runner.sweep import Settings
 
     monkeypatch.setattr(flops, "_best_peaks", {})
-    monkeypatch.setattr(flops, "_measure_peak_gflops", lambda device, dtype, budget_s: 2e-6)
+    monkeypatch.setattr(flops, "_measure_peak_gflops", lambda device, dtype, budget_s, floor=0.0: 2e-6)
     cell = Cell("sdpa", batch=1, seq_len=16, num_heads=2, d_model=16, mode="forward")
     row = run_cell(cell, Settings(budget_s=0.02, warmup_s=0.0, min_samples=3, flop_check=False), peak_gflops_per_s=1e-6)
     assert row["status"] == "ok" and row["peak_gflops_per_s"] == 2e-6  # measured again, the better one kept

@@ -156,20 +156,22 @@ def test_ceilings_are_measured_once_then_read_from_the_file_with_their_date_and_
     assert calls[3] == ("gemm", "cpu", "float32", 256)
 
 
-def test_the_run_peak_is_a_quick_check_against_a_cached_ceiling_and_a_full_measurement_without_one(tmp_path, monkeypatch):
-    """Issue 49: a measuring process's peak GEMM times three calls per try where the ceilings file bounds it, and
-    keeps the better of the two; with no entry it times ten per try, as before."""
-    monkeypatch.setenv(roofline.ENV_FILE, str(tmp_path / "ceilings.json"))
+def test_the_run_peak_is_a_quick_check_against_the_cached_ceiling(ceilings_file, monkeypatch):
+    """Issue 49: a measuring process's warm-up takes the machine's ceiling first, then times its peak GEMM with three
+    calls per try and keeps the better of the two; without a floor the peak times ten calls per try, as before."""
+    from attnbench.runner.executors import warmup
+
     asked = []
     monkeypatch.setattr(flops, "gemm_rates", lambda device, dtype, budget_s, n=None, min_samples=10:
                         asked.append(min_samples) or [40.0, 50.0])
     assert flops._measure_peak_gflops("cpu", "float32", 1.0) == 50.0 and asked == [10]
-    key = roofline.machine_key("cpu", "float32", torch.get_num_threads())
-    (tmp_path / "ceilings.json").write_text(json.dumps({key: {"gflops_per_s": 80.0}}))
-    assert flops._measure_peak_gflops("cpu", "float32", 1.0) == 80.0 and asked == [10, flops.QUICK_SAMPLES]
-    (tmp_path / "ceilings.json").write_text(json.dumps({key: {"gflops_per_s": 30.0}}))
-    assert flops._measure_peak_gflops("cpu", "float32", 1.0) == 50.0  # today's GEMM beat the cached one
-    assert flops._measure_peak_gflops("cpu", "bfloat16", 1.0) == 50.0 and asked[-1] == 10  # no entry for bfloat16
+    assert flops._measure_peak_gflops("cpu", "float32", 1.0, floor=80.0) == 80.0 and asked[-1] == flops.QUICK_SAMPLES
+    assert flops._measure_peak_gflops("cpu", "float32", 1.0, floor=30.0) == 50.0  # today's GEMM beat the cached one
+    monkeypatch.setattr(flops, "_best_peaks", {})
+    monkeypatch.setattr(roofline, "ceiling_for", lambda device, dtype: roofline.Ceiling(80.0, 0.02, 10.0, 0.02, 1e6))
+    asked.clear()
+    warmup.warm_cells([Cell(impl="sdpa", batch=1, seq_len=8, num_heads=2, d_model=16)])
+    assert flops.peak_gflops("cpu", "float32") == 80.0 and asked == [flops.QUICK_SAMPLES]
 
 
 def test_a_corrupt_ceilings_file_is_an_error_naming_it_and_a_row_says_it_has_no_roofline(ceilings_file):

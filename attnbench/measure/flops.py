@@ -129,44 +129,29 @@ make every cell's fraction of peak too high."""
 _best_peaks: dict[tuple[str, str], float] = {}
 
 
-def peak_gflops(device: str, dtype: str, budget_s: float = 1.0, again: bool = False) -> float:
+def peak_gflops(device: str, dtype: str, budget_s: float = 1.0, again: bool = False, floor: float = 0.0) -> float:
     """The machine's achievable GFLOP/s for ``dtype`` matmuls on ``device``, measured with a large GEMM.
 
     The best of :data:`PEAK_TRIES` tries, measured once per process and (device, dtype); ``again``: measure once
     more and keep the best so far (for a cell found faster than the peak: the first measurement met a busy moment).
-    Where this machine's ceilings file (:mod:`attnbench.measure.roofline`) holds the GEMM ceiling at this thread
-    count, each try times :data:`QUICK_SAMPLES` calls, not ten, and the peak is the better of the two (issue 49: a
-    second less per measuring process; either may have met a busy moment).
+    ``floor``: the GEMM ceiling cached for this machine (:func:`attnbench.measure.roofline.ceiling_for`, which the
+    measuring processes pass): each try then times :data:`QUICK_SAMPLES` calls, not ten, and the peak is the better
+    of the two (issue 49: a second less per measuring process; either may have met a busy moment).
     """
     key = (device, dtype)
     if again or key not in _best_peaks:
-        _best_peaks[key] = max(_best_peaks.get(key, 0.0), _measure_peak_gflops(device, dtype, budget_s))
+        _best_peaks[key] = max(_best_peaks.get(key, 0.0), _measure_peak_gflops(device, dtype, budget_s, floor))
     return _best_peaks[key]
 
 
 QUICK_SAMPLES = 3
-"""Calls per try of the peak GEMM when the machine's cached ceiling already bounds it from below."""
+"""Calls per try of the peak GEMM when the machine's cached ceiling already bounds it from below (``floor``)."""
 
 
-def _measure_peak_gflops(device: str, dtype: str, budget_s: float) -> float:
-    cached = _cached_ceiling_gflops(device, dtype)
-    if cached > 0:
-        return max(cached, *gemm_rates(device, dtype, budget_s / 4, min_samples=QUICK_SAMPLES))
+def _measure_peak_gflops(device: str, dtype: str, budget_s: float, floor: float = 0.0) -> float:
+    if floor > 0 and math.isfinite(floor):
+        return max(floor, *gemm_rates(device, dtype, budget_s / 4, min_samples=QUICK_SAMPLES))
     return max(gemm_rates(device, dtype, budget_s))
-
-
-def _cached_ceiling_gflops(device: str, dtype: str) -> float:
-    """The GEMM ceiling of ``device`` and ``dtype`` at this thread count from the ceilings file, else 0."""
-    from attnbench.devices import parse_device_type
-    from attnbench.measure import roofline
-
-    try:
-        threads = torch.get_num_threads() if parse_device_type(device) == "cpu" else 0
-        entry = roofline.load_ceilings().get(roofline.machine_key(device, dtype, threads)) or {}
-        value = float(entry.get("gflops_per_s") or 0.0)
-    except Exception:  # a missing, unreadable or foreign file: the full measurement stands
-        return 0.0
-    return value if math.isfinite(value) else 0.0
 
 
 def gemm_rates(device: str, dtype: str, budget_s: float, n: int | None = None, min_samples: int = 10) -> list[float]:

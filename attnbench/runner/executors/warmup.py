@@ -60,6 +60,6 @@ def warm_cells(cells: Iterable[Cell], peak_known: bool = False) -> None:
             registry.get(cell.impl)
             if cell.impl.startswith("compiled:"):
                 import torch._dynamo.utils  # noqa: F401  (run_cell counts compiled graphs: seconds to import)
-            roofline.ceiling_for(cell.device, cell.dtype)  # issue 49: cached per machine; measured once when missing
-            if not peak_known:  # after the ceiling: with it cached, the peak is a quick check against it
-                peak_gflops(cell.device, cell.dtype)
+            ceiling = roofline.ceiling_for(cell.device, cell.dtype)  # issue 49: cached per machine, measured once
+            if not peak_known:  # with the ceiling known, the peak is a quick check against it
+                peak_gflops(cell.device, cell.dtype, floor=ceiling.gflops_per_s)
