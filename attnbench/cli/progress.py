@@ -1,6 +1,7 @@
 """``attnbench run``'s progress line: the count of cells, a bar, the time so far and the time left, then the cell.
 
-The time left comes from the plan (:class:`Forecast`): every cell of the session has a predicted time from the cost
+The time left comes from the plan (:class:`Forecast`): every cell of the session has a predicted time: learned from
+the earlier runs on this machine where they price it (:mod:`attnbench.runner.learned`), else from the cost
 model the measuring processes plan with (:mod:`attnbench.runner.budget`: the warm-up and the sampling budget, plus
 the calls it makes at least at the analytic FLOPs' share of the machine's peak), so the first cell of a sweep of
 long cells already has an ETA (rich's own estimate needs finished cells: ``0/64``, ``-:--:--`` for minutes). As cells
@@ -32,6 +33,7 @@ class Forecast:
 
     def __init__(self) -> None:
         self.cells: dict[str, tuple[float, float]] = {}  # cell_id -> (fixed seconds, FLOPs of its calls)
+        self.learned: dict[str, float] = {}  # cell_id -> seconds per unit, learned from earlier runs
         self.units = 1  # rounds x processes: each cell is measured this many times
         self.done: dict[str, int] = {}
         self.running: set[str] = set()
@@ -39,11 +41,15 @@ class Forecast:
         self.t0: float | None = None  # the first cell's start
         self.last: float | None = None  # the last cell's end
 
-    def plan(self, cells: Iterable, settings) -> None:
-        """Predict each cell of the session under ``settings`` (the sweep's measurement settings)."""
+    def plan(self, cells: Iterable, settings, learned=None) -> None:
+        """Predict each cell of the session under ``settings`` (the sweep's measurement settings): from ``learned``
+        (:class:`attnbench.runner.learned.Learned`, the earlier runs' times) where it prices the cell, else
+        analytically."""
         from attnbench.runner import budget
+        from attnbench.runner.learned import Learned
 
         self.units = max(1, int(settings.rounds) * int(settings.processes))
+        self.learned = dict(learned.unit_s) if isinstance(learned, Learned) else {}
         calls = budget.calls_at_least(settings)
         fixed = float(settings.warmup_s) + float(settings.budget_s)
         for cell in cells:
@@ -57,6 +63,8 @@ class Forecast:
         """One measurement of ``cell_id``, predicted (0 for a cell not in the plan)."""
         from attnbench.runner import budget
 
+        if cell_id in self.learned:
+            return self.learned[cell_id]
         fixed, flops = self.cells.get(cell_id, (0.0, 0.0))
         peak = self.peak_gflops or budget.UNKNOWN_PEAK_GFLOPS
         return fixed + flops / (budget.ANALYTIC_EFFICIENCY * peak * 1e9)
@@ -129,8 +137,15 @@ class RunProgress:
         self.task = self.bar.add_task("", total=None)
         self.units: int | None = None
 
-    def plan(self, cells, settings) -> None:
-        self.forecast.plan(cells, settings)
+    def plan(self, cells, settings, learned=None) -> None:
+        """Forecast the session; say before the first cell what the forecast was learned from, or why it was not."""
+        from attnbench.runner.learned import Learned
+
+        self.forecast.plan(cells, settings, learned)
+        if isinstance(learned, Learned):
+            self.bar.console.print(learned.line(self.forecast.units), style="dim", highlight=False)
+        elif isinstance(learned, str):
+            self.bar.console.print(f"warning: {learned}", style="yellow", highlight=False)
 
     def __call__(self, i: int, total: int, cell, row: dict | None) -> None:
         if not self.bar.live.is_started:  # started by the first cell: errors before it print cleanly

@@ -75,12 +75,23 @@ def earlier_runs(results: str | Path, machine: dict | None = None) -> list[tuple
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # an older run's filled columns: fine for a fit
-                df, meta = load_run(folder)
+                df, meta = load_run(_consolidated(folder))
         except (AttnbenchError, OSError, ValueError):
             continue
         if len(df):
             found.append((folder, df, meta))
     return found
+
+
+def _consolidated(folder: Path) -> Path:
+    """``folder/results.parquet`` when no cell file is newer (a finished run: one file to read, where its ``cells/``
+    folder holds a file per cell, ten times slower to read), else ``folder``."""
+    table = folder / "results.parquet"
+    if not table.is_file():
+        return folder
+    written = table.stat().st_mtime
+    newer = any(f.stat().st_mtime > written for f in (folder / "cells").glob("*.parquet"))
+    return folder if newer else table
 
 
 def units(settings: dict | None) -> int:
@@ -154,12 +165,13 @@ def _model_for(models: dict[tuple, costmodel.Fit], impl: str, device: str, dtype
     return None
 
 
-def _predicted(new: pd.DataFrame, past: pd.DataFrame, target: str) -> tuple[np.ndarray, list[str]]:
+def predicted(new: pd.DataFrame, past: pd.DataFrame, target: str) -> tuple[np.ndarray, list[str]]:
     """Each new cell's ``target`` (``median_s`` or ``unit_s``) and where it came from: ``measured`` (the same cell
     earlier), ``model`` (its group's cost model), ``impl median`` / ``all median`` (no model), ``none``."""
     seen = dict(zip(past["cell_id"], pd.to_numeric(past[target], errors="coerce"), strict=True)) if len(past) else {}
     status = dict(zip(past["cell_id"], past["status"].astype(str), strict=True)) if len(past) else {}
-    models = costmodel.models(past, target) if len(past) else {}
+    unseen = [c for c in new["cell_id"] if not math.isfinite(seen.get(c, math.nan))]
+    models = costmodel.models(past, target) if len(past) and unseen else {}  # fitted only when a cell needs one
     feats = {r["cell_id"]: r for _, r in costmodel.cells(new).iterrows()}
     out, how = np.full(len(new), math.nan), ["none"] * len(new)
     for i, r in enumerate(new.to_dict("records")):
@@ -186,8 +198,8 @@ def estimate(cells, settings: dict, results: str | Path, report: bool = True) ->
         return (f"no earlier run on this machine under {results} to predict from: run a sweep there first "
                 "(attnbench run --out " f"{results}), then --predict estimates from it")
     new = new_rows(cells)
-    call_s, call_how = _predicted(new, past, "median_s")
-    unit_s, cell_how = _predicted(new, past, "unit_s")
+    call_s, call_how = predicted(new, past, "median_s")
+    unit_s, cell_how = predicted(new, past, "unit_s")
     n = units(settings)
     table = new[["cell_id", "impl", "device", "dtype", "mode", "batch", "seq_len"]].assign(
         call_s=call_s, call_from=call_how, cell_s=unit_s * n, cell_from=cell_how)

@@ -35,6 +35,7 @@ from attnbench.results.store import RunStore, load_run, new_run_id
 from attnbench.runner import compile_cache, phases
 from attnbench.runner.cell import add_speedups, merge_rounds, paired_base
 from attnbench.runner.executors.base import Executor, WorkUnit
+from attnbench.runner.learned import longest_first
 from attnbench.runner.sweep import Settings, Sweep
 
 Progress = Callable[[int, int, Cell, dict | None], None]
@@ -108,6 +109,7 @@ class RunSession:
         self._started = time.perf_counter()
         self._last_row = self._started  # when the last row came (or timing began)
         self._cut_short_s = 0.0  # after Ctrl-C: the time the cells in flight had had
+        self.learned = None  # the cells' times learned from earlier runs, once measuring starts
 
     # ------------------------------------------------------------------ start or resume
 
@@ -150,7 +152,9 @@ class RunSession:
             for p in _process_order(r, processes):  # interleaved: a slow phase hits every process alike
                 todo = [tuple(c for c in members if not self._is_final(c)) for members in self.groups.values()]
                 todo = [members for members in todo if members]
-                if self.units_per_cell > 1:  # a fresh order each round, so slow phases of the machine hit every group alike
+                if getattr(self.executor, "concurrent", False):  # units measured at once: the longest first
+                    todo = longest_first(todo, self.learned)
+                elif self.units_per_cell > 1:  # a fresh order each round, so slow phases of the machine hit every group alike
                     todo = random.Random(settings.seed * 1000 + r * processes + p).sample(todo, len(todo))
                 yield [WorkUnit(members, process=p, round=r) for members in todo]
 
@@ -162,8 +166,10 @@ class RunSession:
         machine's measurement lock while timing (:mod:`attnbench.measure.machine_lock`; ``lock``: ``wait`` for
         another measurement to end, ``no-wait``: raise instead, ``off``: measure anyway)."""
         plan = getattr(self.progress, "plan", None)  # a progress display that forecasts (attnbench.cli.progress)
+        if plan or getattr(self.executor, "concurrent", False):
+            self.learned = self._learn()
         if plan:
-            plan(self.cells, self.sweep.settings)
+            plan(self.cells, self.sweep.settings, self.learned)
         held = machine_lock.acquire_for_run(self.sweep.device, self.executor_kind, lock, self.store.path)
         self._last_row = time.perf_counter()
         try:
@@ -175,6 +181,19 @@ class RunSession:
         finally:  # timing is over: the machine is free (consolidation and the report need no lock)
             held.release()
             machine_lock.record(self.store.meta, held)
+
+    def _learn(self):
+        """The cells' times learned from the earlier runs beside this one (:mod:`attnbench.runner.learned`), None
+        when there are none, or the sentence saying why they could not be read (in ``meta.json`` too; the plan then
+        stays analytic)."""
+        from attnbench.runner import learned
+
+        try:
+            return learned.learn(self.cells, self.store.path.parent)
+        except Exception as exc:  # noqa: BLE001 - an unreadable history must not stop a run; it is said
+            note = f"forecast not learned from the earlier runs in {self.store.path.parent}: {type(exc).__name__}: {exc}"
+            self.store.meta["forecast_note"] = note
+            return note
 
     def on_start(self, cell: Cell) -> None:
         if self.progress:

@@ -291,6 +291,7 @@ class RayExecutor:
     """
 
     name = "ray"
+    concurrent = True  # units run at once on the cluster's workers: the session orders them longest first
 
     def __init__(self, settings: Settings, run_id: str, address: str | None = None, *,
                  kill_grace_s: float = KILL_GRACE_S):
