@@ -29,6 +29,7 @@ from attnbench.models.zoo import ModelShape, assemble, attention_modules, layer_
 from attnbench.plugins import cache_state
 from attnbench.resolve import Ready, ready_for
 from attnbench.results.schema import Cell
+from attnbench.runner.output_check import output_problem
 from attnbench.spec import AttnSpec
 
 BACKWARD_MODES = ("forward+backward", "train")
@@ -69,15 +70,7 @@ class ScopeWorkload:
             want, dtype = (c.batch, c.new_tokens), torch.int64
         else:
             want, dtype = (c.batch, c.seq_len, c.vocab if c.scope == "model" else c.d_model), self.module_dtype
-        if not isinstance(out, torch.Tensor):
-            return f"returned {type(out).__name__}, not a tensor"
-        if tuple(out.shape) != want:
-            return f"output shape {tuple(out.shape)} != expected {want}"
-        if out.dtype != dtype:
-            return f"output dtype {out.dtype} != expected {dtype}"
-        if out.is_floating_point() and not bool(torch.isfinite(out.detach()).all()):
-            return "output has non-finite values (nan/inf)"
-        return None
+        return output_problem(out, want, dtype, "output shape", dtype_is="expected")  # tokens: finite by kind
 
     def first_call(self) -> torch.Tensor:
         """The cell's first call (not a compiled one: hooks would change what it compiles). A generation's runs with the
