@@ -24,6 +24,7 @@ BUGS = [  # factory, the case that flags it (kind, shape), what its message says
     ("make_k_norm_reuses_q_gain", "forward", "qknorm_head_rope_mqa", "forward error"),
     ("make_scale_ignored", "forward", "score_scale", "forward error"),
     ("make_cache_rotated_again", "decode", "decode_rope_gqa_qknorm", "decoded token at position 5"),
+    ("make_softcap_not_rescaled", "forward", "softcap", "forward error"),
 ]
 
 

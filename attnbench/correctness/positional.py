@@ -45,7 +45,8 @@ POSITIONAL_SHAPES = [  # run where the implementation declares what they set
     # Llama 3.2 GQA) computes, so such a class is checked against RoPE too
     Shape("rope_half_theta500_gqa", 2, 10, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=2, rope_theta=500.0)),
     Shape("score_scale", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, scale=0.9)),
-    Shape("softcap", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, softcap=1.0)),
+    # a cap other than 1: at 1, ``tanh(s / cap)`` without its ``cap *`` is the right function (a planted set found it)
+    Shape("softcap", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, softcap=2.0)),
 ]
 START_SHAPES = [Shape("rope_start", 2, 6, AttnSpec(16, 16, 16, 0.0, 2, rope_theta=100.0, qk_norm="head")),
                 Shape("rope_start_plain", 2, 6, AttnSpec(16, 16, 16, 0.0, 2, rope_theta=100.0))]  # no QK-norm

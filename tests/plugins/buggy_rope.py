@@ -68,6 +68,23 @@ class ScaleIgnored(RopeMath):
         self.spec = replace(self.spec, scale=None)
 
 
+class SoftcapNotRescaled(RopeMath):
+    """Gemma 2's soft-cap written ``tanh(scores / cap)``, without the ``cap *`` that gives the scores back their range:
+    invisible at a cap of 1 (the matrix's soft-cap case used 1.0 until a planted set found it blind)."""
+
+    def _attend(self, q, k, v, mask):
+        import torch
+
+        if self.group > 1:
+            k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
+        scores = (q @ k.transpose(2, 3)) * self.spec.score_scale
+        if self.spec.softcap is not None:
+            scores = torch.tanh(scores / self.spec.softcap)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -torch.inf)
+        return torch.softmax(scores, dim=-1) @ v
+
+
 class CacheRotatedAgain(RopeMath):
     """Stores rotated keys, then rotates the cached ones again at their positions whenever it reads them."""
 
@@ -94,3 +111,4 @@ make_norm_after_rope = _make(NormAfterRope)
 make_k_norm_reuses_q_gain = _make(KNormReusesQGain)
 make_scale_ignored = _make(ScaleIgnored)
 make_cache_rotated_again = _make(CacheRotatedAgain)
+make_softcap_not_rescaled = _make(SoftcapNotRescaled)
