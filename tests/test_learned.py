@@ -30,6 +30,22 @@ def test_a_second_run_is_planned_from_the_first_runs_measured_times(tmp_path):
     for row in first.to_dict("records"):  # one round in one process: a unit's time is the row's own wall time
         assert got.unit_s[row["cell_id"]] == pytest.approx(row["duration_s"])
     assert learned.learn(cells, tmp_path / "elsewhere") is None  # no earlier run: the plan stays analytic
+    second = attnbench.run(**AXES, out=tmp_path, settings=FAST, progress=_Planning())
+    from attnbench.results.store import read_meta
+
+    said = read_meta(second.attrs["run_dir"])["forecast"]
+    assert said["learned_cells"] == said["cells"] == 4 and said["runs"] == 1
+    assert said["learned_cells_s"] == pytest.approx(sum(got.unit_s.values()))
+
+
+class _Planning:
+    """A progress callback that takes a plan, as the CLI's does."""
+
+    def plan(self, cells, settings, learned=None):
+        self.learned = learned
+
+    def __call__(self, *args):
+        pass
 
 
 def test_the_forecast_starts_from_the_learned_times_and_says_where_they_came_from():

@@ -189,7 +189,11 @@ class RunSession:
         from attnbench.runner import learned
 
         try:
-            return learned.learn(self.cells, self.store.path.parent)
+            got = learned.learn(self.cells, self.store.path.parent)
+            if got is not None:  # beside the run's own phases, so that a forecast can be judged afterwards
+                self.store.meta["forecast"] = {"learned_cells_s": sum(got.unit_s.values()) * self.units_per_cell,
+                                               "learned_cells": len(got.unit_s), "cells": got.cells, "runs": got.runs}
+            return got
         except Exception as exc:  # noqa: BLE001 - an unreadable history must not stop a run; it is said
             note = f"forecast not learned from the earlier runs in {self.store.path.parent}: {type(exc).__name__}: {exc}"
             self.store.meta["forecast_note"] = note
