@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench.correctness import localize, localize_match, stages
+from attnbench.correctness import localize, localize_match, localize_pick, stages
 from attnbench.correctness.cases import Shape, reference
 from attnbench.correctness.localize_record import Recorder
 from attnbench.spec import AttnSpec
@@ -31,14 +31,19 @@ PLANTED = ROOT / "tests" / "plugins" / "planted_stages.py"
 SCHEMA = ROOT / "attnbench" / "correctness" / "check.schema.json"
 
 
-def _planted_module():
-    """``tests/plugins/planted_stages.py`` imported once (in ``sys.modules``, so ``inspect`` finds its source)."""
-    if "planted_stages_for_tests" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("planted_stages_for_tests", PLANTED)
+def _imported(path: Path, name: str):
+    """``path`` imported once as ``name`` (in ``sys.modules``, so ``inspect`` finds its source)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-    return sys.modules["planted_stages_for_tests"]
+    return sys.modules[name]
+
+
+def _planted_module():
+    """``tests/plugins/planted_stages.py``, imported once."""
+    return _imported(PLANTED, "planted_stages_for_tests")
 
 
 def planted_line(cls) -> int:
@@ -249,6 +254,119 @@ def test_check_prints_the_divergence_and_a_rerun_that_reproduces_that_case_alone
     assert again.exit_code == 1 and [(c["kind"], c["shape"], c["dtype"], c["status"]) for c in cases] == [
         ("forward", "oddT_din_ne_dout", "float32", "fail")]
     assert again.output.count("first divergence: scaled scores at ") == 1
+
+
+# --- the conventions of round 11 (tests/plugins/planted_conventions.py) ----------------------------------
+
+CONVENTIONS = ROOT / "tests" / "plugins" / "planted_conventions.py"
+
+
+def _conventions():
+    """``tests/plugins/planted_conventions.py``, imported once."""
+    return _imported(CONVENTIONS, "planted_conventions_for_tests")
+
+
+def marked_line(*names: str) -> int:
+    """The one line marked ``# PLANTED`` in the bodies of the classes ``names`` of planted_conventions.py."""
+    marked = []
+    for name in names:
+        lines, start = inspect.getsourcelines(getattr(_conventions(), name))
+        marked += [start + i for i, text in enumerate(lines) if "# PLANTED" in text]
+    assert len(marked) == 1, f"{names}: {len(marked)} lines marked # PLANTED"
+    return marked[0]
+
+
+CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind, shape, dtype), stage, words said
+    ("KVSwappedAtSplit", ["KVSwappedAtSplit"], ("forward", "gpt_like", "float64"), "k",
+     "holds the reference's v, and the tensor used as v holds its k (k and v swapped"),
+    ("ValuesFromKeyProjection", ["ValuesFromKeyProjection"], ("forward", "oddT_din_ne_dout", "float64"), "v",
+     "holds the reference's k (used as v"),
+    ("ScaleAfterSoftmax", ["ScaleAfterSoftmax"], ("forward", "gpt_like", "float64"), "scaled scores",
+     "the score scale 0.25 is applied here, to a later tensor"),
+    ("RotaryKeysOffset", ["RotaryKeysOffset"], ("forward", "gpt_like", "float64"), "rotated k",
+     "gives the reference's rotated q when called at"),
+    ("QueriesConjugated", ["QueriesConjugated"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated q", "q turns its pairs by -theta and k by +theta: opposite directions"),
+    ("PerHeadSoftmaxOverQueries", ["HeadSoftmaxOverQueries"], ("forward", "gpt_like", "float64"), "probabilities",
+     "; q, k, v and masked scores match up to"),
+    ("PerHeadNoProjection", ["PerHeadNoProjection"], ("forward", "gpt_like", "float64"), "output",
+     "the class returns the reference's merged heads"),
+    ("MaskFilledWithMinusBillion", ["MaskFilledWithMinusBillion"], ("forward", "gpt_like", "float16"),
+     "masked scores", "raises RuntimeError in float16"),
+    ("SoftmaxWithoutMax", ["SoftmaxWithoutMax"], ("extreme_logits", "extreme", "float16"), "probabilities",
+     "where the reference is finite"),
+]
+CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
+                    ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like")]
+
+
+def _run(target: str, kind: str, shape: str, dtype: str):
+    """The case, and its row as ``check`` runs it (the tolerance localisation gets from it)."""
+    from attnbench.correctness.matrix import cases, run_case
+
+    case = next(c for c in cases([kind]) if c.shape.id == shape and c.dtype == dtype)
+    return case, run_case(target, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls,holders,case,stage,words", CONVENTION_CASES, ids=[c[0] for c in CONVENTION_CASES])
+def test_each_convention_is_named_by_its_planted_line(repo_cwd, cls, holders, case, stage, words):
+    target = f"tests/plugins/planted_conventions.py:{cls}"
+    found_case, row = _run(target, *case)
+    assert row.status in ("fail", "error"), row.message
+    tol = None if case[0] == "extreme_logits" or row.tolerance is None else row.tolerance
+    found = localize.localize_case(target, found_case, tol=tol)
+    assert found.path and Path(found.path).name == "planted_conventions.py", found.line
+    assert found.lineno == marked_line(*holders), found.line
+    assert found.stage == stage and words in found.line, found.line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls,shape", CONVENTION_BASES)
+def test_a_correct_convention_base_passes_and_is_never_blamed(repo_cwd, cls, shape):
+    target = f"tests/plugins/planted_conventions.py:{cls}"
+    case, row = _run(target, "forward", shape, "float64")
+    assert row.status == "pass", row.message
+    found = localize.localize_case(target, case, tol=row.tolerance)
+    assert found.stage is None and found.line.startswith("first divergence: cannot tell ("), found.line
+
+
+def test_one_head_of_a_stage_matches_a_per_head_tensor():
+    t = torch.randn(2, 5, 3, 4, dtype=torch.float64)  # (b, T, H, hd)
+    heads = stages.Stage("k heads", t, "bthd", merged=False)
+    assert localize_match.best_fit(heads, t[:, :, 1], 1e-12).error == 0  # head 1, (b, T, hd): Karpathy's Head
+    assert localize_match.best_fit(heads, t[:, :, 1] * 2, 1e-12).factor == pytest.approx(2)
+    scores = stages.Stage("scores", torch.randn(2, 3, 5, 5, dtype=torch.float64), "bhij")
+    assert localize_match.best_fit(scores, scores.tensor[:, 2], 1e-12).error == 0
+    assert localize_match.best_fit(scores, scores.tensor[:, 2].transpose(-2, -1), 1e-12).error > 0.1
+
+
+def test_a_torch_call_that_raises_is_kept_with_its_line_and_the_returned_record_is_known():
+    x = torch.randn(2, 4, dtype=torch.float16)
+
+    def forward(x):
+        y = x * 2
+        return y.masked_fill(torch.ones(2, 4, dtype=torch.bool), -1e9)  # raises in float16
+
+    with pytest.raises(RuntimeError), Recorder([x]) as rec:
+        forward(x)
+    assert rec.failure is not None and rec.failure.op == "Tensor.masked_fill" and "-1e9" in rec.failure.text
+    assert rec.failure.after == 1 and rec.records[0].text == "y = x * 2"
+    with Recorder([x]) as rec:
+        out = (lambda x: (x * 2).flip(-1))(x)  # a frame of its own: the test's own frame is the machinery's
+    assert rec.index_of(out) == 1 and rec.records[1].args == (0,) and rec.records[1].direct
+
+
+def test_a_degenerate_case_is_never_localised_when_a_longer_one_fails():
+    from attnbench.correctness.matrix import cases
+
+    known = {(c.kind, c.shape.id, c.dtype): c for c in cases()}
+    row = {"impl": "a.py:A", "device": "cpu", "error": 1.0, "tolerance": 1e-9, "message": ""}
+    bad = pd.DataFrame([{**row, "kind": "forward", "shape": "b1_T1", "dtype": "float64", "status": "fail"},
+                        {**row, "kind": "causality", "shape": "props", "dtype": "float64", "status": "fail"},
+                        {**row, "kind": "low_precision", "shape": "lowp_T1000", "dtype": "float16", "status": "error"}])
+    assert localize_pick.targets(bad, known) == [(1, False), (2, True)]  # b1_T1 (one token) left out: causality has T=11
+    assert localize_pick.targets(bad.iloc[[0]], known) == [(0, False)]  # the only failing case: localised anyway
 
 
 def test_shape_ids_in_planted_cases_exist():

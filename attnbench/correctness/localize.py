@@ -15,26 +15,44 @@ nothing recorded has the stage's form, the line says ``first divergence: cannot 
 it did not see diverge. A gradient case replays its forward: when the forward matches everywhere, the gradients of
 the matched intermediates are compared with the reference's, from the output backwards
 (:func:`attnbench.correctness.localize_grad.locate_backward`).
+
+Round 11 refines the line named: a tensor used in another's role where it was made (:mod:`~attnbench.correctness.
+localize_roles`), a score scale applied to a later tensor (:mod:`~attnbench.correctness.localize_scale`), a factor
+followed back to the tensor it entered at, the class's call of a helper that is right for its other calls
+(:mod:`~attnbench.correctness.localize_calls`), queries and keys turned opposite ways by RoPE
+(:mod:`~attnbench.correctness.localize_rope`), a forward that returns an earlier stage (no output projection), a
+torch call that raises in one dtype (:mod:`~attnbench.correctness.localize_raise`), per-head tensors matched to one
+head of a stage (:mod:`~attnbench.correctness.localize_match`); the replays are in
+:mod:`~attnbench.correctness.localize_replay`, which case is localised in :mod:`~attnbench.correctness.localize_pick`.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
-import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
-from attnbench.correctness.localize_match import Fit, best_fit
-from attnbench.correctness.localize_record import Record, Recorder
-from attnbench.correctness.stages import FUSED, OPTIONAL, ORDER, Stage, capture, staged
+from attnbench.correctness.localize_calls import helper_call
+from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, cannot_tell, named
+from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
+from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
+from attnbench.correctness.localize_record import Record
+from attnbench.correctness.localize_replay import Replay, replays
+from attnbench.correctness.localize_roles import swapped_roles
+from attnbench.correctness.localize_scale import moved_scale
+from attnbench.correctness.stages import OPTIONAL, ORDER, Stage
 
-CHAIN = {"q": "q", "q heads": "q", "normed q": "q", "rotated q": "q", "scaled q": "q",
-         "k": "k", "k heads": "k", "normed k": "k", "rotated k": "k", "v": "v", "v heads": "v"}
-"""The projection chains; every other stage is on the main chain (scores to output)."""
+__all__ = ["CHAIN", "Localization", "cannot_tell", "locate", "localize_case", "localize_failures", "matches",
+           "repro_command"]
+
 ENTRY = {"q": "scores", "k": "scores", "v": "probabilities @ V"}
 """The main-chain stage each projection chain feeds."""
 
+
+FACTOR_MATCH = 1e-6
+"""Two factors within this (relative) are the same factor."""
 
 LOW_PRECISION, LOW_PRECISION_ULPS = ("float16", "bfloat16"), 8
 """In these dtypes a stage matches within at least this many units of roundoff (the case's own tolerance bounds the
@@ -42,29 +60,17 @@ output, not each rounded intermediate): a rounding is never named as the bug."""
 
 
 @dataclass
-class Localization:
-    """Where a failing case first leaves the reference: ``line`` is what ``check`` prints (``first divergence: ...``);
-    the other fields are the same facts for ``check --json`` (``None`` where they do not apply)."""
+class Divergence:
+    """The first stage nothing matches (``name``) and the record that stands for it, with its fit (to ``as_stage``
+    when that is a later stage; ``seen``: the later record it was seen at, this one being where the values first went
+    wrong)."""
 
-    line: str
-    stage: str | None = None
-    path: str | None = None
-    lineno: int | None = None
-    code: str | None = None
-    detail: str | None = None
-    matched_stage: str | None = None
-    matched_at: str | None = None
-    called_at: str | None = None
-    called_code: str | None = None
-
-    def to_json(self) -> dict:
-        """The fields as plain JSON values (``attnbench/schemas/check.schema.json``, ``localization``)."""
-        return asdict(self)
-
-
-def cannot_tell(why: str) -> Localization:
-    """``first divergence: cannot tell (why)``."""
-    return Localization(f"first divergence: cannot tell ({why})")
+    name: str
+    rec: Record
+    fit: Fit
+    exact: bool
+    as_stage: str | None = None
+    seen: Record | None = None
 
 
 def downstream(name: str, present: list[str]) -> list[str]:
@@ -77,81 +83,145 @@ def downstream(name: str, present: list[str]) -> list[str]:
     return [s for s in later if CHAIN.get(s) == chain or (s not in CHAIN and ORDER.index(s) >= entry)]
 
 
-def matches(records: list[Record], stages: list[Stage], tol: float) -> tuple[dict[str, Record], set[int]]:
-    """Stage name -> the first record equal to it within ``tol`` (a fused ``q, k, v`` counts for each; the output only
-    when nothing unexplained follows it), and the indices of every record that equals some stage (the explained
-    ones)."""
-    matched: dict[str, Record] = {}
-    explained: set[int] = set()
-    for rec in records:
-        for stage in stages:
-            fit = best_fit(stage, rec.value, tol)
-            if fit is not None and fit.error <= tol:
-                explained.add(rec.index)
-                for name in (("q", "k", "v") if stage.name == FUSED else (stage.name,)):
-                    matched.setdefault(name, rec)
-    out = matched.get("output")
-    if out is not None and any(r.index > out.index and r.index not in explained for r in records):
-        del matched["output"]  # the class went on computing from its output: what it returns is a later tensor
-    return matched, explained
-
-
-def locate(records: list[Record], stages: list[Stage], tol: float) -> Localization:
-    """The first divergence of ``records`` (one replayed forward) from ``stages`` (the reference's), within ``tol``."""
+def locate(records: list[Record], stages: list[Stage], tol: float, returned: int | None = None) -> Localization:
+    """The first divergence of ``records`` (one replayed forward) from ``stages`` (the reference's), within ``tol``;
+    ``returned``: the index of the record the forward returned, if known."""
     if not records:
         return cannot_tell("no intermediate of the class was recorded: its forward made no torch call from its own "
                            "code (compiled, scripted or an extension?)")
     if not stages:
         return cannot_tell("no staged reference for this spec (DeepSeek-style MLA)")
-    matched, explained = matches(records, stages, tol)
-    by_name = {s.name: s for s in stages}
-    present = [s.name for s in stages if s.name in ORDER]
-    pool = [r for r in records if r.index not in explained]
-    for name in present:
-        if name in matched or any(d in matched for d in downstream(name, present)):
+    ev = Evidence(records, stages, tol, *matches(records, stages, tol))
+    div = first_divergence(ev)
+    if isinstance(div, Localization):
+        return div
+    if div is None:
+        return _missing_steps(ev, returned) or _nothing_diverges(ev)
+    for refine in (swapped_roles, moved_scale):
+        found = refine(div, ev)
+        if found is not None:
+            return found
+    return _named(_factor_origin(div, ev), ev)
+
+
+def _factor_origin(div: Divergence, ev: Evidence) -> Divergence:
+    """Where a factor ``div`` is off by entered: the unexplained input of its record that is a stage off by the same
+    factor (``k * 2`` under the scores it scales), followed back; ``div`` when none is."""
+    fit = div.fit
+    if not (div.exact and fit.fit <= ev.tol and math.isfinite(fit.factor) and fit.factor and abs(fit.factor - 1) > ev.tol):
+        return div
+    for i in div.rec.args:
+        if i is None or i in ev.sound:
             continue
-        if name == "scores" and "scaled q" in matched:
+        rec = ev.records[i]
+        for stage in ev.stages:
+            alt = best_fit(stage, rec.value, ev.tol, strict=False)
+            if (alt is not None and alt.fit <= ev.tol and abs(alt.factor / fit.factor - 1) <= FACTOR_MATCH
+                    and stage.name in ORDER):
+                return _factor_origin(Divergence(stage.name, rec, alt, True), ev)
+    return div
+
+
+def first_divergence(ev: Evidence) -> Divergence | Localization | None:
+    """The first stage, in the reference's order, that nothing matches while nothing computed from it matches either,
+    and the record that stands for it; ``cannot tell`` when nothing anchors the comparison; ``None`` when none."""
+    by_name = {s.name: s for s in ev.stages}
+    present = [s.name for s in ev.stages if s.name in ORDER]
+    pool = [r for r in ev.records if r.index not in ev.explained]
+    for name in present:
+        if name in ev.matched or any(d in ev.matched for d in downstream(name, present)):
+            continue
+        if name == "scores" and "scaled q" in ev.matched:
             continue  # the scale folded into q: the raw scores never exist
         later = [by_name[d] for d in downstream(name, present)]
-        found = _candidate(by_name[name], later, _after(name, matched, pool, records), explained, tol)
-        if found is None or (name in OPTIONAL and not found[2]):
+        div = _candidate(by_name[name], later, _after(name, ev.matched, pool, ev.records), ev)
+        if div is None or (name in OPTIONAL and not div.exact):
             continue  # nothing of this stage's form (fused away), or an optional form nothing fits
-        if not matched and not found[2]:  # no anchor at all: a tensor of the stage's form is no evidence of where
+        if not ev.matched and not div.exact:  # no anchor at all: a tensor of the stage's form is no evidence of where
             return cannot_tell("no tensor of the class matches any stage of the reference, not even its projections "
-                               "(per-head modules, or another split of the heads?): the values cannot say where it "
-                               "diverges")
-        return _finding(name, found, matched, tol)
-    if "output" in matched:
-        return cannot_tell(f"every stage up to the output matches the reference within {tol:.0e}: the failure is not "
-                           "in this forward's values")
+                               "(another split of the heads?): the values cannot say where it diverges")
+        return div
+    return None
+
+
+def _nothing_diverges(ev: Evidence) -> Localization:
+    if "output" in ev.matched:
+        return cannot_tell(f"every stage up to the output matches the reference within {ev.tol:.0e}: the failure is "
+                           "not in this forward's values")
     return cannot_tell("no tensor of the class has the form of the stage that diverges")
 
 
-def _candidate(stage: Stage, later: list[Stage], pool: list[Record], explained: set[int], tol: float):
-    """``(record, fit, exact, as_stage)``: the unexplained record that stands for ``stage``: the first equal to it or
-    to a later stage up to a factor (or, for the masked scores, masked differently) with ``exact`` True (``as_stage``:
-    the later stage it fits, else ``None``); else the first of its form computed from explained records only (where
-    the values first go wrong), else the first of its form; ``None`` when no record has its form."""
+def _missing_steps(ev: Evidence, returned: int | None) -> Localization | None:
+    """The forward returns a tensor equal to an earlier stage of the main chain (the merged heads: no output
+    projection): named at the line that returned it, as the first stage after that one."""
+    if returned is None or "output" in ev.matched or returned not in ev.explained:
+        return None
+    equal = [n for n in ev.explained[returned] if n in ORDER and n not in CHAIN]
+    if not equal:
+        return None
+    last = max(equal, key=ORDER.index)
+    nxt = next(s.name for s in ev.stages if s.name in ORDER and ORDER.index(s.name) > ORDER.index(last))
+    rec = ev.records[returned]
+    words = f"the class returns the reference's {last}: the steps from {last} to the output are missing"
+    return named(nxt, rec, words, {k: v for k, v in ev.matched.items() if ORDER.index(k) < ORDER.index(nxt)})
+
+
+def _named(div: Divergence, ev: Evidence) -> Localization:
+    """The line for ``div``: at its record, or at the class's call of the helper it is in when that helper gives a
+    stage for another call (:func:`~attnbench.correctness.localize_calls.helper_call`)."""
+    words = div.fit.words(ev.tol)
+    other = helper_call(div.rec, ev)
+    if div.seen is not None and other is None and div.seen.where != div.rec.where:
+        words += f" (seen at {div.seen.where}, computed from this line)"
+    elif div.as_stage:
+        words += f" as {div.as_stage}"
+    if other is None:
+        return named(div.name, div.rec, words, ev.matched)
+    words += (f" (its helper {div.rec.caller[3]}() at {div.rec.where} \"{div.rec.text}\" gives the reference's "
+              f"{ev.explained[other.index][0]} when called at {other.called_at}: the call differs)")
+    return named(div.name, div.rec, words, ev.matched, call_site=True)
+
+
+def _candidate(stage: Stage, later: list[Stage], pool: list[Record], ev: Evidence) -> Divergence | None:
+    """The unexplained record that stands for ``stage``: the first equal to it or to a later stage up to a factor
+    (or that masks other positions than the masked scores: named as those), ``exact``; else the first of its form computed from sound
+    records only (where the values first go wrong), else the first of its form, traced back to where it went wrong;
+    ``None`` when no record has its form."""
     compatible = []
     for rec in pool:
-        fit = best_fit(stage, rec.value, tol, strict=False)
+        fit = best_fit(stage, rec.value, ev.tol, strict=False)
         if fit is None:
             continue
         compatible.append((rec, fit))
-        if fit.fit <= tol or (fit.masks and stage.name == "masked scores"):
-            return rec, fit, True, None
+        if fit.fit <= ev.tol or (fit.masks and stage.name == "masked scores"):
+            return Divergence(stage.name, rec, fit, True)
         for other in later:
-            alt = best_fit(other, rec.value, tol, strict=False)
-            if alt is not None and alt.fit <= tol:
-                return rec, alt, True, other.name
+            alt = best_fit(other, rec.value, ev.tol, strict=False)
+            if alt is not None and alt.fit <= ev.tol:
+                return Divergence(stage.name, rec, alt, True, other.name)
+            if alt is not None and alt.masks and other.name == "masked scores" and bool((rec.value <= MASKED).any()):
+                return Divergence(other.name, rec, alt, True)  # masked (before the scale), at other positions
     for rec, fit in compatible:
-        if set(rec.inputs) <= explained:
-            return rec, fit, False, None
+        if set(rec.inputs) <= ev.sound:
+            earlier = _as_earlier(rec, stage, ev)
+            return Divergence(stage.name, rec, fit, False) if earlier is None else Divergence(
+                stage.name, rec, earlier[0], False, earlier[1])
     if not compatible:
         return None
     rec, fit = compatible[0]
-    root = _root(rec, {r.index: r for r in pool}, explained)
-    return (rec, fit, False, None) if root is rec else (root, fit, False, f"seen at {rec.where}")
+    root = _root(rec, {r.index: r for r in pool}, ev.sound)
+    return Divergence(stage.name, root, fit, False, seen=None if root is rec else rec)
+
+
+def _as_earlier(rec: Record, stage: Stage, ev: Evidence) -> tuple[Fit, str] | None:
+    """``(fit, name)`` when ``rec`` is an earlier stage of the main chain up to a factor (a scale applied twice:
+    the masked scores scaled again where the probabilities were expected), else ``None``."""
+    for other in ev.stages:
+        if other.name in ORDER and other.name not in CHAIN and ORDER.index(other.name) < ORDER.index(stage.name):
+            fit = best_fit(other, rec.value, ev.tol, strict=False)
+            if fit is not None and fit.fit <= ev.tol and abs(fit.factor - 1) > ev.tol:
+                return fit, other.name
+    return None
 
 
 def _after(name: str, matched: dict[str, Record], pool: list[Record], records: list[Record]) -> list[Record]:
@@ -169,8 +239,8 @@ def _after(name: str, matched: dict[str, Record], pool: list[Record], records: l
     return [r for r in pool if r.index in reached] or pool
 
 
-def _root(rec: Record, by_index: dict[int, Record], explained: set[int]) -> Record:
-    """The earliest unexplained record ``rec`` was computed from whose own inputs are all explained (where the values
+def _root(rec: Record, by_index: dict[int, Record], sound: set[int]) -> Record:
+    """The earliest record ``rec`` was computed from that is not sound while its own inputs are (where the values
     first went wrong), or ``rec``."""
     todo, roots, seen = [rec], [], set()
     while todo:
@@ -178,69 +248,11 @@ def _root(rec: Record, by_index: dict[int, Record], explained: set[int]) -> Reco
         if r.index in seen:
             continue
         seen.add(r.index)
-        parents = [by_index[i] for i in r.inputs if i not in explained and i in by_index]
-        if not parents and set(r.inputs) <= explained:
+        parents = [by_index[i] for i in r.inputs if i not in sound and i in by_index]
+        if not parents and set(r.inputs) <= sound:
             roots.append(r)
         todo += parents
     return min(roots, key=lambda r: r.index) if roots else rec
-
-
-def _finding(name: str, found: tuple[Record, Fit, bool, str | None], matched: dict[str, Record], tol: float) -> Localization:
-    """The ``first divergence:`` line for stage ``name`` at ``found``'s record, and what matched before it."""
-    rec, fit, _, as_stage = found
-    before = [s for s in ORDER[:ORDER.index(name)] if s in matched]
-    seen = as_stage and as_stage.startswith("seen at ")
-    words = fit.words(tol) + (f" ({as_stage}, computed from this line)" if seen else f" as {as_stage}" if as_stage else "")
-    line = f'first divergence: {name} at {rec.where} "{rec.text}"'
-    if rec.caller is not None:  # a line in a helper: where the class called it, which may be the wrong line
-        line += f' (in {rec.caller[3]}(), called at {rec.called_at} "{rec.caller[2]}")'
-    line += f": {words}"
-    if before:
-        last = matched[before[-1]]
-        qkv = [s for s in ("q", "k", "v") if s in matched]
-        tail = before[-1] if before[-1] not in ("q", "k", "v") else None
-        names = ", ".join(qkv) + (f" and {tail}" if qkv and tail else tail or "")
-        line += f"; {names} match{'es' * (len(qkv) + bool(tail) == 1)} up to {last.where}"
-        at = last.where
-    else:
-        line += "; nothing matches before it"
-        at = None
-    return Localization(line, name, rec.path, rec.line, rec.text, words, before[-1] if before else None, at,
-                        rec.called_at, rec.caller[2] if rec.caller is not None else None)
-
-
-def replay(impl, case, device: str = "cpu", seed: int = 0, grad: bool = False):
-    """The case's forward replayed under a :class:`Recorder` (built as the case builds it: same weights, inputs,
-    dtype, seed) and the reference's stages for the same rounded inputs and weights: ``(records, stages, backward)``,
-    ``backward`` ``None`` unless ``grad``, else what :func:`~attnbench.correctness.localize_grad.locate_backward`
-    takes: the class's output, the output gradient of the ``backward`` case, the reference stages' gradients."""
-    from attnbench.correctness.basic import build_for
-    from attnbench.correctness.cases import SEED, inputs, reference
-    from attnbench.correctness.localize_grad import reference_grads
-    from attnbench.devices import DTYPES
-    from attnbench.plugins.exits import plugin_exits
-
-    token = SEED.set(seed)
-    try:
-        with warnings.catch_warnings(), plugin_exits(impl.name), torch.set_grad_enabled(grad):
-            warnings.simplefilter("ignore")
-            built = build_for(impl, case, torch.device(device))
-            x_low = inputs(case.shape).to(DTYPES[case.dtype])
-            x_dev = x_low.to(device).requires_grad_(grad)
-            with Recorder([x_dev], keep_live=grad) as rec:
-                out = built.module(x_dev)
-            x64 = x_low.to(torch.float64).requires_grad_(grad)
-            with capture(live=grad) as notes:
-                ref_out = reference(x64, built.weights.to(dtype=torch.float64), built.spec)
-            backward = None
-            if grad:
-                g = torch.randn(*ref_out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-                backward = out, g.to(device=out.device, dtype=out.dtype), reference_grads(notes, ref_out, g)
-                notes = {k: ({h: t.detach() for h, t in v.items()} if isinstance(v, dict) else v.detach())
-                         for k, v in notes.items()}
-    finally:
-        SEED.reset(token)
-    return rec.records, staged(notes, built.spec), backward
 
 
 def localize_case(impl, case, device: str = "cpu", seed: int = 0, tol: float | None = None) -> Localization:
@@ -256,10 +268,11 @@ def localize_case(impl, case, device: str = "cpu", seed: int = 0, tol: float | N
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        records, stages, backward = replay(impl, case, device, seed, grad=case.kind == "backward")
-        found = locate(records, stages, tol)
-        if backward is not None and found.stage is None and found.line.endswith("forward's values)"):
-            found = _backward_finding(records, stages, backward, tol) or found
+        found = None
+        for rp in replays(impl, case, device, seed, grad=case.kind == "backward"):
+            found = _localize_replay(rp, case, tol)
+            if found.stage is not None:
+                break
     except Exception as exc:  # the replay itself failed: nothing seen, nothing named
         return cannot_tell(f"the replay raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     finally:
@@ -269,6 +282,27 @@ def localize_case(impl, case, device: str = "cpu", seed: int = 0, tol: float | N
                            "stage match the reference")
     if case.kind != "forward" and found.stage is None and found.line.endswith("forward's values)"):
         return cannot_tell(f"{case.kind} case: its forward, replayed, matches the reference at every stage")
+    return found
+
+
+def _localize_replay(rp: Replay, case, tol: float) -> Localization:
+    """The first divergence of one replay: where it raised, else in its values (the stages at +theta when q and k
+    turn opposite ways), else in its gradients."""
+    from attnbench.correctness.localize_raise import raised
+    from attnbench.correctness.localize_rope import opposite_turns
+
+    if rp.error is not None:
+        found = raised(rp, case.dtype, tol)
+        if found is None:
+            raise rp.error
+        return found
+    turned = opposite_turns(rp.records, rp.stages, rp.plus_theta, tol)
+    stages = rp.stages if turned is None else rp.plus_theta
+    found = locate(rp.records, stages, tol, rp.returned)
+    if turned is not None and found.stage in ("rotated q", "rotated k"):
+        found = turned(found)
+    if rp.backward is not None and found.stage is None and found.line.endswith("forward's values)"):
+        found = _backward_finding(rp.records, stages, rp.backward, tol) or found
     return found
 
 
@@ -296,35 +330,11 @@ def repro_command(impl_name: str, case, seed: int = 0, device: str = "cpu") -> s
     return shlex.join(parts)
 
 
-DTYPE_RANK = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
-"""Which failing case of a kind is localised: the most precise dtype first (its intermediates are the sharpest)."""
-
-
-def _degenerate(case) -> bool:
-    """A case whose stages cannot be told apart: one or two tokens (one query's weights are all 1, RoPE does nothing
-    at position 0, the merged heads equal the values), or one feature per head. Localised only when a kind has no
-    other failing case: on an unseen set, 4 of 9 wrong lines came from such cases."""
-    if case is None:
-        return True
-    spec = case.shape.spec
-    return case.shape.seq_len < 3 or spec.head_dim < 2
-
-
-def _pick(rows, known: dict) -> int:
-    """The failing row of one kind to localise: not degenerate, then the most precise dtype, then the longest."""
-    def key(j):
-        case = known.get((rows.at[j, "kind"], rows.at[j, "shape"], rows.at[j, "dtype"]))
-        return (_degenerate(case), DTYPE_RANK.get(rows.at[j, "dtype"], 9), -(case.shape.seq_len if case else 0))
-
-    return min(rows.index, key=key)
-
-
 def localize_failures(results, seed: int = 0, device: str = "cpu", spelled: dict | None = None) -> dict[int, dict]:
     """For ``results`` (:func:`~attnbench.correctness.matrix.run_matrix`'s rows): row index -> ``{"rerun": command}``
     for every failing or erroring case, plus ``"localization"`` (:meth:`Localization.to_json`) for one failing case
-    per implementation and kind (the most precise dtype's first): a passing check localises nothing.
+    per implementation and kind (:func:`~attnbench.correctness.localize_pick.targets`): a passing check localises nothing.
     ``spelled``: implementation name -> as given on the command line (its rerun command names it so)."""
-    from attnbench import registry
     from attnbench.correctness.matrix import cases
 
     bad = results[results.status.isin(["fail", "error"])]
@@ -337,18 +347,21 @@ def localize_failures(results, seed: int = 0, device: str = "cpu", spelled: dict
         name = (spelled or {}).get(r.impl, r.impl)
         out[i] = {"rerun": repro_command(name, case, seed, device) if case else
                   shlex.join(["attnbench", "check", name, "--kind", r.kind, "--dtype", r.dtype, "--seed", str(seed)])}
-    failed = bad[bad.status == "fail"]
-    for (impl_name, _kind), rows in failed.groupby(["impl", "kind"], sort=False):
-        i = _pick(rows, known)
-        case = known.get((rows.at[i, "kind"], rows.at[i, "shape"], rows.at[i, "dtype"]))
-        if case is None:
-            continue
-        tol = rows.at[i, "tolerance"]
-        try:
-            impl = registry.get((spelled or {}).get(impl_name, impl_name))  # "SHORT=file.py:Class": as given
-        except Exception as exc:  # nothing replayed, nothing named
-            loc = cannot_tell(f"{type(exc).__name__} when looking {impl_name} up again")
-        else:
-            loc = localize_case(impl, case, device, seed, float(tol) if tol is not None else None)
-        out[i]["localization"] = loc.to_json()
+    for i, erred in targets(bad, known):
+        case = known[(bad.at[i, "kind"], bad.at[i, "shape"], bad.at[i, "dtype"])]
+        loc = _localize_row(bad.loc[i], case, seed, device, spelled)
+        if not erred or (loc.detail or "").startswith("raises "):  # an error: only where a torch call of it raised
+            out[i]["localization"] = loc.to_json()
     return out
+
+
+def _localize_row(row, case, seed: int, device: str, spelled: dict | None) -> Localization:
+    """:func:`localize_case` for one row of the results (its implementation looked up again as given)."""
+    from attnbench import registry
+
+    tol = row["tolerance"] if case.kind not in BASELINE_JUDGED else None
+    try:
+        impl = registry.get((spelled or {}).get(row["impl"], row["impl"]))  # "SHORT=file.py:Class": as given
+    except Exception as exc:  # nothing replayed, nothing named
+        return cannot_tell(f"{type(exc).__name__} when looking {row['impl']} up again")
+    return localize_case(impl, case, device, seed, float(tol) if tol is not None else None)

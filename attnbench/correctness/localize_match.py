@@ -7,7 +7,8 @@ their canonical order, give ``s`` (head split and merge, ``(b*h, T, d)``), axes 
 axis always before the key axis (scores with them swapped are the bug "queries and keys swapped", never a layout);
 for grouped-query keys and values also the kv heads repeated to every query head. Masked positions compare as masked
 when both are ``-inf`` or below :data:`MASKED`; other values by the relative max-norm error, and by the error left
-after the best scalar factor (a scale folded in elsewhere, or a wrong one).
+after the best scalar factor (a scale folded in elsewhere, or a wrong one). A tensor the size of one head is compared
+with each head of a stage (per-head modules).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.correctness.stages import Stage
+from attnbench.correctness.stages import FUSED, ORDER, Stage
 
 MASKED = -1e4
 """A score at or below this (``-1e9``, ``finfo.min``, ``-inf``) is a masked one."""
@@ -33,19 +34,21 @@ class Fit:
     factor: float
     fit: float
     masks: int = 0
+    nonfinite: int = 0  # values inf or nan where the reference's are finite
 
     def words(self, tol: float) -> str:
-        """``off by a factor of 0.25 (error 7.5e-01)``, ``masked differently at 12 positions``, or ``error 3.1e-01``."""
+        """``off by a factor of 0.25 (error 7.5e-01)``, ``masked differently at 12 positions``, ``inf or nan at 3
+        positions where the reference is finite``, or ``error 3.1e-01``."""
         if self.masks:
             return f"masked differently at {self.masks} position{'s' * (self.masks != 1)}"
+        if self.nonfinite:
+            return f"inf or nan at {self.nonfinite} position{'s' * (self.nonfinite != 1)} where the reference is finite"
         if self.factor == 0 and self.fit == 0:
             return f"zero where the reference's is not (error {self.error:.1e})"
         if self.fit <= tol and math.isfinite(self.factor) and abs(self.factor - 1) > tol:
             return f"off by a factor of {self.factor:.3g} (error {self.error:.1e})"
         return f"error {self.error:.1e}"
 
-
-NO_FIT = Fit(math.inf, math.nan, math.inf)
 
 
 def compare(got: torch.Tensor, want: torch.Tensor) -> Fit:
@@ -57,7 +60,7 @@ def compare(got: torch.Tensor, want: torch.Tensor) -> Fit:
         return Fit(math.inf, math.nan, math.inf, differ)
     g, w = got[~masked_want], want[~masked_want]
     if not torch.isfinite(g).all():
-        return NO_FIT
+        return Fit(math.inf, math.nan, math.inf, 0, int((~torch.isfinite(g)).sum()))
     scale = float(w.abs().max().clamp_min(1e-12)) if w.numel() else 1.0
     error = float((g - w).abs().max()) / scale if w.numel() else 0.0
     factor = float((g * w).sum() / (w * w).sum().clamp_min(1e-300)) if w.numel() else 1.0
@@ -120,12 +123,53 @@ def _groups(sizes: list[int], target: list[int]) -> list[tuple[int, int]] | None
 
 def best_fit(stage: Stage, value: torch.Tensor, tol: float, strict: bool = True) -> Fit | None:
     """The best :class:`Fit` of ``value`` over ``stage``'s layouts (the first within ``tol`` ends the search), or
-    ``None`` when no layout has its shape."""
+    ``None`` when no layout has its shape. A tensor of one head's size is compared with each head of the stage
+    (:func:`head_slices`: per-head modules, each computing its own head)."""
     best = None
-    for arranged in layouts(stage, tuple(value.shape), strict):
+    for arranged in _arranged(stage, tuple(value.shape), strict, value.numel()):
         fit = compare(value, arranged)
         if best is None or (fit.error, fit.fit) < (best.error, best.fit):
             best = fit
         if fit.error <= tol:
             break
     return best
+
+
+def _arranged(stage: Stage, shape: tuple[int, ...], strict: bool, numel: int):
+    """The layouts of ``stage`` with ``shape``, or of each of its heads when ``shape`` is one head's."""
+    yield from layouts(stage, shape, strict)
+    heads = stage.tensor.shape[stage.axes.index("h")] if "h" in stage.axes else 1
+    if heads > 1 and numel * heads == stage.tensor.numel() and stage.name in ORDER:
+        for part in head_slices(stage):
+            yield from layouts(part, shape, strict)
+
+
+def head_slices(stage: Stage) -> list[Stage]:
+    """``stage`` head by head: each head's tensor with the head axis dropped (what a per-head ``Head`` module of
+    Karpathy's ``nn.ModuleList`` computes), in head order."""
+    axis = stage.axes.index("h")
+    axes = stage.axes.replace("h", "")
+    return [Stage(stage.name, part, axes, None) for part in stage.tensor.unbind(axis)]
+
+
+def matches(records: list, stages: list[Stage], tol: float) -> tuple[dict, dict[int, list[str]]]:
+    """Stage name -> the first record equal to it within ``tol`` (a fused ``q, k, v`` counts for each; the output only
+    when nothing unexplained follows it), and record index -> the stages it equals (the explained records)."""
+    matched: dict = {}
+    explained: dict[int, list[str]] = {}
+    for rec in records:
+        for stage in stages:
+            fit = best_fit(stage, rec.value, tol)
+            if fit is not None and fit.error <= tol:
+                explained.setdefault(rec.index, []).append(stage.name)
+                for name in (("q", "k", "v") if stage.name == FUSED else (stage.name,)):
+                    matched.setdefault(name, rec)
+    out = matched.get("output")
+    if out is not None and any(r.index > out.index and r.index not in explained for r in records):
+        del matched["output"]  # the class went on computing from its output: what it returns is a later tensor
+    return matched, explained
+
+
+def has_form(stage: Stage, value: torch.Tensor) -> bool:
+    """Whether some layout of ``stage`` (or of one of its heads) has ``value``'s shape."""
+    return next(_arranged(stage, tuple(value.shape), False, value.numel()), None) is not None

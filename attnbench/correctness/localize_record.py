@@ -6,7 +6,8 @@ result is recorded when it depends on the forward's input (its arguments descend
 told about: weights, masks and tables alone do not count) and when a frame of the caller's code made it: the first
 frame outward that is not in torch, not in attnbench and not one already on the stack when recording began. Each
 :class:`Record` keeps a copy of the value, the call's name, the file, line and text of that frame, and which earlier
-records fed it.
+records fed it. A call of the class's code that raises is kept too (:class:`Failure`: the float16 overflow of a
+``masked_fill(-1e9)``), and :meth:`Recorder.index_of` says which record the forward returned.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class Record:
     inputs: tuple[int, ...] = ()
     live: torch.Tensor | None = field(default=None, repr=False)  # the tensor itself, for gradients
     caller: tuple[str, int, str, str] | None = None  # a helper's line: (path, line, text) of its call, its name
+    direct: bool = True  # every input it was computed from is a recorded tensor itself (no unrecorded step between)
+    args: tuple[int | None, ...] = ()  # per input on the forward's values, in call order: its record (None: unrecorded)
+    func: tuple[str, int] | None = None  # (path, first line) of the function whose line made it
 
     @property
     def called_at(self) -> str | None:
@@ -48,6 +52,28 @@ class Record:
     def where(self) -> str:
         """``file.py:42`` (the path as given when it is relative to the working folder)."""
         return f"{_shown(self.path)}:{self.line}"
+
+
+@dataclass
+class Failure:
+    """A torch call of the class's code that raised: the call's name, where (as :class:`Record`), the exception, and
+    how many records came before it."""
+
+    op: str
+    path: str
+    line: int
+    text: str
+    caller: tuple[str, int, str, str] | None
+    error: Exception
+    after: int
+
+    @property
+    def where(self) -> str:
+        return f"{_shown(self.path)}:{self.line}"
+
+    @property
+    def called_at(self) -> str | None:
+        return None if self.caller is None else f"{_shown(self.caller[0])}:{self.caller[1]}"
 
 
 def _shown(path: str) -> str:
@@ -69,7 +95,9 @@ class Recorder(TorchFunctionMode):
         self._from: dict[int, tuple[int, ...]] = {id(t): () for t in sources}  # tainted tensor -> nearest records
         self._alive: list = list(sources)  # keeps every tainted tensor alive, so its id is never reused
         self._outer: set[int] = set()
+        self._index: dict[int, int] = {}  # recorded tensor -> its record's index
         self.keep_live = keep_live
+        self.failure: Failure | None = None
 
     def __enter__(self):
         frame = sys._getframe(1)
@@ -80,41 +108,61 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         flat_in, _ = tree_flatten((args, kwargs))
-        tainted = [self._from[id(t)] for t in flat_in if isinstance(t, torch.Tensor) and id(t) in self._from]
-        if not tainted:
+        ins = [t for t in flat_in if isinstance(t, torch.Tensor) and id(t) in self._from]
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            self._failed(func, exc, ins)
+            raise
+        if not ins:
             return out
-        feeds = tuple(sorted({i for f in tainted for i in f}))
+        feeds = tuple(sorted({i for t in ins for i in self._from[id(t)]}))
+        order = tuple(self._index.get(id(t)) for t in ins)
         where = None
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue
             self._from[id(t)] = feeds
+            self._index.pop(id(t), None)  # an in-place call's result: the record it was is not what it holds now
             if t.is_floating_point() and t.numel() > 1:
                 where = where or self._where()
                 if where is not None:
                     self._from[id(t)] = (len(self.records),)
+                    self._index[id(t)] = len(self.records)
                     self.records.append(Record(len(self.records), _name(func), t.detach().clone(), *where[:3], feeds,
-                                               t if self.keep_live else None, where[3]))
+                                               t if self.keep_live else None, where[3], None not in order, order,
+                                               where[4]))
             self._alive.append(t)
         return out
 
-    def _where(self) -> tuple[str, int, str, tuple | None] | None:
-        """``(path, line, text, caller)`` of the innermost frame of the class's code, or ``None`` (the machinery's own
-        call); ``caller``: ``(path, line, text, name)`` of the next frame of the class's code outward (the call of the
-        helper the line is in), or ``None`` when the line is in the forward attnbench called."""
+    def _failed(self, func, exc: Exception, ins: list) -> None:
+        """Keep the first call of the class's code on the forward's values that raised."""
+        where = self._where() if ins and self.failure is None else None
+        if where is not None:
+            self.failure = Failure(_name(func), *where[:3], where[3], exc, len(self.records))
+
+    def index_of(self, t) -> int | None:
+        """The index of the record that is ``t`` (the tensor a forward returned), or ``None``."""
+        return self._index.get(id(t)) if isinstance(t, torch.Tensor) else None
+
+    def _where(self) -> tuple[str, int, str, tuple | None, tuple[str, int]] | None:
+        """``(path, line, text, caller, function)`` of the innermost frame of the class's code, or ``None`` (the
+        machinery's own call); ``caller``: ``(path, line, text, name)`` of the next frame of the class's code outward
+        (the call of the helper the line is in), or ``None`` when the line is in the forward attnbench called;
+        ``function``: the path and first line of the innermost frame's function."""
         found = []
         frame = sys._getframe(2)
         while frame is not None and id(frame) not in self._outer and len(found) < 2:
-            path = frame.f_code.co_filename
-            if not path.startswith(_SKIP_DIRS) and not path.startswith("<"):
-                found.append((path, frame.f_lineno, linecache.getline(path, frame.f_lineno).strip(), frame.f_code.co_name))
+            code = frame.f_code
+            if not code.co_filename.startswith(_SKIP_DIRS) and not code.co_filename.startswith("<"):
+                found.append((code.co_filename, frame.f_lineno, linecache.getline(code.co_filename, frame.f_lineno).strip(),
+                              code.co_name, code.co_firstlineno))
             frame = frame.f_back
         if not found:
             return None
         caller = (*found[1][:3], found[0][3]) if len(found) > 1 else None
-        return (*found[0][:3], caller)
+        return (*found[0][:3], caller, (found[0][0], found[0][4]))
 
 
 def _name(func) -> str:

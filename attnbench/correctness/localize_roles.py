@@ -1,0 +1,86 @@
+"""Keys and values swapped where they are produced (issue 47).
+
+``q, v, k = self.c_attn(x).split(n, dim=2)`` gives a ``k`` equal to the reference's values and a ``v`` equal to its
+keys: each matches a stage (the other's), so the first stage nothing matches is the scores, computed from the wrong
+tensor. The roles are read off how the class uses its tensors: the key is what the scores take beside the queries
+(``q @ k.transpose(-2, -1)``, or the second argument of ``scaled_dot_product_attention``), the value what the
+attention weights are applied to. When the key holds the reference's values **and** the value holds its keys, the
+two were swapped where they were made: the line named is where the tensor used as the key was first produced (the
+split, the unpacking, the projection). A key that holds the values while the values are right (``q @ v.T``) is a
+bug at the scores, named there as before.
+"""
+
+from __future__ import annotations
+
+from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, named
+from attnbench.correctness.localize_record import Record
+
+FUSED_ATTENTION = ("scaled_dot_product_attention",)
+"""Calls that take ``(query, key, value)`` in that order."""
+
+PRODUCTS = frozenset({"matmul", "Tensor.matmul", "Tensor.__matmul__", "bmm", "Tensor.bmm", "einsum", "baddbmm",
+                      "Tensor.baddbmm"})
+"""Calls that compute the scores (``q @ k.T``) or apply the weights to the values (``p @ v``)."""
+
+
+def roles(ev: Evidence) -> dict[str, int] | None:
+    """Role (``q``, ``k``, ``v``) -> the record the class uses in it, by how it uses them, or ``None``: the first
+    product (:data:`PRODUCTS`) of two projection-chain records is the scores (the query first, then the key:
+    ``q @ k.T``, ``einsum(..., q, k)``), and the value is what a later product takes beside something computed from
+    the scores."""
+    for rec in ev.records:
+        if rec.op in FUSED_ATTENTION and len(rec.args) >= 3 and None not in rec.args[:3]:
+            return dict(zip("qkv", rec.args[:3], strict=True))
+    scores = next((r for r in ev.records if r.op in PRODUCTS and len(_fed(r, ev)) == 2), None)
+    if scores is None:
+        return None
+    found = dict(zip("qk", _fed(scores, ev), strict=True))
+    later = ev.descendants(scores.index)
+    for rec in ev.records[scores.index + 1:]:
+        fed = [i for i in _fed(rec, ev) if i not in later]
+        if rec.op in PRODUCTS and fed and any(i in later for i in rec.inputs):
+            found["v"] = fed[0]
+            break
+    return found
+
+
+def _fed(rec: Record, ev: Evidence) -> list[int]:
+    """The records of a projection chain ``rec`` takes, in call order."""
+    return [i for i in rec.args if i is not None and ev.chains(i)]
+
+
+def swapped_roles(div, ev: Evidence) -> Localization | None:
+    """The line that made a tensor the class uses in another's role (see the module's doc); ``None`` when every role
+    holds its own."""
+    found = roles(ev) or {}
+    for role, index in found.items():
+        held = ev.chains(index)
+        if len(held) != 1 or held == {role}:
+            continue
+        other = next(iter(held))
+        owner = found.get(other)
+        if {role, other} == {"q", "k"} and owner is not None and ev.chains(owner) == {role}:
+            continue  # queries and keys swapped in the scores (k @ q.T): the bug is at the scores
+        origin = _origin(ev, index, other)
+        if owner is not None and _origin(ev, owner, other) is origin:
+            continue  # one tensor in two roles: the line that uses it in the wrong one is the bug
+        stage = next(n for n in ev.explained[origin.index] if CHAIN.get(n) == other)
+        swapped = owner is not None and ev.chains(owner) == {role}
+        words = (f"holds the reference's {stage}" + (f", and the tensor used as {other} holds its {role}" if swapped
+                                                       else "") +
+                 f" ({f'{role} and {other} swapped' if swapped else f'used as {role}'}; first seen at "
+                 f"{div.rec.where}: {div.fit.words(ev.tol)})")
+        wrong = {role, other} if swapped else {role}
+        matched = {n: r for n, r in ev.matched.items() if CHAIN.get(n) not in wrong}
+        return named(stage.replace(other, role, 1), origin, words, matched)
+    return None
+
+
+def _origin(ev: Evidence, index: int, chain: str) -> Record:
+    """The first record of ``chain`` that record ``index`` was made from (following inputs of that chain back)."""
+    rec = ev.records[index]
+    while True:
+        parents = [i for i in rec.inputs if chain in ev.chains(i)]
+        if not parents:
+            return rec
+        rec = ev.records[parents[0]]
