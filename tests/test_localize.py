@@ -374,3 +374,17 @@ def test_shape_ids_in_planted_cases_exist():
 
     assert set(PLANTED_CASES) | set(CORRECT) <= set(shape_specs())
     assert isinstance(Shape, type)
+
+
+def test_a_case_that_hung_is_never_replayed():
+    """Replaying a case has no deadline: a timed-out case replayed hung `check` for as long as the class did (a class
+    hanging two minutes held test_no_hang's check for 240 s, where its timeout was 0.5 s)."""
+    from attnbench.correctness.matrix import cases
+
+    known = {(c.kind, c.shape.id, c.dtype): c for c in cases()}
+    row = {"impl": "a.py:A", "device": "cpu", "error": None, "tolerance": None, "status": "error", "dtype": "float64"}
+    bad = pd.DataFrame([{**row, "kind": "forward", "shape": "book_hd1",
+                         "message": "timeout: forward book_hd1 float64 exceeded its timeout of 0.5 s"},
+                        {**row, "kind": "causality", "shape": "props", "message": "RuntimeError: boom"}])
+    assert localize_pick.targets(bad, known) == [(1, True)]
+    assert localize_pick.targets(bad.iloc[[0]], known) == []

@@ -29,6 +29,12 @@ def degenerate(case) -> bool:
     return case.shape.seq_len < 3 or spec.head_dim < 2
 
 
+def _hung(row) -> bool:
+    """A case that ran past its timeout: never replayed (the replay has no deadline; it would hang ``check`` as long
+    as the class does)."""
+    return row.status == "error" and str(row.message).startswith("timeout:")
+
+
 def _pick(rows, known: dict) -> int:
     """The failing row of one kind to localise: not degenerate, then the most precise dtype, then the longest."""
     return min(rows.index, key=lambda j: _rank(rows.loc[j], known))
@@ -43,7 +49,7 @@ def targets(bad, known: dict) -> list[tuple[int, bool]]:
     """``(row, is an error)`` to localise: per implementation and kind, its failing row (:func:`_pick`), else, when
     it only errs, its erroring row (a float16-only overflow that raises); never a degenerate case
     (:func:`degenerate`) when a case of another kind of the same implementation that is not degenerate fails."""
-    rows = bad[[(r.kind, r.shape, r.dtype) in known for r in bad.itertuples()]]
+    rows = bad[[(r.kind, r.shape, r.dtype) in known and not _hung(r) for r in bad.itertuples()]]
     picked = []
     for (impl_name, _kind), group in rows.groupby(["impl", "kind"], sort=False):
         failed = group[group.status == "fail"]
