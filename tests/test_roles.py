@@ -193,3 +193,99 @@ def test_a_fused_mat_qkv_with_split_biases_and_a_required_attn_bias_passes(repo_
                          capsys)
     assert code == 0 and "PASS" in out, out + err
     assert "W_q <- mat_qkv.weight[0:768]" in out and "b_k = 0 (the module has no such parameter" in out
+
+
+@pytest.mark.parametrize(("cls", "form"), [("ChannelsLastImageAttention", "(B, H, W, C)"),
+                                           ("ChannelsFirstImageAttention", "(B, C, H, W)")])
+def test_a_forward_that_takes_images_is_refused_as_such(repo_cwd, capsys, cls, form):
+    """segment-anything's `Attention` (`B, H, W, _ = x.shape`) failed every case with "not enough values to unpack"
+    (second held-out corpus): a sequence raises, an image runs, so it is no sequence attention layer."""
+    code, out, err = run(["check", RR + "image_tokens.py:" + cls], capsys)
+    assert code == 2 and "Traceback" not in err, out + err
+    assert err.splitlines()[0] == (f"error: {cls} takes images {form}, not token sequences (B, T, C): not a sequence "
+                                   "attention layer"), err
+    assert "not enough values to unpack" in err and "attnbench adapt" in err
+
+
+def test_a_pre_norm_is_refused_by_its_invariance_and_adapt_writes_the_layer_without_it(repo_cwd, capsys, tmp_path):
+    """MEGABYTE's `Attention` norms its input (gain `norm.g`) before its projections: refused "no canonical counterpart
+    for norm.g" (a naming problem, which it is not). Its output does not move when x is scaled: a pre-norm, named."""
+    code, _, err = run(["check", RR + "pre_norm_input.py:PreNormAttention"], capsys)
+    assert code == 2 and err.splitlines()[0] == ("error: PreNormAttention applies a norm (norm.g) to its input before "
+                                                 "the projections: a pre-norm block, not a bare attention layer"), err
+    assert "scaled (x -> 3x)" in err and "replaces norm with nn.Identity()" in " ".join(err.split())
+    adapter = tmp_path / "prenorm_adapter.py"
+    code, out, _ = run(["adapt", RR + "pre_norm_input.py:PreNormAttention", "-o", str(adapter)], capsys)
+    assert code == 0 and "self.inner.norm = nn.Identity()" in adapter.read_text()
+    code, out, err = run(["check", f"{adapter}:Adapted", "--kind", "forward,backward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err  # the rest of the class is a correct causal attention
+
+
+def test_the_input_probe_leaves_a_bare_attention_layer_alone(repo_cwd):
+    from attnbench.plugins import forms, import_file
+
+    for path, cls in (("tests/plugins/roles/conventions.py", "TwoInts"), (RR + "pre_norm_input.py", "PreNormAttention")):
+        binding = bind(getattr(import_file(path), cls))
+        found = forms.probe_class(binding, None, binding.probe, __import__("contextlib").nullcontext())
+        assert (found.norm if found else None) == (None if cls == "TwoInts" else "norm"), (cls, found)
+
+
+def test_rotation_tables_under_a_name_of_their_own_are_given_by_a_probe(repo_cwd):
+    """flux's `forward(x, pe)` was refused "needs 'pe', which attnbench cannot supply": None, x again and position ids
+    raise, rotation matrices (..., head_dim/2, 2, 2) run, causal: its RoPE cases pass."""
+    impl, results = _cases("rotation_pe_argument.py:PeTableAttention", [
+        ("forward", "rope_interleaved_theta100_bias", "float64"), ("forward", "gpt_like", "float64"),
+        ("backward", "gpt_like", "float64")])
+    assert len(results) == 3 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+    plan = impl.factory.context
+    assert (plan.tables, plan.table_form, plan.probed) == (("pe",), "matrix", ()) and impl.rope == ("interleaved",)
+
+
+def test_rotary_tables_defaulting_to_none_are_probed_too(repo_cwd):
+    """LlamaGen's `freqs_cis: torch.Tensor = None`, applied unconditionally: left at None, every mask form raised and
+    the class was refused as not causal (found by a held-out corpus); probed, it gets real (..., 2) tables and passes."""
+    impl, results = _cases("optional_tensor_tables.py:OptionalTablesAttention", [
+        ("forward", "rope_interleaved_theta100_bias", "float64"), ("forward", "gpt_like", "float64")])
+    assert len(results) == 2 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+    assert impl.factory.context.tables == ("freqs_cis",) and impl.rope == ("interleaved",)
+
+
+def test_flux_style_attention_is_refused_as_never_causal_once_its_tables_are_given(repo_cwd, capsys):
+    code, _, err = run(["check", RR + "rotation_pe_argument.py:NeverCausalPeAttention"], capsys)
+    head = err.splitlines()[0]
+    assert code == 2 and "is not causal with any mask form attnbench can supply" in head and "pe given rotary" in head
+    assert "pe as rotation matrices, no mask: not causal" in " ".join(err.split())
+
+
+def test_query_key_value_inputs_get_x_and_pass(repo_cwd):
+    """`nn.MultiheadAttention`'s `forward(query, key, value, attn_mask=None, need_weights=True)`: key and value are
+    inputs the class attends over (changing them at one position moves later outputs), so x again."""
+    impl, results = _cases("second_inputs.py:QueryKeyValueAttention", [
+        ("forward", "one_head_bias", "float64"), ("backward", "gpt_like", "float64"), ("causality", "props", "float64")])
+    assert len(results) == 3 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+    assert impl.factory.context.inputs == ("key", "value") and impl.factory.context.mask == "attn_mask"
+
+
+@pytest.mark.parametrize(("cls", "headline"), [
+    ("CrossAttention", "CrossAttention is cross-attention with context given x (self-attention): it is not causal "
+                       "with any mask form attnbench can supply"),
+    ("FixedWidthCrossAttention", "FixedWidthCrossAttention is cross-attention: context has a width of its own, so it "
+                                 "cannot be x: not a self-attention layer")])
+def test_cross_attention_that_cannot_be_causal_self_attention_is_refused_as_such(repo_cwd, capsys, cls, headline):
+    code, _, err = run(["check", RR + "second_inputs.py:" + cls], capsys)
+    assert code == 2 and err.splitlines()[0] == f"error: {headline}", err
+    assert ("context_dim is the width of its second input" if cls == "CrossAttention" else "to_k takes 40 features") \
+        in err
+
+
+@pytest.mark.parametrize("cls", ["MaskedCrossAttention", "DefaultWidthCrossAttention"])
+def test_cross_attention_whose_context_width_can_be_x_s_passes_as_self_attention(repo_cwd, cls):
+    """`context_dim` (required, or an optional int) is the width of the second input by its effect on the weights:
+    given d_in, and the context given x, the class with a (T, S) mask is a correct causal self-attention."""
+    impl, results = _cases("second_inputs.py:" + cls, [("forward", "gpt_like", "float64"),
+                                                        ("causality", "props", "float64")])
+    assert all(r.status == "pass" for r in results.values()), [(k, r.status, r.message) for k, r in results.items()]
+    assert ("context_dim", "d_context") in impl.factory.binding.params and impl.factory.context.inputs == ("context",)

@@ -11,21 +11,22 @@ supplies (``mask``, ``cos``/``sin``, ``start_pos``, ``kv_cache``, ...: docs/own-
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from pathlib import Path
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins import signatures
+from attnbench.plugins import forms, signatures
 from attnbench.plugins.binding import _BY_NAME, CONFIG_NAMES, INDEX_NAMES, RESIDUAL_DROPOUT, bind
-from attnbench.plugins.context import CACHE_NAMES, CAUSAL_ARGS, INPUT_NAMES, MASK_NAMES, NONE_NAMES, POSITION_NAMES, TABLE_NAMES
+from attnbench.plugins.context import CACHE_NAMES, CAUSAL_ARGS, MASK_NAMES, POSITION_NAMES, TABLE_NAMES
 from attnbench.plugins.roles import guess
 
 SPEC_EXPR = {"d_in": "spec.d_in", "d_out": "spec.d_out", "num_heads": "spec.num_heads",
              "num_kv_heads": "spec.num_kv_heads or spec.num_heads", "head_dim": "spec.head_dim",
              "context_length": "spec.context_length", "dropout": "spec.dropout", "qkv_bias": "spec.qkv_bias",
              "causal": "spec.causal", "window": "spec.window", "rope_theta": "spec.rope_theta",
-             "residual_dropout": "0.0"}
+             "residual_dropout": "0.0", "d_context": "spec.d_in"}
 """How the adapter writes each role as an expression of ``spec``."""
 SUPPLIED = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | set(CAUSAL_ARGS) | \
     {"use_cache"}
@@ -61,7 +62,7 @@ class Adapted(nn.Module):
         self.spec = spec
         self.inner = Target(
 {ctor}
-        )
+        ){post}
 
     def forward(self, {fsig}):
         return self.inner({fcall})
@@ -99,9 +100,10 @@ def _todo_text(p: inspect.Parameter) -> str:
     return f"{p.name}{ann}: what {p.name} must be for this spec (attnbench found no role for it)"
 
 
-def _forward_parts(target) -> tuple[str, str]:
-    """The adapter's ``forward`` signature (``x`` and every argument attnbench supplies by name, as the class declares
-    them) and the inner call (those passed through, each other required one a TODO)."""
+def _forward_parts(target, plan) -> tuple[str, str]:
+    """The adapter's ``forward`` signature (``x`` and every argument attnbench supplies, as the class declares them) and
+    the inner call: those passed through, each other required one as the probes gave it (``plan``: ``x`` again, None),
+    else a TODO."""
     try:
         params = list(signatures.signature(target.forward).parameters.values())[1:]
     except (TypeError, ValueError, AttributeError):
@@ -110,16 +112,44 @@ def _forward_parts(target) -> tuple[str, str]:
     if not named:
         return "x", "x"
     sig, call = [named[0].name], [named[0].name]
+    probed = {**dict.fromkeys(plan.inputs, named[0].name), **dict.fromkeys(plan.nones, "None")} if plan else {}
+    passed = ({plan.position, *plan.tables} if plan else set()) | SUPPLIED
     for p in named[1:]:
-        if p.name in SUPPLIED or p.name in NONE_NAMES:
+        if p.name in passed:
             sig.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
             call.append(f"{p.name}={p.name}")
-        elif p.default is p.empty and p.name in INPUT_NAMES:  # self-attention: the same sequence again
-            call.append(f"{p.name}={named[0].name}")
+        elif p.name in probed:  # as the causal probe gave it: the same sequence again, or None
+            call.append(f"{p.name}={probed[p.name]}")
         elif p.default is p.empty:
             what = f"{p.name}: a forward argument attnbench does not supply; build it from {named[0].name} and self.spec"
             call.append(f"{p.name}=TODO({what!r})")
     return ", ".join(sig), ", ".join(call)
+
+
+def _probed(target):
+    """``(plan, form)``: the class's forward context as the probes decide it, and what its forward takes and does
+    before its projections (:mod:`~attnbench.plugins.forms`); None for what cannot be probed (the class does not build
+    without its TODOs, or no form of its context is causal)."""
+    from attnbench.plugins.inference import plan_with_probe
+
+    try:
+        binding = bind(target)
+        plan = plan_with_probe(target, binding)
+    except Exception:  # not buildable or not causal as it is: the adapter's TODOs say what is missing
+        return None, None
+    return plan, forms.probe_class(binding, plan, binding.probe, contextlib.nullcontext())
+
+
+def _form_parts(form, fcall: str) -> tuple[str, str]:
+    """The line after the class is built and the inner call, for what its forward takes and does first: its pre-norm
+    replaced by ``nn.Identity()``, images a TODO."""
+    if form and form.norm:
+        return (f"\n        self.inner.{form.norm} = nn.Identity()  # a pre-norm (measured): the attention without it",
+                fcall)
+    if form:
+        what = f"x is (B, T, C) tokens; {form.headline.split(':')[0]}: reshape x and the output"
+        return "", f"TODO({what!r})"
+    return "", fcall
 
 
 def _capabilities(ctor: list[str]) -> str:
@@ -136,10 +166,13 @@ def _capabilities(ctor: list[str]) -> str:
 def write_adapter(path_text: str, cls_name: str, target, out: Path, why: str) -> Path:
     """Write the adapter for ``target`` (class ``cls_name`` in ``path_text``) to ``out``; returns ``out``."""
     ctor = _ctor_lines(target)
-    fsig, fcall = _forward_parts(target)
+    plan, form = _probed(target)
+    fsig, fcall = _forward_parts(target, plan)
+    post, fcall = _form_parts(form, fcall)
+    why = f"attnbench refused the class as it is:\n    {cls_name} {form.headline}" if form else why
     rel = os.path.relpath(Path(path_text).expanduser().resolve(), out.resolve().parent)
     caps = _capabilities(ctor)
-    text = TEMPLATE.format(cls=cls_name, where=path_text, why=why, out=out.name, rel=rel, caps=caps,
+    text = TEMPLATE.format(cls=cls_name, where=path_text, why=why, out=out.name, rel=rel, caps=caps, post=post,
                            ctor="\n".join(ctor) if ctor else " " * 12 + "# no argument", fsig=fsig, fcall=fcall)
     if "SpecConfig" in text:
         text = text.replace("from attnbench.plugins.loading import import_file\n",

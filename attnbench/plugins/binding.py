@@ -83,6 +83,10 @@ _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
 """Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""
 GUIDE = "docs/own-attention.md: Bring your own attention"
+PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=4)
+"""d_in, d_out, 3*d_out, head_dim and num_heads all differ, so each shape says what it is."""
+SQUARE_PROBE = AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4)
+"""For constructors that take one width (``embed_dim``, ``n_embd``, a config): d_in == d_out."""
 
 
 def spec_values(spec: AttnSpec) -> dict[str, object]:
@@ -94,6 +98,7 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     scale = getattr(spec, "scale", None)  # Gemma: scores * query_pre_attn_scalar ** -0.5
     values["query_pre_attn_scalar"] = scale ** -2 if scale is not None else spec.head_dim
     values["latent_dim"] = latent_dim(spec)
+    values["d_context"] = spec.d_in  # the width of a second input (cross-attention's context): x's, for self-attention
     return values
 
 
@@ -175,7 +180,14 @@ class Binding:
         """True when the constructor takes one width (``embed_dim``, ``n_embd``, a config): d_in == d_out only."""
         if self.style == "config":
             return True
+        if self.style == "spec":  # an adapter says so in its capabilities (plugins.adapt)
+            return bool((getattr(self.target, "attnbench_capabilities", None) or {}).get("same_width_only"))
         return self.style == "keywords" and len({"d_in", "d_out"} & self.fields) == 1
+
+    @property
+    def probe(self) -> AttnSpec:
+        """The spec the class is probed at: :data:`PROBE`, or :data:`SQUARE_PROBE` when it takes one width."""
+        return SQUARE_PROBE if self.same_width_only else PROBE
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
         module = self._build(spec)

@@ -28,8 +28,6 @@ and what is supplied, raised when the plug-in loads (never one failure per case)
 from __future__ import annotations
 
 import inspect
-import typing
-import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -42,42 +40,30 @@ from attnbench.plugins.module_cache import AppendingCache, build_own_cache, desc
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask", "attn_bias", "attention_bias")  # forms: probed
-TABLE_NAMES = {"cos": "cos", "sin": "sin", "position_embeddings": "cos/sin pair", "cos_sin": "cos/sin pair",
-               "freqs_cis": "complex", "freq_cis": "complex", "freqs_cos": "cos per frequency",
-               "freqs_sin": "sin per frequency", "rope": "complex", "rope_cache": "complex"}
-CIS_NAMES = ("freqs_cis", "freq_cis", "rope", "rope_cache")  # rope: lit-llama's RoPECache, real (T, head_dim/2, 2)
-"""One table of each frequency's rotation: complex (Meta), real ``(..., 2)`` (gpt-fast) or ``(..., 2, 2)`` matrices."""
-PER_FREQUENCY = (*CIS_NAMES, "freqs_cos", "freqs_sin")
-"""Tables with each frequency once, ``(T, head_dim/2)``: they carry no pairing (the class pairs; a probe measures it)."""
+TABLE_NAMES = ("cos", "sin", "position_embeddings", "cos_sin", "freqs_cos", "freqs_sin")
+"""Rotary tables by name: rotate-half ``cos``/``sin`` (or a pair), llama2.c's per-frequency ``freqs_cos``/``freqs_sin``.
+A table of each frequency's rotation under any other name (Meta's ``freqs_cis``, lit-llama's ``rope``, flux's ``pe``)
+is an argument no name tells: the causal probe gives it tables, complex, real ``(..., 2)`` or rotation matrices."""
 PAIR_NAMES = ("position_embeddings", "cos_sin")
 TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
               "seq_half": "(1, T, 1, head_dim/2), each frequency once", "2d": "(T, head_dim), a pair too"}
 """The shapes cos/sin tables can be given in (``""``: the default, tried first); a probe decides."""
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
-POSITION_WORDS = ("pos", "positions", "position", "indices", "index", "idx", "offset")
-"""Words in an unknown required forward parameter's name that make it a candidate for the step's positions
-(``kv_write_indices``: where the cache is written), given as ids ``(T,)``; the causal probe, which runs the class
-with it, decides (a wrong guess is refused there, never passed silently)."""
 LENGTH_NAMES = ("max_seq_length", "max_seq_len", "context_length", "block_size", "max_len", "seq_len_max")
 """A forward-level context length (lit-llama's ``max_seq_length``): the spec's ``context_length``."""
-NONE_NAMES = ("ve", "value_embeds", "value_embed", "v_first", "value_residual")
-"""Optional extra inputs a layer mixes in when its model gives them (nanochat's value embeddings): ``None``."""
 SPAN_ARGS = ("input_pos_maxp1",)
 """The end of the filled part of a preallocated cache (litgpt): ``start + T_new`` while decoding, else None."""
 CAUSAL_ARGS = ("is_causal", "causal")
 """A forward-level causal flag: the spec's causality when attnbench passes no mask, else False (the mask says it)."""
 WINDOW_ARGS = ("window_size",)
 """A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
-INPUT_NAMES = ("q", "k", "v", "query", "key", "value", "queries", "keys", "values", "y", "xa", "context", "kv", "x_kv",
-               "encoder_hidden_states", "memory", "encoder_out", "encoder_output", "source", "src", "kv_input")
-"""A required second (third, ...) input: ``forward(q, k, v, mask)`` (hkproj's transformer), cross-attention's ``y``,
-``xa``, ``context``, ``memory``. For self-attention each gets ``x``; the causal probe runs the class with them."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
 GUIDE = "docs/own-attention.md: Forwards that take their context"
-SUPPLIED = ("mask/attn_mask/attention_mask; q, k, v, key, value, context, memory (x again); cos, sin, "
-            "position_embeddings=(cos, sin), cos_sin, freqs_cis/freq_cis or freqs_cos/freqs_sin; "
+SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin), cos_sin, freqs_cos/freqs_sin; "
             "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache; "
-            "is_causal; window_size")
+            "is_causal; window_size; any other tensor: None, x again, position ids or rotary tables, by a probe")
+"""What attnbench supplies by name; a required argument it cannot supply (a tensor none of the probed forms fits, or
+another type) is refused with this list."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +105,7 @@ class ContextPlan:
     attr_cache: str | None = None  # an attribute the forward reads a caller-installed cache from (plugins.module_cache)
     cache_builder: str | None = None  # the class's method that builds its own such cache (plugins.module_cache)
     span_arg: str | None = None  # the end of a preallocated cache's filled part (SPAN_ARGS)
-    nones: tuple[str, ...] = ()  # optional extra inputs (NONE_NAMES): None
+    nones: tuple[str, ...] = ()  # required arguments the class runs causally without: None (plugins.causal_probe)
     window_arg: str | None = None  # a (left, right) window argument (WINDOW_ARGS)
     position_optional: bool = False  # the position defaults to None: None outside decoding may be what it expects
     position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
@@ -132,13 +118,24 @@ class ContextPlan:
     cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
     lengths: tuple[str, ...] = ()  # forward-level context lengths (LENGTH_NAMES): the spec's
     unmasked: str | None = None  # an optional mask left at None: no form of it made the class causal, None did
-    inputs: tuple[str, ...] = ()  # further required inputs (INPUT_NAMES): x again, for self-attention
+    inputs: tuple[str, ...] = ()  # further required inputs: x again, for self-attention (plugins.causal_probe)
+    probed: tuple[str, ...] = ()  # required arguments no name tells, their forms not yet decided (plugins.causal_probe)
 
     @property
     def rope_style(self) -> str:
-        """The RoPE pairing assumed before a probe measures it: ``interleaved`` for per-frequency tables (Meta's
-        ``freqs_cis``, llama2.c's ``freqs_cos``/``freqs_sin``), else ``half``."""
-        return "interleaved" if set(PER_FREQUENCY) & set(self.tables) else "half"
+        """The RoPE pairing assumed before a probe measures it: ``interleaved`` for per-frequency tables, else ``half``."""
+        return "interleaved" if any(self.per_frequency(n) for n in self.tables) else "half"
+
+    @staticmethod
+    def cis(name: str) -> bool:
+        """Is the table ``name`` one of each frequency's rotation (complex, real or matrices: a probe decides), given
+        to an argument no name tells (:data:`TABLE_NAMES`)?"""
+        return name not in TABLE_NAMES
+
+    @staticmethod
+    def per_frequency(name: str) -> bool:
+        """Does the table ``name`` hold each frequency once (a :meth:`cis` table, ``freqs_cos``/``freqs_sin``)?"""
+        return name in ("freqs_cos", "freqs_sin") or ContextPlan.cis(name)
 
     def describe(self) -> list[str]:
         """What is bound, one line each, for ``check -v``."""
@@ -149,13 +146,13 @@ class ContextPlan:
                          "changing the last token changes only the last output)")
         if self.inputs:
             lines.append(f"bound {', '.join(self.inputs)}: {self.x} again (self-attention: every input is the same "
-                         "sequence; the causal probe ran the class with them)")
+                         "sequence; decided by the causal probe)")
         if self.tables:
             rows = "(context_length, head_dim) tables indexed by the class" if self.full_tables else \
                 "the rows of the step's positions"
             form = {"complex": " complex", "real": " real (..., head_dim/2, 2) = (cos, sin)",
                     "matrix": " rotation matrices (..., head_dim/2, 2, 2) = [[cos, -sin], [sin, cos]]"}
-            cis = next((n for n in self.tables if n in CIS_NAMES), None)
+            cis = next((n for n in self.tables if self.cis(n)), None)
             lines.append(f"bound {', '.join(self.tables)}: the spec's {self.rope_style} RoPE tables (neutral without "
                          f"RoPE), {rows}{', ' + cis + form[self.table_form] if cis else ''}"
                          f"{', shaped ' + TABLE_DIMS[self.table_dims] if self.table_dims else ''} "
@@ -171,8 +168,8 @@ class ContextPlan:
         if self.span_arg:
             lines.append(f"bound {self.span_arg}: the end of the cache's filled part while decoding, None otherwise")
         if self.nones:
-            lines.append(f"bound {', '.join(self.nones)}: None (an extra input its model mixes in, or a required one typed "
-                         "Optional; none here)")
+            lines.append(f"bound {', '.join(self.nones)}: None (a required input the class runs causally without, by a "
+                         "probe: an extra input its model mixes in, none here)")
         if self.unmasked:
             lines.append(f"left {self.unmasked} at None: no mask form made the class causal, and without one it is "
                          "(a padding mask, or a class that masks by itself): causal attention only")
@@ -214,20 +211,17 @@ def plan_for(target) -> ContextPlan | None:
     x, rest = named[0].name, named[1:]
     names = [p.name for p in rest]
     known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"} | \
-        set(NONE_NAMES) | set(WINDOW_ARGS) | set(CAUSAL_ARGS) | set(SPAN_ARGS) | set(LENGTH_NAMES)
-    guessed = None if any(p.name in POSITION_NAMES for p in rest) else \
-        next((p.name for p in rest if p.default is p.empty and p.name not in known and position_word(p.name)), None)
-    known |= {guessed} if guessed else set()
-    inputs = tuple(p.name for p in rest if p.default is p.empty and p.name not in known and p.name in INPUT_NAMES)
-    known |= set(inputs)
-    optional = tuple(p.name for p in rest if p.default is p.empty and p.name not in known and admits_none(p))
-    unknown = [p.name for p in rest if p.default is p.empty and p.name not in known and p.name not in optional]
+        set(WINDOW_ARGS) | set(CAUSAL_ARGS) | set(SPAN_ARGS) | set(LENGTH_NAMES)
+    unknown = [p for p in rest if p.default is p.empty and p.name not in known]
     name = getattr(target, "__qualname__", repr(target))
-    if unknown:
-        raise PluginLoadError(f"{name}.forward needs {', '.join(map(repr, unknown))}, which attnbench cannot supply "
-                              f"(it supplies by name: {SUPPLIED}); give {'them defaults' if len(unknown) > 1 else 'it a default'}, "
+    typed = [p.name for p in unknown if _plain_type(p)]
+    # a tensor defaulting to None that the class may not do without (LlamaGen's `freqs_cis: torch.Tensor = None`):
+    # probed too, None first, so a class that runs without it is bound as before
+    unknown += [p for p in rest if p.default is None and p.name not in known and _tensor_type(p)]
+    if typed:
+        raise PluginLoadError(f"{name}.forward needs {', '.join(map(repr, typed))}, which attnbench cannot supply "
+                              f"(it supplies by name: {SUPPLIED}); give {'them defaults' if len(typed) > 1 else 'it a default'}, "
                               f"rename, or wrap the class ({GUIDE})")
-    required = {p.name for p in rest if p.default is p.empty}
     tables = tuple(n for n in names if n in TABLE_NAMES)
     if ("freqs_cos" in tables) != ("freqs_sin" in tables):
         raise PluginLoadError(f"{name}.forward takes one of freqs_cos/freqs_sin without the other; attnbench supplies "
@@ -235,40 +229,33 @@ def plan_for(target) -> ContextPlan | None:
     if ("cos" in tables) != ("sin" in tables):
         raise PluginLoadError(f"{name}.forward takes {'cos' if 'cos' in tables else 'sin'} without "
                               f"{'sin' if 'cos' in tables else 'cos'}; attnbench supplies the pair ({GUIDE})")
-    position = next((n for n in names if n in POSITION_NAMES), None) or guessed
+    position = next((n for n in names if n in POSITION_NAMES), None)
     cache = next((n for n in names if n in CACHE_NAMES), None)
     causal_arg = next((n for n in names if n in CAUSAL_ARGS), None)
     mask = next((n for n in names if n in MASK_NAMES), None)
-    if not (required or tables or position or cache or causal_arg or mask or
+    required = {p.name for p in rest if p.default is p.empty}
+    if not (required or unknown or tables or position or cache or causal_arg or mask or
             any(n in WINDOW_ARGS + LENGTH_NAMES for n in names)):
         return None  # e.g. forward(x, use_cache=False)
     # forward(x, attn_mask=None) too is planned: left at None when the class is causal without it, the causal form the
     # class reads when it is not (open_clip's Attention), refused as not causal when no form makes it so (dinov2's)
-    optional_position = any(p.name == position and p.default is None for p in rest)
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
-                       inputs=inputs,
-                       lengths=tuple(n for n in names if n in LENGTH_NAMES),
-                       position_optional=optional_position,
-                       nones=tuple(n for n in names if n in NONE_NAMES or n in optional),
+                       probed=tuple(p.name for p in unknown), lengths=tuple(n for n in names if n in LENGTH_NAMES),
+                       position_optional=any(p.name == position and p.default is None for p in rest),
                        window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
-                       span_arg=next((n for n in names if n in SPAN_ARGS), None),
-                       mask_required=mask in required)
+                       span_arg=next((n for n in names if n in SPAN_ARGS), None), mask_required=mask in required)
 
 
-def position_word(name: str) -> bool:
-    """Does a parameter's name hold a :data:`POSITION_WORDS` word (``kv_write_indices``, ``pos``, ``offsets``)?"""
-    return any(w in POSITION_WORDS for w in name.lower().split("_"))
-
-
-def admits_none(p: inspect.Parameter) -> bool:
-    """Is ``p`` annotated ``Optional[...]`` / ``X | None`` (a required argument its class accepts as None: a
-    ``masks: Optional[Tensor]`` that its SDPA path expects to be None)? The causal probe still decides."""
+def _tensor_type(p: inspect.Parameter) -> bool:
+    """Is ``p`` annotated as a tensor (``torch.Tensor``, ``Optional[Tensor]``, ``Tensor | None``)?"""
     ann = p.annotation
-    if ann is p.empty:
-        return False
-    if isinstance(ann, str):
-        return "Optional" in ann or "None" in ann.replace(" ", "").split("|")
-    return type(None) in typing.get_args(ann)
+    return "Tensor" in (ann if isinstance(ann, str) else repr(ann) if ann is not p.empty else "")
+
+
+def _plain_type(p: inspect.Parameter) -> bool:
+    """Is ``p`` annotated ``int``, ``float``, ``bool`` or ``str``: no tensor a probe could give it?"""
+    ann = p.annotation
+    return (ann if isinstance(ann, str) else getattr(ann, "__name__", "")) in ("int", "float", "bool", "str")
 
 
 def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:
@@ -315,7 +302,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         for name in plan.tables:
             if name in ("freqs_cos", "freqs_sin"):  # llama2.c: (T, head_dim // 2), each frequency once
                 kwargs[name] = (cos if name == "freqs_cos" else sin)[:, : cos.shape[-1] // 2]
-            elif name in CIS_NAMES:  # Meta: complex (T, head_dim // 2), the pair frequencies once each
+            elif plan.cis(name):  # Meta: complex (T, head_dim // 2), the pair frequencies once each
                 half = cos.shape[-1] // 2
                 kwargs[name] = _cis(cos[:, :half], sin[:, :half], plan.table_form)
             elif name in PAIR_NAMES:
@@ -438,87 +425,3 @@ def _object_step(module: nn.Module, original, maker, plan: ContextPlan, spec: At
         module._attnbench_pos = start + x.shape[1]
     return _split(result, replace(plan, cache=None), x.shape[1])[0]
 
-
-def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:
-    """Causal on a probe? ``True`` when changing the last of 5 tokens changes only the last output; the exception,
-    in words, when the call raises."""
-    plan = replace(plan, mask_form=form, full_tables=full)
-    if plan.table_form in ("real", "matrix"):  # not told from a complex table by a neutral one: a real rotation
-        spec = replace(spec, rope_theta=10000.0)
-    try:
-        module = bind_context(build(spec).eval(), plan, spec)
-    except Exception as exc:
-        return f"does not build at the probe's sizes ({type(exc).__name__}: {exc})"
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 5, spec.d_in, generator=g)
-    y = x.clone()
-    y[:, -1] += torch.randn(spec.d_in, generator=g)
-    try:  # a wrong form may run with a warning (a complex table cast to real): the probe's, not the user's
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            a, b = module(x), module(y)
-    except Exception as exc:
-        return f"raises {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    if not isinstance(a, torch.Tensor) or a.shape[:2] != (1, 5) or not torch.isfinite(a).all():
-        return False
-    diff = (a - b).abs().amax(dim=(0, 2))
-    scale = a.abs().max().clamp_min(1e-6)
-    return bool((diff[:-1] <= 1e-5 * scale).all() and diff[-1] > 1e-3 * scale)
-
-
-def _masking(plan: ContextPlan) -> ContextPlan:
-    """``plan`` as it calls a class that has both a mask and a causal flag when the mask says it all (a window): the
-    mask passed and the flag False (not the class's default, which may be True: SDPA refuses both), so that the probe
-    decides the mask's form."""
-    return replace(plan, mask_required=True) if plan.causal_arg and plan.mask else plan
-
-
-def _with_flag(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
-    """``plan`` as it is when the flag alone (no mask) makes the class causal; else one that always passes the mask
-    (with the flag False): a class that does not honour its flag."""
-    if not (plan.causal_arg and plan.mask) or plan.mask_required:
-        return plan
-    if _moves(build, plan, probe, plan.mask_form, plan.full_tables) is True:
-        return plan
-    return replace(plan, mask_required=True)
-
-
-def _without_optional_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:
-    """``plan`` with an optional mask left at its default (None) when no mask form made the class causal but it is
-    causal by itself without one (minimind: its ``attention_mask`` is a ``(B, T)`` padding mask); else None."""
-    if not plan.mask or plan.mask_required:
-        return None
-    bare = replace(plan, mask=None, unmasked=plan.mask)
-    for pairs, dims in [("complex", d) for d in TABLE_DIMS] if plan.tables else [("complex", "")]:
-        chosen = replace(bare, table_form=pairs, table_dims=dims)
-        if _moves(build, chosen, probe, None, chosen.full_tables) is True:
-            return chosen
-    return None
-
-
-def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
-    """``plan`` with its mask form and table form decided on ``probe`` (causal, no RoPE): the first form under which
-    the class's outputs are causal (the class is compared with itself, never with the reference). Raises
-    :class:`PluginLoadError` when none is."""
-    probe = replace(probe, window=None, causal=True, context_length=max(probe.context_length, 9))
-    table_forms = (True, False) if plan.position and plan.tables else (False,)
-    shapes = [("complex", "")]
-    shapes += [("real", ""), ("matrix", "")] if set(CIS_NAMES) & set(plan.tables) else []
-    shapes += [("complex", d) for d in TABLE_DIMS if d] if {"cos", *PAIR_NAMES} & set(plan.tables) else []
-    if plan.position_optional:
-        shapes += [(p, d, True) for p, d in shapes]
-    tried = []
-    for pairs, dims, *none in shapes:
-        plan = replace(plan, position_none=bool(none))
-        for full in table_forms:
-            for form in (MASK_FORMS if plan.mask else (None,)):
-                chosen = replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
-                verdict = _moves(build, _masking(chosen), probe, form, full)
-                if verdict is True:
-                    return _with_flag(build, chosen, probe)
-                tried.append(f"{form.describe() if form else 'no mask'}: {verdict or 'not causal'}")
-    unmasked = _without_optional_mask(build, plan, probe)
-    if unmasked is not None:
-        return unmasked
-    raise PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply "
-                          f"({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")

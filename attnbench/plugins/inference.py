@@ -24,11 +24,12 @@ import torch
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures, stages
-from attnbench.plugins.binding import ALIASES, WINDOW_EVIDENCE, Binding, bind, capabilities
+from attnbench.plugins.binding import ALIASES, PROBE, SQUARE_PROBE, WINDOW_EVIDENCE, Binding, bind, capabilities
 from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
+from attnbench.plugins.causal_probe import forward_is_causal, probe_mask
 from attnbench.plugins.configs import with_own_config
-from attnbench.plugins.context import ContextPlan, arguments, bind_context, plan_for, probe_mask
+from attnbench.plugins.context import ContextPlan, arguments, bind_context, plan_for
 from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
 from attnbench.plugins.measured import apply_measured
@@ -59,8 +60,6 @@ def config_fields_read(binding: Binding) -> list[str] | None:
     constructor, or it does not build on the probe)."""
     if binding.style != "config":
         return None
-    from attnbench.plugins.layout import SQUARE_PROBE
-
     config = binding.make_config(replace(SQUARE_PROBE, num_kv_heads=2, rope_theta=10000.0))  # a class may need a theta
     config.__dict__["_attnbench_read"] = []
     try:
@@ -138,7 +137,7 @@ def _positional(binding: Binding, names: set[str], where: str, declared: dict, p
     lines = []
     theta = next((n for n in ALIASES["rope_theta"] if n in names), None)
     if theta and "rope" not in declared and stages.theta_rotates(
-            binding, _probe(binding), None if plan is None else lambda m, s: bind_context(m, plan, s)) is False:
+            binding, binding.probe, None if plan is None else lambda m, s: bind_context(m, plan, s)) is False:
         names = names - set(ALIASES["rope_theta"])
         lines.append(f"rope: {'from the tables its forward takes' if plan is not None and plan.tables else 'no'} "
                      f"(constructor takes {theta}, but a probe found it inert: built at theta 10000 and at 100 with the "
@@ -200,10 +199,9 @@ def infer_positional(binding: Binding, names: set[str], where: str, declared: di
 
 def _measured_eps(binding: Binding, placement: str) -> float | None:
     """The epsilon of the class's q norm, measured on a probe (:func:`~attnbench.plugins.qk_norm.measure_eps`)."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
     from attnbench.plugins.qk_norm import measure_eps
 
-    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, qk_norm=placement)
+    probe = replace(binding.probe, qk_norm=placement)
     try:
         return measure_eps(binding(probe), probe)
     except Exception:  # does not build at the probe's sizes, or its norm is no RMSNorm: nothing inferred
@@ -217,7 +215,6 @@ ODD_PROBE = AttnSpec(d_in=6, d_out=6, context_length=6, dropout=0.0, num_heads=2
 def even_head_dim_reason(binding: Binding, plan: ContextPlan | None, rotates: bool) -> str | None:
     """Why a class that always applies RoPE cannot take an odd head dim (what a probe with head_dim 3 raised when
     the same class runs at head_dim 4), or ``None``: it takes odd head dims, or it does not always rotate."""
-    from attnbench.plugins.layout import PROBE
 
     if not rotates:
         return None
@@ -240,9 +237,7 @@ def window_offset(binding: Binding, plan: ContextPlan | None) -> int | None:
     """How many keys the class's window ``w`` keeps per query, less ``w``, measured on a probe without any reference:
     0 when it keeps ``w`` (the current token included, attnbench's convention), 1 when it keeps the current token and
     ``w`` before it (``i - j <= w``); ``None`` when the probe says neither (the cases show what it does)."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
-
-    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, window=3)
+    probe = replace(binding.probe, window=3)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(1, probe.context_length, probe.d_in, generator=g)
     try:
@@ -265,10 +260,9 @@ def window_offset(binding: Binding, plan: ContextPlan | None) -> int | None:
 
 def _low_rank(binding: Binding):
     """The MLA down/up projections of the class built on a probe (:mod:`~attnbench.plugins.mla`), or ``None``."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
     from attnbench.plugins.mla import find_low_rank
 
-    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    probe = binding.probe
     try:
         return find_low_rank(dict(binding(probe).named_modules()), probe)
     except Exception:  # does not build at the probe's sizes: the cases show what it does
@@ -278,10 +272,9 @@ def _low_rank(binding: Binding):
 def _norm_placement(binding: Binding, qk_norm: str | None) -> str | None:
     """Where the class's q/k norms sit (``head`` or ``full``) when built on a probe with ``qk_norm``; ``None``
     when it has none there (or does not build)."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
     from attnbench.plugins.qk_norm import NormError, find_gains
 
-    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, qk_norm=qk_norm)
+    probe = replace(binding.probe, qk_norm=qk_norm)
     try:
         gains = find_gains(binding(probe), probe)
     except NormError as exc:
@@ -294,15 +287,13 @@ def _norm_placement(binding: Binding, qk_norm: str | None) -> str | None:
 def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
     """The context ``target.forward`` takes (:func:`~attnbench.plugins.context.plan_for`), its mask and table forms
     decided on a probe; ``None`` for a ``forward(x)``."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
-
     plan = plan_for(target)
     if plan is None:
         return None
     if plan.cache is None:
         attr = cache_attr(target)
         plan = replace(plan, attr_cache=attr, cache_builder=cache_builder(target) if attr else None)
-    plan = probe_mask(binding, plan, SQUARE_PROBE if binding.same_width_only else PROBE)
+    plan = probe_mask(binding, plan, binding.probe)
     if plan.cache is not None and _returns_cache(binding, plan) is not None:
         kind = _cache_object_kind(target, binding, plan)
         plan = replace(plan, cache_object=kind) if kind else plan
@@ -312,9 +303,7 @@ def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
 def _cache_object_kind(target, binding: Binding, plan: ContextPlan) -> str | None:
     """The kind of cache object a forward that returns no next cache takes (:func:`~attnbench.plugins.cache_objects.
     recognise`): the class's declared one, or the shape the first attribute its forward reads from it names."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
-
-    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    probe = binding.probe
 
     def run_with(obj):
         module = bind_context(binding(probe).eval(), plan, probe)
@@ -366,9 +355,7 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
 def _mask_content_read(binding: Binding, plan: ContextPlan) -> bool:
     """Does the class read its mask's content? On a probe, a 2-key window in the chosen form changes the output of a
     causal one (Whisper's SDPA path only asks whether a mask is passed). True when the probe cannot tell."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
-
-    probe = replace(SQUARE_PROBE if binding.same_width_only else PROBE, causal=True, window=None)
+    probe = replace(binding.probe, causal=True, window=None)
     try:
         module = binding(probe).eval()
         x = torch.randn(1, 6, probe.d_in, generator=torch.Generator().manual_seed(0))
@@ -385,9 +372,7 @@ def _mask_content_read(binding: Binding, plan: ContextPlan) -> bool:
 
 def _returns_cache(binding: Binding, plan: ContextPlan) -> str | None:
     """``None`` when a probe step returns a next cache, else what it does instead, in words."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
-
-    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    probe = binding.probe
     try:
         module = bind_context(binding(probe).eval(), plan, probe)
         with torch.no_grad():
@@ -401,9 +386,7 @@ def _confirm_restorable(binding: Binding, name: str) -> str:
     """Decode one token on a probe, restore, decode it again: what the step changes, in words; raises
     :class:`~attnbench.plugins.cache_state.CacheRestoreError` when the restored step decodes another token
     (the class is compared with itself, never with the reference)."""
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
-
-    probe = SQUARE_PROBE if binding.same_width_only else PROBE
+    probe = binding.probe
     try:
         module = binding(probe).eval()
         g = torch.Generator().manual_seed(0)
@@ -464,12 +447,6 @@ def environment_cause(exc: BaseException) -> str | None:
     return None
 
 
-def _probe(binding: Binding) -> AttnSpec:
-    from attnbench.plugins.layout import PROBE, SQUARE_PROBE
-
-    return SQUARE_PROBE if binding.same_width_only else PROBE
-
-
 def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
     """The context plan, after the class is known to be causal: with its default flags, else with a constructor flag
     that a probe finds makes it so (:func:`~attnbench.plugins.stages.causal_by_flag`). A class no flag makes causal
@@ -490,13 +467,10 @@ def _forward_x_causal_stage(binding: Binding) -> Binding:
     """A ``forward(x)`` class that is not causal as built: the constructor flag that makes it causal, if one does."""
     if not stages.bool_flags(binding):  # nothing to flip: its forward is not run here (a crash would end a driver)
         return binding
-    probe = replace(_probe(binding), causal=True)
-    try:
-        if stages.forward_is_causal(binding, probe):
-            return binding
-    except Exception:  # the cases will show what it raises
+    probe = replace(binding.probe, causal=True)
+    if forward_is_causal(binding, probe):
         return binding
-    return stages.causal_by_flag(binding, lambda b: stages.forward_is_causal(b, probe)) or binding
+    return stages.causal_by_flag(binding, lambda b: forward_is_causal(b, probe)) or binding
 
 
 def _takes_mask(target) -> bool:
@@ -516,8 +490,8 @@ def implementation_fields(obj, source: str) -> dict:
 
     binding = with_own_config(bind(obj), skip=("window",) if _takes_mask(obj) else ())
     try:
-        binding = stages.construct(binding, _probe(binding), environment_cause)
-        binding = stages.kv_heads_by_shape(stages.bias_by_flag(binding, _probe(binding)), _probe(binding))
+        binding = stages.construct(binding, binding.probe, environment_cause)
+        binding = stages.ints_by_shape(stages.bias_by_flag(binding, binding.probe), binding.probe)
     except stages.ConstructionError as exc:  # raised again at build: the first cause, before any later probe
         return {"factory": stages.raising_factory(binding, exc), "source": source}
     inferred: dict = {}
@@ -530,7 +504,7 @@ def implementation_fields(obj, source: str) -> dict:
     variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
     own = dict(caps.pop("own", {}))
-    if "gqa" not in declared and stages.always_one_kv_head(binding, _probe(binding)):
+    if "gqa" not in declared and stages.always_one_kv_head(binding, binding.probe):
         own["kv_heads"], caps["gqa"] = 1, True
         evidence.append("kv heads: always 1 (multi-query: built for 4 heads, its weight matrices hold one key/value "
                         "head's, and no constructor parameter sets them): cases with other kv heads are skipped")

@@ -24,22 +24,20 @@ import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
-from attnbench.plugins import heads
+from attnbench.plugins import forms, heads
+from attnbench.plugins.binding import PROBE, SQUARE_PROBE
 from attnbench.plugins.context import bind_context
 from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
 from attnbench.plugins.qk_norm import Gain, NormError, find_gains
 from attnbench.spec import AttnSpec
 from attnbench.weights import NAMES, Adapter, CanonicalWeights, gain_shapes, random_weights
 
-PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=4)
-"""d_in, d_out, 3*d_out, head_dim and num_heads all differ, so each shape says what it is."""
-SQUARE_PROBE = AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4)
-"""For constructors that take one width (``embed_dim``, ``n_embd``, a config): d_in == d_out."""
 GQA_PROBE_KV_HEADS = 2
 """The probes' kv heads for a grouped-query spec: keys and values of width 12, unlike every other size."""
 DISPLAY = AttnSpec(d_in=768, d_out=768, context_length=1024, dropout=0.0, num_heads=12)
@@ -524,6 +522,7 @@ class PluginFactory:
         self._layouts: dict[bool, Layout] = {}
         self.evidence: list[str] = []  # what was inferred about the class and why (plugins.inference), for check -v
         self.imported = ""  # how its file was imported (plugins.loading.how_imported), for check -v
+        self.form = None  # what its forward takes and does before its projections, probed once (plugins.forms)
         self.__name__ = f"{getattr(binding.target, '__name__', 'plugin')}_factory"
 
     def own_spec(self, spec: AttnSpec, qk_norm: tuple[str, ...] = ()) -> AttnSpec:
@@ -560,7 +559,25 @@ class PluginFactory:
                                    f"current token apart: a window of one key would be window=0 for it ({OWN_CONSTRAINT})")
         return replace(spec, window=spec.window - 1)
 
+    def refuse_form(self) -> None:
+        """Raise, once probed (:mod:`~attnbench.plugins.forms`), why the class is no bare sequence attention layer: it
+        takes images, or norms its input before its projections. The first build probes, never the plug-in's load."""
+        if self.form is None:
+            from attnbench.plugins.measured import _bounded
+
+            probe = replace(self.binding.probe, num_kv_heads=self.own.get("kv_heads"))
+            try:
+                probe = self.own_spec(probe)
+            except UnavailableError:  # the probe's sizes are not the class's: the cases show what it does
+                self.form = False
+                return
+            guard = _bounded(SimpleNamespace(), forms.PROBE_S)  # its own: a slow probe here stops no measured one
+            self.form = forms.probe_class(self.binding, self.context, probe, guard) or False
+        if self.form:
+            raise self.form.error(getattr(self.binding.target, "__qualname__", "the class"))
+
     def __call__(self, spec: AttnSpec) -> nn.Module:
+        self.refuse_form()  # the first true cause, before its weights are mapped or any case runs
         spec = self.own_spec(spec)  # what the class always applies is filled in: no spec lacks it any more
         refused = [f for f in self.refuses if getattr(spec, f) != _SPEC_DEFAULTS[f]]
         if refused:
@@ -584,7 +601,7 @@ class PluginFactory:
         sinks = bool(getattr(spec, "sinks", False))  # issue 37: a (num_heads,) sink parameter exists only then
         key = (spec.qkv_bias, gqa, qk_norm, sinks)
         if key not in self._layouts:
-            probe = replace(SQUARE_PROBE if self.binding.same_width_only else PROBE, qkv_bias=spec.qkv_bias,
+            probe = replace(self.binding.probe, qkv_bias=spec.qkv_bias,
                             num_kv_heads=(self.own.get("kv_heads") or GQA_PROBE_KV_HEADS) if gqa else None,
                             qk_norm=qk_norm, sinks=sinks)  # own kv_heads: multi-query by construction
             try:

@@ -239,9 +239,7 @@ def _tau(probe: _Probe, a: torch.Tensor, x1: torch.Tensor, placement: str,
 def _pairing_free(plan) -> bool:
     """Tables with each frequency once (``freqs_cis``, ``freqs_cos``/``freqs_sin``, nanochat's half-width
     ``cos_sin``): the class, not the table, decides which dimensions pair."""
-    from attnbench.plugins.context import PER_FREQUENCY
-
-    return bool(set(PER_FREQUENCY) & set(plan.tables)) or plan.table_dims == "seq_half"
+    return any(plan.per_frequency(n) for n in plan.tables) or plan.table_dims == "seq_half"
 
 
 NORM_WORDS = ("norm", "rsqrt")

@@ -31,8 +31,11 @@ HINTS: dict[str, tuple[str, ...]] = {
     "context_length": ("ctx", "len", "block", "pos", "seq", "max", "context", "window"),
     "dropout": ("drop", "pdrop", "p"),
     "qkv_bias": ("bias",),
+    "d_context": ("context", "ctx", "cross", "encoder", "cond", "memory", "kv", "dim"),
 }
-"""Fragments of a parameter's name that make a role its first candidate (probes still decide)."""
+"""Fragments of a parameter's name that make a role its first candidate (probes still decide). ``d_context`` is the
+width of a second input (cross-attention's ``context_dim``): ``d_in`` again, for self-attention; it is a candidate only
+for a name that hints at it, beside a parameter that takes ``d_in``."""
 PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4, num_kv_heads=2),
           AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5))
 """Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size."""
@@ -76,6 +79,7 @@ def _candidates(p: inspect.Parameter, taken: set[str]) -> list[str]:
     ann = _annotation(p)
     roles = list(INT_ROLES) if ann is int else ["dropout"] if ann is float else ["qkv_bias"] if ann is bool else \
         [*INT_ROLES, "dropout", "qkv_bias"] if ann is inspect.Parameter.empty else []
+    roles += ["d_context"] if "d_in" in roles and _score(p, "d_context") else []
     return sorted((r for r in roles if r not in taken), key=lambda r: -_score(p, r))
 
 
@@ -101,8 +105,10 @@ def _fits(module: nn.Module, spec: AttnSpec, forward_only_x: bool) -> bool:
     try:
         with torch.no_grad():
             out = module.float().eval()(x)
-    except Exception:
-        return False
+    except Exception:  # an image class fits too: its first build refuses it as such (plugins.forms)
+        from attnbench.plugins.forms import image_form
+
+        return image_form(module, spec.d_in) is not None
     out = out[0] if isinstance(out, tuple) else out
     return isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 5, spec.d_out)
 
@@ -129,7 +135,7 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
     for tries, combo in enumerate(itertools.product(*options)):
         if tries >= MAX_TRIES:
             break
-        if len(set(combo)) < len(combo):
+        if len(set(combo)) < len(combo) or ("d_context" in combo and "d_in" not in {*combo, *taken}):
             continue
         params = tuple(zip((p.name for p in unknown), combo, strict=True))
         if "num_kv_heads" not in combo and "num_kv_heads" not in taken:

@@ -122,22 +122,6 @@ def causal_by_flag(binding: Binding, is_causal) -> Binding | None:
     return None
 
 
-def forward_is_causal(binding: Binding, spec: AttnSpec) -> bool:
-    """Does a ``forward(x)`` class built by ``binding`` at ``spec`` give causal outputs (changing the last of 5 tokens
-    changes only the last output)?"""
-    module = binding(spec).eval()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 5, spec.d_in, generator=g)
-    y = x.clone()
-    y[:, -1] += torch.randn(spec.d_in, generator=g)
-    with torch.no_grad():
-        a, b = (module(t) for t in (x, y))
-    a, b = (t[0] if isinstance(t, tuple) else t for t in (a, b))
-    diff = (a - b).abs().amax(dim=(0, 2))
-    scale = a.abs().max().clamp_min(1e-6)
-    return bool((diff[:-1] <= 1e-5 * scale).all() and diff[-1] > 1e-3 * scale)
-
-
 def _bias_elements(binding: Binding, probe: AttnSpec) -> int:
     module = binding(probe)
     return sum(p.numel() for p in module.parameters() if p.dim() == 1) if isinstance(module, nn.Module) else -1
@@ -194,30 +178,38 @@ def _outputs(binding: Binding, probe: AttnSpec, bind, theta: float, params: dict
     return [o[0] if isinstance(o, tuple) else o for o in outs], used
 
 
-def kv_heads_by_shape(binding: Binding, probe: AttnSpec) -> Binding:
-    """``binding`` with an unbound optional int constructor parameter given the spec's kv heads when its effect says it
-    is their number, whatever its name (mamba's ``num_heads_kv=None``): built with 2 for the probe's 4 heads, the class's
-    weight matrices hold exactly what grouped-query attention with 2 kv heads holds, which they do not as built."""
-    if binding.style != "keywords" or "num_kv_heads" in binding.fields or not inspect.isclass(binding.target):
+def ints_by_shape(binding: Binding, probe: AttnSpec) -> Binding:
+    """``binding`` with unbound optional int constructor parameters given a role when their effect on the weights says
+    which, whatever their names: the kv heads (mamba's ``num_heads_kv=None``: built with 2 for 4 heads, the class's
+    weight matrices hold what grouped-query attention with 2 kv heads holds, which they do not as built), or the width
+    of a second input (a cross-attention's ``context_dim=768``: built with d_in, they hold what self-attention holds)."""
+    if binding.style != "keywords" or not inspect.isclass(binding.target):
         return binding
     try:
         params = signature(binding.target).parameters.values()
     except (TypeError, ValueError):
         return binding
-    taken = {p for p, _ in (*binding.params, *binding.extras, *binding.causal_flags)}
     grouped = replace(probe, num_heads=4, num_kv_heads=2)
+    tries = {"num_kv_heads": (grouped, 2, "with {p}=2 for 4 heads its weight matrices hold what grouped-query attention "
+                                          "with 2 kv heads holds"),
+             "d_context": (probe, probe.d_in, "with {p}=d_in its weight matrices hold what self-attention holds, and as "
+                                              "built they do not: the width of its second input")}
     for p in params:
+        taken = {n for n, _ in (*binding.params, *binding.extras, *binding.causal_flags)}
         if p.name in taken or isinstance(p.default, bool) or not (p.default is None or isinstance(p.default, int)):
             continue
-        try:
-            as_built, with_kv = (_matrix_elements(b, grouped) for b in (binding, replace(binding, extras=(
-                *binding.extras, (p.name, 2)))))
-        except Exception:  # this parameter breaks the class at 2: not the kv heads
-            continue
-        if with_kv == weight_elements(grouped) != as_built:
-            note = (f"{p.name}: the spec's kv heads, decided by a probe (built with {p.name}=2 for 4 heads its weight "
-                    "matrices hold what grouped-query attention with 2 kv heads holds)")
-            return replace(binding, params=(*binding.params, (p.name, "num_kv_heads")), notes=(*binding.notes, note))
+        for role, (spec, value, why) in tries.items():
+            if role in binding.fields:
+                continue
+            try:
+                as_built, with_role = (_matrix_elements(b, spec) for b in (binding, replace(binding, extras=(
+                    *binding.extras, (p.name, value)))))
+            except Exception:  # this parameter breaks the class at this value: not this role
+                continue
+            if with_role == weight_elements(spec) != as_built:
+                note = f"{p.name}: the spec's {role}, decided by a probe (built {why.format(p=p.name)})"
+                binding = replace(binding, params=(*binding.params, (p.name, role)), notes=(*binding.notes, note))
+                break
     return binding
 
 
