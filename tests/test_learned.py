@@ -124,3 +124,17 @@ def test_a_concurrent_executor_gets_the_longest_units_first(tmp_path, monkeypatc
     session.measure(lock="off")
     # seconds 16, 32, 16, 0: each round starts with the longest unit, ties in the sweep's order
     assert executor.order == [32, 16, 64, 96] * 2
+
+
+def test_a_concurrent_executor_without_a_history_keeps_the_shuffle(tmp_path):
+    from attnbench.runner.session import RunSession
+
+    executor = _Concurrent()
+    sweep = Sweep(impl=("sdpa",), seq_len=(16, 32, 64, 96, 128, 160), settings=Settings(drift=0.0, cpu_bind=False,
+                                                                                        rounds=3))
+    session = RunSession.start(sweep, out=tmp_path, executor="local", make_executor=lambda *a: executor)
+    session.measure(lock="off")
+    assert session.learned is None
+    rounds = [executor.order[i:i + 6] for i in (0, 6, 12)]
+    assert all(sorted(r) == [16, 32, 64, 96, 128, 160] for r in rounds) and len({tuple(r) for r in rounds}) > 1
+

@@ -7,7 +7,9 @@
 * **schedule**: the cells that differ only in the implementation form a comparison group, the unit of work
   (:class:`~attnbench.runner.executors.base.WorkUnit`) an executor measures in one go, its members timed in
   alternation (:func:`~attnbench.runner.group.run_group`); every group once per round and measuring process, in a
-  fresh seeded order each round, with the processes rotated so that no process always measures first;
+  fresh seeded order each round, with the processes rotated so that no process always measures first (an executor
+  that measures units at once, Ray, gets them longest first when earlier runs price them:
+  :mod:`attnbench.runner.learned`);
 * **merge**: the rows of a cell measured in several rounds and processes become one row
   (:func:`~attnbench.runner.cell.merge_rounds`); a cell that fails in any round is final as it failed and not run
   again; when every member of a group is final, the group's paired speed-ups against the sweep's baseline are
@@ -35,7 +37,7 @@ from attnbench.results.store import RunStore, load_run, new_run_id
 from attnbench.runner import compile_cache, phases
 from attnbench.runner.cell import add_speedups, merge_rounds, paired_base
 from attnbench.runner.executors.base import Executor, WorkUnit
-from attnbench.runner.learned import longest_first
+from attnbench.runner.learned import Learned, longest_first
 from attnbench.runner.sweep import Settings, Sweep
 
 Progress = Callable[[int, int, Cell, dict | None], None]
@@ -152,8 +154,8 @@ class RunSession:
             for p in _process_order(r, processes):  # interleaved: a slow phase hits every process alike
                 todo = [tuple(c for c in members if not self._is_final(c)) for members in self.groups.values()]
                 todo = [members for members in todo if members]
-                if getattr(self.executor, "concurrent", False):  # units measured at once: the longest first
-                    todo = longest_first(todo, self.learned)
+                if getattr(self.executor, "concurrent", False) and isinstance(self.learned, Learned):
+                    todo = longest_first(todo, self.learned)  # units measured at once: the longest first
                 elif self.units_per_cell > 1:  # a fresh order each round, so slow phases of the machine hit every group alike
                     todo = random.Random(settings.seed * 1000 + r * processes + p).sample(todo, len(todo))
                 yield [WorkUnit(members, process=p, round=r) for members in todo]
