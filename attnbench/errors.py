@@ -30,6 +30,13 @@ class AttnbenchError(Exception):
         super().__init__(*args, **kwargs)
 
 
+class CellTimeout(Exception):
+    """Raised inside a cell that ran past ``cell_timeout_s`` (:func:`attnbench.runner.cell.deadline`).
+
+    Deliberately not an :class:`AttnbenchError`: code that turns a user's error into a refusal (a plug-in's constructor
+    that fails becomes a :class:`PluginLoadError`) must let a timeout through, so that the cell's row says ``timeout``."""
+
+
 class InvalidSpecError(AttnbenchError, ValueError):
     """An :class:`~attnbench.spec.AttnSpec` (or a sweep axis) has impossible sizes."""
 

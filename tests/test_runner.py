@@ -67,6 +67,18 @@ def test_fault_statuses(tmp_path):
     assert bad.median_s.isna().all() and (bad.n == 0).all()  # a failed cell never reports a time
 
 
+def test_a_hang_under_a_probe_or_a_swallowing_except_is_a_timeout_ended_in_process(tmp_path):
+    """A forward that hangs while the form probes of its build call it (CI saw the cell's alarm turned into a
+    PluginLoadError ``error`` row under load, and here the probes' ``except`` swallowed it until the worker was killed)
+    and a forward that swallows the first alarm both end as ``timeout`` rows by the cell's own alarm, not by killing
+    the worker after the grace."""
+    impls = [plugin("Hangs"), plugin("SwallowsTimeouts")]
+    df = run_tiny(tmp_path, impls, settings={"cell_timeout_s": 1.0}).set_index("impl")
+    for impl in impls:
+        assert df.loc[impl, "status"] == "timeout", df.loc[impl, "error"]
+        assert "did not stop" not in df.loc[impl, "error"]  # the alarm ended it; the worker was not killed
+
+
 def test_invalid_combinations_are_skipped_rows_not_crashes(tmp_path):
     df = run_tiny(tmp_path, ["sdpa", "sdpa_efficient", "flex"], num_heads=[2, 3], mode=["forward", "forward+backward"])
     assert len(df) == 3 * 2 * 2

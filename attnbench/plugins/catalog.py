@@ -14,7 +14,7 @@ from torch import nn
 
 from attnbench.correctness.masks import KINDS as MASK_KINDS
 from attnbench.devices import DTYPES
-from attnbench.errors import AttnbenchError, PluginLoadError
+from attnbench.errors import AttnbenchError, CellTimeout, PluginLoadError
 from attnbench.plugins.exits import plugin_exits
 from attnbench.resolve import Ready, Skip, resolve
 from attnbench.spec import QK_NORMS, ROPE_STYLES, AttnSpec
@@ -108,7 +108,7 @@ class Implementation:
         try:
             with plugin_exits(f"{self.name}'s constructor"):
                 module = self.factory(spec)
-        except AttnbenchError:
+        except (AttnbenchError, CellTimeout):  # a constructor that runs forward (a binding probe) can time out
             raise
         except Exception as exc:  # a plug-in's constructor: name it and say what failed
             raise PluginLoadError(f"{self.name} failed to build for {spec}: {type(exc).__name__}: {exc}") from exc

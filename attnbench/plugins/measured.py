@@ -70,6 +70,10 @@ that sleeps or hangs, ends the measured probes of that class ("not measured"): t
 often the driver, which no cell timeout guards (a class whose forward sleeps 60 s once held a run for 8 minutes)."""
 
 
+REPEAT_ALARM_S = 0.25
+"""Seconds between the alarms that follow a probe call's first one until the call ends (a forward may swallow one)."""
+
+
 class ProbeTooSlow(RuntimeError):
     """A probe call took longer than :data:`PROBE_CALL_S` (or an earlier one did): nothing more is measured."""
 
@@ -88,7 +92,8 @@ def _bounded(factory, seconds: float = PROBE_CALL_S):
 
     old = signal.signal(signal.SIGALRM, on_alarm) if armed else None
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if armed else None  # a forward may block SIGALRM and keep it
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds) if armed else (0.0, 0.0)
+    # repeating: a forward that swallows the first alarm gets another (it ends the probe, not the process)
+    outer, every = signal.setitimer(signal.ITIMER_REAL, seconds, REPEAT_ALARM_S) if armed else (0.0, 0.0)
     t0 = time.perf_counter()
     try:
         yield
@@ -103,7 +108,7 @@ def _bounded(factory, seconds: float = PROBE_CALL_S):
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (it would end the process later, under SIG_DFL)
             signal.signal(signal.SIGALRM, old)
             if outer > 0:
-                signal.setitimer(signal.ITIMER_REAL, max(outer - spent, 1e-3))
+                signal.setitimer(signal.ITIMER_REAL, max(outer - spent, 1e-3), every)
         if spent > seconds:
             factory._probe_too_slow = True
 

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnbench.devices import device_name, synchronize
-from attnbench.errors import AttnbenchError, InvalidSpecError, PluginLoadError, SweepError, UnavailableError, UnknownImplementationError
+from attnbench.errors import (
+    AttnbenchError,
+    CellTimeout,
+    InvalidSpecError,
+    PluginLoadError,
+    SweepError,
+    UnavailableError,
+    UnknownImplementationError,
+)
 from attnbench.measure import (
     accuracy,
     contention,
@@ -56,8 +64,8 @@ if TYPE_CHECKING:
     from attnbench.runner.workload import Workload
 
 
-class CellTimeout(Exception):
-    """Raised inside a cell that ran past ``cell_timeout_s``."""
+REPEAT_ALARM_S = 0.25
+"""Seconds between the alarms that follow a cell's first :class:`CellTimeout` until its deadline block ends."""
 
 
 @contextlib.contextmanager
@@ -66,22 +74,37 @@ def deadline(seconds: float | str | None):
 
     In-process this interrupts Python-level hangs; a hang inside one native kernel call is only
     interrupted when it returns to Python, so use ``--isolate`` (a subprocess that is killed) for those.
+    The alarm repeats every :data:`REPEAT_ALARM_S` until the block ends, and a block that ends after the alarm by
+    any other way (code that swallowed the :class:`CellTimeout`, a probe's ``except Exception`` that tried the next
+    guess or turned it into a refusal) raises :class:`CellTimeout` then: a cell past its deadline is a ``timeout``
+    row, ended in-process, never a refusal or an ``error`` that the timing of a busy machine chose.
     """
     seconds = budget.seconds(seconds)  # "auto" without a plan (a direct call): the floor
     if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
+    message = f"cell exceeded its timeout of {seconds:g} s (--cell-timeout SECONDS or none to change it)"
+    fired = []
 
     def on_alarm(signum, frame):
-        raise CellTimeout(f"cell exceeded its timeout of {seconds:g} s (--cell-timeout SECONDS or none to change it)")
+        fired.append(time.perf_counter())
+        raise CellTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, REPEAT_ALARM_S)
     try:
         yield
+    except CellTimeout:
+        raise
+    except Exception as exc:
+        if fired:  # what the swallowed alarm became (a refusal, an error): the cause is the deadline
+            raise CellTimeout(message) from exc
+        raise
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if fired:  # the block swallowed every alarm and finished late
+        raise CellTimeout(message)
 
 
 @contextlib.contextmanager

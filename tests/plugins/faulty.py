@@ -109,3 +109,19 @@ class KilledInForward(_Base):
     def forward(self, x):
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(5)
+
+
+class SwallowsTimeouts(_Base):
+    """Hangs in forward, swallows the first exception raised while it waits (as a probe's ``except Exception`` that
+    tries the next guess does), then hangs again; bounded to two minutes."""
+
+    def forward(self, x):
+        end = time.monotonic() + 120.0
+        try:
+            while time.monotonic() < end:
+                time.sleep(0.05)
+        except Exception:  # noqa: S110 - the point of this class
+            pass
+        while time.monotonic() < end:
+            time.sleep(0.05)
+        raise RuntimeError("SwallowsTimeouts gave up after 120 s (the test meant to time it out did not)")
