@@ -24,11 +24,13 @@ def test_a_real_convention_passes_check_unchanged(repo_cwd, capsys, cls):
 @pytest.mark.parametrize("target", ["kwargs_config_padding_mask.py:KwargsConfigAttention",
                                     "rope_and_length_by_other_names.py:RopeArgAttention",
                                     "width_named_n_state.py:StateWidthAttention",
-                                    "string_causal_mask.py:StringMaskAttention"])
+                                    "string_causal_mask.py:StringMaskAttention",
+                                    "batched_mask.py:BatchedMaskAttention"])
 def test_reach_conventions_pass(repo_cwd, capsys, target):
     """Classes reproducing minimind (a **kwargs config, a padding mask left None), lit-llama (``rope``,
     ``max_seq_length``), Whisper (``n_state``; a mask whose content is ignored) and lingua (a constructor theta beside
-    forward tables, rotation matrices): tests/plugins/reach_roles."""
+    forward tables, rotation matrices), sooftware/attentions (a ``(B, T, T)`` mask: the causal probe runs two rows, so a
+    form that works at batch 1 only is not bound): tests/plugins/reach_roles."""
     code, out, err = run(["check", "tests/plugins/reach_roles/" + target, "--kind", "forward,backward,causality,decode"],
                          capsys)
     assert code == 0 and "PASS" in out, out + err
@@ -289,3 +291,55 @@ def test_cross_attention_whose_context_width_can_be_x_s_passes_as_self_attention
                                                         ("causality", "props", "float64")])
     assert all(r.status == "pass" for r in results.values()), [(k, r.status, r.message) for k, r in results.items()]
     assert ("context_dim", "d_context") in impl.factory.binding.params and impl.factory.context.inputs == ("context",)
+
+
+UN = "unnamed_projections.py:"
+
+
+@pytest.mark.parametrize("cls", ["ListedProjections", "FourNets", "ShuffledNets", "ConcatOut", "FrozenScale"])
+def test_projections_no_name_binds_are_bound_by_shape_and_probe(repo_cwd, capsys, cls):
+    """BERT-pytorch's ModuleList of three, pytorch-original-transformer's four unnamed nets, hyunwoongko's w_concat and
+    PatchTST's frozen scale were refused at the weight mapping (a held-out corpus); bound by shape, ordered by a probe,
+    they pass."""
+    dtypes = ["--dtype", "float32"] if cls == "FrozenScale" else []  # in float64 its scale is float32-rounded
+    code, out, err = run(["check", "-v", RR + UN + cls, "--kind", "forward,backward,causality,no_side_effects", *dtypes],
+                         capsys)  # no_side_effects hashed a 0-dim parameter as bytes and raised (PatchTST)
+    assert code == 0 and "PASS" in out, out + err
+    said = " ".join(out.split())
+    if cls == "ShuffledNets":  # registration order is v, q, k: only the probe binds them right
+        assert "q <- qkv_nets.1, k <- qkv_nets.2, v <- qkv_nets.0, o <- out_projection_net: measured" in said
+    if cls == "FrozenScale":
+        assert "scale: kept as built" in said
+
+
+def test_the_role_probe_reads_what_each_projection_does_not_its_place():
+    """:func:`by_shape.qkv_roles` on a plain causal attention that reads its slots in a shuffled order finds that
+    order, with and without the output projection among the slots, and says None for a class it cannot read (keys
+    rotated by position)."""
+    from attnbench.plugins import by_shape
+    from attnbench.spec import AttnSpec
+
+    spec = AttnSpec(d_in=8, d_out=8, context_length=8, dropout=0.0, num_heads=2)
+
+    def attention(wq, wk, wv, wo, x, rotate=False):
+        q, k, v = x @ wq.T, x @ wk.T, x @ wv.T
+        if rotate:
+            k = k * torch.arange(1, x.shape[1] + 1, dtype=x.dtype)[:, None]
+        b, t, d = q.shape
+        q, k, v = (z.view(b, t, 2, d // 2).transpose(1, 2) for z in (q, k, v))
+        s = (q @ k.transpose(-2, -1) / (d // 2) ** 0.5).masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d) @ wo.T
+
+    def slots(w):
+        return [w.W_q, w.W_k, w.W_v, w.W_o]
+
+    for order in ((0, 1, 2), (2, 0, 1), (1, 2, 0)):  # slot indices of q, k, v
+        def run3(w, x, order=order):
+            m = slots(w)
+            return attention(m[order[0]], m[order[1]], m[order[2]], w.W_o, x)
+        assert by_shape.qkv_roles(run3, spec) == order
+    def run4(w, x):  # registration order o, v, q, k
+        m = slots(w)
+        return attention(m[2], m[3], m[1], m[0], x)
+    assert by_shape.qkv_roles(run4, spec, slots=4) == (2, 3, 1, 0)
+    assert by_shape.qkv_roles(lambda w, x: attention(*slots(w), x, rotate=True), spec) is None

@@ -425,8 +425,9 @@ def _run_strided_input(impl, case: Case, device: torch.device) -> CaseResult:
 # --- no side effects ------------------------------------------------------------------------------
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.detach().contiguous().view(torch.uint8),
-                                              b.detach().contiguous().view(torch.uint8))
+    # reshape(-1): a 0-dim tensor (a frozen scalar scale, PatchTST's) cannot be viewed as bytes of another size
+    return a.shape == b.shape and torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
+                                              b.detach().contiguous().reshape(-1).view(torch.uint8))
 
 
 def _changed(module, x: torch.Tensor, x_before: torch.Tensor, params_before: dict[str, torch.Tensor]) -> str | None:

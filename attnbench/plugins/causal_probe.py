@@ -44,7 +44,7 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
     except Exception as exc:
         return f"does not build at the probe's sizes ({type(exc).__name__}: {exc})"
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 5, spec.d_in, generator=g)
+    x = torch.randn(2, 5, spec.d_in, generator=g)  # two rows: a mask form that only works at batch 1 is not bound
     y = x.clone()
     y[:, -1] += torch.randn(spec.d_in, generator=g)
     try:  # a wrong form may run with a warning (a complex table cast to real): the probe's, not the user's
@@ -53,7 +53,7 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
             a, b = module(x), module(y)
     except Exception as exc:
         return _raised(exc, build)
-    if not isinstance(a, torch.Tensor) or a.shape[:2] != (1, 5) or not torch.isfinite(a).all():
+    if not isinstance(a, torch.Tensor) or a.shape[:2] != (2, 5) or not torch.isfinite(a).all():
         return False
     diff = (a - b).abs().amax(dim=(0, 2))
     scale = a.abs().max().clamp_min(1e-6)

@@ -69,14 +69,17 @@ another type) is refused with this list."""
 @dataclass(frozen=True)
 class MaskForm:
     """How a class reads its mask: ``hidden`` (bool, True = hidden), ``keep`` (bool, True = attend) or
-    ``additive`` (float, 0 or -inf); ``dims`` 2 for ``(T_new, T_total)``, 4 for ``(1, 1, T_new, T_total)``."""
+    ``additive`` (float, 0 or -inf); ``dims`` 2 for ``(T_new, T_total)``, 4 for ``(1, 1, T_new, T_total)``, 3 for
+    ``(1, T_new, T_total)``, :data:`BATCHED` for ``(B, T_new, T_total)``."""
 
     kind: str
     dims: int = 2
 
-    def make(self, hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def make(self, hidden: torch.Tensor, dtype: torch.dtype, batch: int = 1) -> torch.Tensor:
         m = hidden if self.kind == "hidden" else ~hidden if self.kind == "keep" else \
             torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(hidden, float("-inf"))
+        if self.dims == BATCHED:  # one per batch row, a real copy: such a class may view or repeat it
+            return m[None].repeat(batch, 1, 1)
         return m[None, None] if self.dims == 4 else m[None] if self.dims == 3 else m
 
     def describe(self) -> str:
@@ -85,8 +88,12 @@ class MaskForm:
         return f"{words}, {SHAPES[self.dims]}"
 
 
-SHAPES = {2: "(T_new, T_total)", 3: "(1, T_new, T_total), broadcast over the batch", 4: "(1, 1, T_new, T_total)"}
-MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3) for k in ("hidden", "keep", "additive"))
+BATCHED = -3
+"""``MaskForm.dims`` of a ``(B, T_new, T_total)`` mask, one per batch row (sooftware/attentions, diffusers: a class that
+repeats or views it per head and refuses to broadcast)."""
+SHAPES = {2: "(T_new, T_total)", 3: "(1, T_new, T_total), broadcast over the batch", 4: "(1, 1, T_new, T_total)",
+          BATCHED: "(B, T_new, T_total), one per batch row"}
+MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3, BATCHED) for k in ("hidden", "keep", "additive"))
 
 
 @dataclass(frozen=True)
@@ -295,7 +302,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     if masked:
         form = plan.mask_form or MASK_FORMS[0]
         hidden = step_mask(spec, start, T, device)
-        kwargs[plan.mask] = form.make(hidden if decoding else hidden[:, start:], dtype)
+        kwargs[plan.mask] = form.make(hidden if decoding else hidden[:, start:], dtype, x.shape[0])
     if plan.tables:
         rows = torch.arange(spec.context_length if plan.full_tables else T, device=device)
         cos, sin = rope_rows(spec, rows if plan.full_tables else rows + start, "half", dtype, device)

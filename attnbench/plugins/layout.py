@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
-from attnbench.plugins import forms, heads
+from attnbench.plugins import by_shape, forms, heads
 from attnbench.plugins.binding import PROBE, SQUARE_PROBE
 from attnbench.plugins.context import bind_context
 from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
@@ -114,6 +114,9 @@ class Layout:
     fixed_gain: float | None = None  # a QK-norm without weights, then a constant factor (plugins.measured)
     kv_groups: str = ""  # "strided": query head h reads kv head h % kv_heads (plugins.heads, measured)
     eye_out: bool = False  # no output projection at all (x-transformers with one head): W_o held at I
+    by_shape: tuple[str, ...] = ()  # issue 46: what names did not bind and shape did (plugins.by_shape)
+    qkv_slots: tuple[str, ...] = ()  # three unnamed q/k/v weights, registration order, until a probe orders them
+    qkv_order: str = ""  # how they were ordered: "measured" by plugins.by_shape.qkv_roles, or why not
 
     @property
     def composed(self) -> bool:
@@ -127,6 +130,8 @@ class Layout:
         like = w.W_q
         state = {}
         for s in self.sources:
+            if s.constant == "kept":  # left as built (plugins.by_shape.kept_scalars)
+                continue
             if s.constant:
                 dims = [spec.d_in if d == "d_in" else spec.d_out if d == "d_out" else int(d) for d in s.shape]
                 t = torch.eye(dims[0], dtype=like.dtype, device=like.device) if s.constant == "eye" else \
@@ -198,8 +203,8 @@ class Layout:
         lines = []
         for s in self.sources:
             if s.constant:
-                value = "I" if s.constant == "eye" else "0"
-                lines.append(f"{s.param} = {value} (fixed: {s.note})")
+                value = {"eye": " = I", "zero": " = 0", "kept": ": kept as built"}[s.constant]
+                lines.append(f"{s.param}{value} (fixed: {s.note})")
                 continue
             if s.per_head:
                 n = heads_of(s.canonical[0], spec)
@@ -221,6 +226,8 @@ class Layout:
             lines.append(f"g_q = g_k = {self.fixed_gain:.4g} (fixed: its QK-norm has no weights; measured, see above)")
         lines += self.low_rank.describe() if self.low_rank is not None else []
         lines += ["W_o = I (fixed: the module has no output projection at these sizes)"] if self.eye_out else []
+        lines += [f"bound by shape (no name says their role): {note}" for note in self.by_shape]
+        lines += [f"q, k, v order: {self.qkv_order}"] if self.qkv_slots else []
         lines += ["query head h reads kv head h % kv_heads (measured): it holds canonical head (h % kv_heads) * "
                   "(num_heads // kv_heads) + h // kv_heads"] if self.kv_groups else []
         lines += [f"{n} = 0 (the module has no such parameter; the reference holds it at zero)" for n in sorted(self.held_at_zero)]
@@ -271,9 +278,10 @@ class _Group:
     owner: str  # linear | conv1d | raw
 
 
-def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> Layout:
+def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True, shape: bool = True) -> Layout:
     """The :class:`Layout` of ``module`` built for ``spec`` (a probe whose sizes differ); raises
-    :class:`PluginLoadError` listing the parameters when no unambiguous layout exists."""
+    :class:`PluginLoadError` listing the parameters when no unambiguous layout exists. ``shape``: what names leave
+    unbound is bound by shape (:mod:`~attnbench.plugins.by_shape`)."""
     params = dict(module.named_parameters())  # frozen (requires_grad=False) weights are weights too
     modules = dict(module.named_modules())
     shapes = canonical_shapes(spec)
@@ -307,6 +315,8 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
     for g in groups:
         _claim_group(g, spec, shapes, claim, orient, problems)
     _hold_inner_out_proj(mha_outs, claims, sources)
+    shaped = _claim_by_shape(params, modules, sources, claims, gain_params, spec, shapes, claim) \
+        if shape and not problems else ()
     _settle_square(sources, orient, problems)
     more = _claim_problems(claims, sources, params, gain_params, spec, bool(problems))
     eye_out = not problems and more == [NO_OUT]  # every parameter claimed, and no output projection: W_o = I
@@ -315,7 +325,28 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True) -> La
         raise MappingError(_mapping_error(module, params, spec, problems), problems)
     held, missing = _held_and_missing(claims, spec, has_qkv_bias)
     return Layout(tuple(sources.values()), frozenset(held), missing, gains=tuple(gains), low_rank=low_rank, sinks=sinks,
-                  eye_out=eye_out)
+                  eye_out=eye_out, by_shape=tuple(f.note for f in shaped),
+                  qkv_slots=next((f.qkv_slots for f in shaped if f.qkv_slots), ()))
+
+
+def _covered(sources: dict[str, Source], spec: AttnSpec) -> set[str]:
+    """The parameter names the sources set (a per-head template once per head)."""
+    return {src.param.format(i=i) if src.per_head else src.param
+            for src in sources.values() for i in range(heads_of(src.canonical[0], spec) if src.per_head else 1)}
+
+
+def _claim_by_shape(params, modules, sources, claims, gain_params, spec, shapes, claim) -> tuple[by_shape.Found, ...]:
+    """Claim what names left unbound, by shape (:mod:`~attnbench.plugins.by_shape`), and keep frozen scalars as built."""
+    taken = _covered(sources, spec) | set(gain_params)
+    missing = [n for n in ("W_q", "W_k", "W_v", "W_o") if not claims.get(n)]
+    found = tuple(by_shape.bind(params, modules, taken, missing, shapes)) if missing else ()
+    for f in found:
+        for param, canonical in f.claims:
+            claim(Source(param, canonical))
+    for name in by_shape.kept_scalars(params, _covered(sources, spec) | set(gain_params)):
+        claim(Source(name, constant="kept", note=f"a frozen scalar no canonical weight stands for, "
+                                                 f"{params[name].item():.4g} as built on the probe"))
+    return found
 
 
 NO_OUT = "no parameter found for W_o"
@@ -386,8 +417,7 @@ def _claim_problems(claims: dict[str, list[str]], sources: dict[str, Source], pa
     for name in ("W_q", "W_k", "W_v", "W_o"):
         if not claims.get(name) and not (had_problems or problems):
             problems.append("no recognisable projections" if not claims else f"no parameter found for {name}")
-    covered = {src.param.format(i=i) if src.per_head else src.param
-               for src in sources.values() for i in range(heads_of(src.canonical[0], spec) if src.per_head else 1)}
+    covered = _covered(sources, spec)
     unclaimed = [n for n in params if n not in covered and n not in gain_params]
     if unclaimed and not had_problems and problems in ([], [NO_OUT]):
         problems = [*problems, f"no canonical counterpart for {', '.join(unclaimed)}"]
@@ -520,6 +550,8 @@ class PluginFactory:
         self.context = context  # a plugins.context.ContextPlan: forward takes its mask, rotary tables, cache
         self.has_qkv_bias = has_qkv_bias
         self._layouts: dict[bool, Layout] = {}
+        self._qkv_roles: tuple[int, ...] | None = None  # three unnamed q/k/v projections: their measured order
+        self._qkv_why = ""  # why the probe could not order them
         self.evidence: list[str] = []  # what was inferred about the class and why (plugins.inference), for check -v
         self.imported = ""  # how its file was imported (plugins.loading.how_imported), for check -v
         self.form = None  # what its forward takes and does before its projections, probed once (plugins.forms)
@@ -607,19 +639,46 @@ class PluginFactory:
             try:
                 probe_module = self.binding(probe)
             except Exception:  # the class refuses the probe's sizes: read the layout off the module itself
-                return self._discover(module, spec)
-            self._layouts[key] = self._grouped(self._discover(probe_module, probe), probe) if gqa else \
-                self._discover(probe_module, probe)
+                return self._ordered(self._discover(module, spec))
+            found = self._ordered(self._discover(probe_module, probe))  # never cached unordered: a refusal every time
+            self._layouts[key] = self._grouped(found, probe) if gqa else found
         layout = self._layouts[key]
         params = dict(module.named_parameters())
         if any(s.param not in params for s in layout.sources if not s.per_head and not s.constant):
-            layout = replace(self._discover(module, spec), kv_groups=layout.kv_groups)  # another shape at these sizes
+            layout = replace(self._ordered(self._discover(module, spec)), kv_groups=layout.kv_groups)  # another shape at these sizes
         if layout.same_width_reason and spec.d_in != spec.d_out:
             raise UnavailableError(f"{self.binding.describe()} needs d_in == d_out: {layout.same_width_reason}")
         if layout.square_only_problem and spec.d_in != spec.d_out:
             raise PluginLoadError(f"{type(module).__name__}'s parameters do not fit d_in={spec.d_in} != d_out={spec.d_out} "
                                   f"(they do when d_in == d_out): {layout.square_only_problem}")
         return layout
+
+    def _ordered(self, layout: Layout) -> Layout:
+        """``layout`` with three (or four) unnamed projections ordered by what each does, measured once on the plain
+        probe (:func:`~attnbench.plugins.by_shape.qkv_roles`); a :class:`MappingError` when the probe cannot tell."""
+        if not layout.qkv_slots:
+            return layout
+        plain = replace(self.binding.probe, qkv_bias=False, num_kv_heads=None)
+        if self._qkv_roles is None:
+            try:
+                module = self.binding(plain).double().eval()
+                plain_layout = self._discover(module, plain)
+                bound = bind_context(module, self.context, plain) if self.context is not None else module
+                self._qkv_roles = by_shape.qkv_roles(lambda w, x: _loaded_output(module, bound, plain_layout, w, x, plain),
+                                                     plain, len(layout.qkv_slots)) or ()
+                self._qkv_why = "no slot alone behaves as a query, key or value projection does"
+            except Exception as exc:  # noqa: BLE001 - named in the refusal
+                self._qkv_roles, self._qkv_why = (), f"the probe raised {type(exc).__name__}: {exc}"
+        if not self._qkv_roles:
+            detail = (f"bound by shape ({'; '.join(layout.by_shape)}), but a probe of what each does could not tell "
+                      f"which is which: {self._qkv_why}")
+            try:
+                discover(self.binding(plain), plain, self.has_qkv_bias, shape=False)
+            except MappingError as exc:
+                raise MappingError(f"{exc} ({detail})", exc.problems) from None
+            raise MappingError(detail, [detail])
+        sources, how = by_shape.assign(layout.sources, layout.qkv_slots, self._qkv_roles)
+        return replace(layout, sources=sources, qkv_order=how)
 
     def _grouped(self, layout: Layout, probe: AttnSpec) -> Layout:
         """``layout`` with the order in which the class's query heads read its kv heads (:mod:`~attnbench.plugins.heads`)."""
@@ -653,6 +712,17 @@ class PluginFactory:
             except Exception:
                 raise exc from None
             return replace(layout, square_only_problem="; ".join(exc.problems))
+
+
+def _loaded_output(module: nn.Module, bound, layout: Layout, w: CanonicalWeights, x: torch.Tensor,
+                   spec: AttnSpec) -> torch.Tensor:
+    """``bound(x)`` (``module`` with its context bound) after loading ``w`` through ``layout``."""
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, value in layout.to_state(w, spec).items():
+            params[name].copy_(value)
+        out = bound(x)
+    return out[0] if isinstance(out, tuple | list) else out
 
 
 def _first_of_tuple(module: nn.Module, args, output):
