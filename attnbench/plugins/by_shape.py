@@ -39,7 +39,7 @@ class Found:
 
     claims: tuple[tuple[str, tuple[str, ...]], ...]
     note: str
-    qkv_slots: tuple[str, ...] = ()  # the three weights in registration order, when a probe must order them
+    qkv_slots: tuple[str, ...] = ()  # the three (or four) weights in registration order, for a probe to order
 
 
 def unclaimed_linears(params: dict[str, nn.Parameter], modules: dict[str, nn.Module], taken: set[str]) -> list[str]:
@@ -104,7 +104,7 @@ def qkv_roles(run: Run, spec: AttnSpec, slots: int = 3, seed: int = 0) -> tuple[
     d_in, d_out = spec.d_in, spec.d_out
     x = torch.randn(1, 6, d_in, generator=g, dtype=torch.float64)
     x[..., 0] = 1.0  # a coordinate every token shares: a projection reading only it is the same for every token
-    mats = [torch.randn(d_out, d_in, generator=g, dtype=torch.float64) / d_in ** 0.5 for _ in range(6)]
+    mats = [torch.randn(d_out, d_in, generator=g, dtype=torch.float64) / d_in ** 0.5 for _ in range(4)]
     eye = torch.eye(d_out, dtype=torch.float64)
 
     def out(m: list[torch.Tensor]) -> torch.Tensor:

@@ -115,8 +115,8 @@ class Layout:
     kv_groups: str = ""  # "strided": query head h reads kv head h % kv_heads (plugins.heads, measured)
     eye_out: bool = False  # no output projection at all (x-transformers with one head): W_o held at I
     by_shape: tuple[str, ...] = ()  # issue 46: what names did not bind and shape did (plugins.by_shape)
-    qkv_slots: tuple[str, ...] = ()  # three unnamed q/k/v weights, registration order, until a probe orders them
-    qkv_order: str = ""  # how they were ordered: "measured" by plugins.by_shape.qkv_roles, or why not
+    qkv_slots: tuple[str, ...] = ()  # three (or four) unnamed q/k/v(/o) weights, in registration order
+    qkv_order: str = ""  # the roles plugins.by_shape.qkv_roles measured for them, in words (check -v)
 
     @property
     def composed(self) -> bool:

@@ -71,7 +71,8 @@ often the driver, which no cell timeout guards (a class whose forward sleeps 60 
 
 
 REPEAT_ALARM_S = 0.25
-"""Seconds between the alarms that follow a probe call's first one until the call ends (a forward may swallow one)."""
+"""Seconds between the alarms that follow a probe call's (or a cell's, :func:`attnbench.runner.cell.deadline`) first one
+until the call ends: a forward may swallow one."""
 
 
 class ProbeTooSlow(RuntimeError):

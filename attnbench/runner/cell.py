@@ -51,6 +51,7 @@ from attnbench.measure import (
 from attnbench.measure.memory import MemoryResult
 from attnbench.measure.stats import paired_speedup, split_groups, summarize, summarize_groups
 from attnbench.models.generate import rescaled_rates
+from attnbench.plugins.measured import REPEAT_ALARM_S
 from attnbench.registry import resolve
 from attnbench.resolve import Ready, Skip
 from attnbench.results.schema import Cell, clear_measurements, display_name, empty_row
@@ -64,30 +65,27 @@ if TYPE_CHECKING:
     from attnbench.runner.workload import Workload
 
 
-REPEAT_ALARM_S = 0.25
-"""Seconds between the alarms that follow a cell's first :class:`CellTimeout` until its deadline block ends."""
-
-
 @contextlib.contextmanager
 def deadline(seconds: float | str | None):
     """Raise :class:`CellTimeout` in this (main) thread after ``seconds`` (``"auto"``: the default floor).
 
     In-process this interrupts Python-level hangs; a hang inside one native kernel call is only
     interrupted when it returns to Python, so use ``--isolate`` (a subprocess that is killed) for those.
-    The alarm repeats every :data:`REPEAT_ALARM_S` until the block ends, and a block that ends after the alarm by
-    any other way (code that swallowed the :class:`CellTimeout`, a probe's ``except Exception`` that tried the next
-    guess or turned it into a refusal) raises :class:`CellTimeout` then: a cell past its deadline is a ``timeout``
-    row, ended in-process, never a refusal or an ``error`` that the timing of a busy machine chose.
+    The alarm repeats every :data:`~attnbench.plugins.measured.REPEAT_ALARM_S` (the probes' interval) until the block
+    ends, and a block that ends after the alarm by any other way (code that swallowed the :class:`CellTimeout`, a
+    probe's ``except Exception`` that tried the next guess or turned it into a refusal) raises :class:`CellTimeout`
+    then: a cell past its deadline is a ``timeout`` row, ended in-process, never a refusal or an ``error`` that the
+    timing of a busy machine chose.
     """
     seconds = budget.seconds(seconds)  # "auto" without a plan (a direct call): the floor
     if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
     message = f"cell exceeded its timeout of {seconds:g} s (--cell-timeout SECONDS or none to change it)"
-    fired = []
+    fired = []  # set once the alarm has gone off
 
     def on_alarm(signum, frame):
-        fired.append(time.perf_counter())
+        fired.append(True)
         raise CellTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
