@@ -295,9 +295,22 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "masked scores", "raises RuntimeError in float16"),
     ("SoftmaxWithoutMax", ["SoftmaxWithoutMax"], ("extreme_logits", "extreme", "float16"), "probabilities",
      "where the reference is finite"),
+    # round 12: what the second unseen set (docs/localize.md) found misnamed
+    ("ValuesTiledKeysInterleaved", ["ValuesTiledKeysInterleaved"], ("forward", "gqa", "float64"),
+     "probabilities @ V", "computed from this line"),
+    ("OutputProjectionLeftOut", ["OutputProjectionLeftOut"], ("forward", "gpt_like", "float64"), "output",
+     "the class returns the reference's merged heads"),
+    ("KeysScaledToo", ["KeysScaledToo"], ("forward", "gpt_like", "float64"), "k", "k is scaled here"),
+    ("KeysTurnedBack", ["KeysTurnedBack"], ("forward", "rope_half_theta500_gqa", "float64"), "rotated k",
+     "; q, k, v and rotated q match up to"),
+    ("KeysTurnedBackAnyForm", ["KeysTurnedBack"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated k", "(in half pairs turned by +theta, not the form this case checks, rotated q matches"),
+    ("CapLeftOut", ["CapLeftOut"], ("forward", "softcap", "float64"), "capped scores", "off by a factor of 0.5"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
-                    ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like")]
+                    ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
+                    ("GroupedSteps", "gqa"), ("FusedSDPA", "gpt_like"), ("HalfRotaryHelper", "rope_half_theta500_gqa"),
+                    ("CappedSteps", "softcap")]
 
 
 def _run(target: str, kind: str, shape: str, dtype: str):

@@ -119,6 +119,22 @@ def test_strided_kv_heads_and_no_output_projection_pass_as_measured(repo_cwd):
     assert "W_o = I" in " ".join(impl.build(one, "cpu", torch.float32).weight_adapter.layout.describe(one))
 
 
+def test_keys_and_values_read_in_different_orders_are_not_reordered(repo_cwd):
+    """``repeat`` on the values and ``repeat_interleave`` on the keys: the value probe alone reads "strided", the key
+    probe reads the reference's order, and no order of the query heads makes the class right, so none is applied
+    (its GQA cases fail and localisation names the values' line; tests/test_localize.py)."""
+    from attnbench import registry
+    from attnbench.plugins import heads
+    from attnbench.spec import AttnSpec
+
+    gqa = AttnSpec(32, 32, 12, 0.0, 4, True, num_kv_heads=2)
+    for cls, want in (("ValuesTiledKeysInterleaved", ""), ("GroupedSteps", "")):
+        impl = registry.get(f"tests/plugins/planted_conventions.py:{cls}")
+        assert impl.build(gqa, "cpu", torch.float32).weight_adapter.layout.kv_groups == want, cls
+    impl = registry.get(RR + "strided_kv_heads_no_out.py:StridedKVAttention")
+    assert impl.build(gqa, "cpu", torch.float32).weight_adapter.layout.kv_groups == heads.STRIDED
+
+
 def test_a_bias_flag_by_its_effect_and_an_inert_theta_is_no_rope(repo_cwd):
     """mamba's MHA: ``qkv_proj_bias`` is the q/k/v bias switch because building with it adds exactly those biases,
     ``num_heads_kv`` the kv heads because building with it gives grouped-query weights; ``rotary_emb_base`` changes

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,7 +41,7 @@ from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles
-from attnbench.correctness.localize_scale import moved_scale
+from attnbench.correctness.localize_scale import moved_scale, scaled_chain
 from attnbench.correctness.stages import OPTIONAL, ORDER, Stage
 
 __all__ = ["CHAIN", "Localization", "cannot_tell", "locate", "localize_case", "localize_failures", "matches",
@@ -50,6 +50,10 @@ __all__ = ["CHAIN", "Localization", "cannot_tell", "locate", "localize_case", "l
 ENTRY = {"q": "scores", "k": "scores", "v": "probabilities @ V"}
 """The main-chain stage each projection chain feeds."""
 
+
+NOT_HOMOGENEOUS = frozenset({"tanh", "softmax", "log_softmax", "exp", "sigmoid", "erf", "gelu", "silu", "relu",
+                             "rms_norm", "layer_norm", "normalize", "cos", "sin"})
+"""Calls whose output off by a factor says nothing of their input's (a soft-cap's ``tanh(s / C)`` missing its ``C *``)."""
 
 FACTOR_MATCH = 1e-6
 """Two factors within this (relative) are the same factor."""
@@ -83,9 +87,10 @@ def downstream(name: str, present: list[str]) -> list[str]:
     return [s for s in later if CHAIN.get(s) == chain or (s not in CHAIN and ORDER.index(s) >= entry)]
 
 
-def locate(records: list[Record], stages: list[Stage], tol: float, returned: int | None = None) -> Localization:
+def locate(records: list[Record], stages: list[Stage], tol: float, returned: int | None = None,
+           returned_at: tuple[str, int, str] | None = None) -> Localization:
     """The first divergence of ``records`` (one replayed forward) from ``stages`` (the reference's), within ``tol``;
-    ``returned``: the index of the record the forward returned, if known."""
+    ``returned``: the index of the record the forward returned, if known, and ``returned_at`` the ``return`` line."""
     if not records:
         return cannot_tell("no intermediate of the class was recorded: its forward made no torch call from its own "
                            "code (compiled, scripted or an extension?)")
@@ -96,8 +101,8 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     if isinstance(div, Localization):
         return div
     if div is None:
-        return _missing_steps(ev, returned) or _nothing_diverges(ev)
-    for refine in (swapped_roles, moved_scale):
+        return _missing_steps(ev, returned, returned_at) or _nothing_diverges(ev)
+    for refine in (swapped_roles, moved_scale, scaled_chain):
         found = refine(div, ev)
         if found is not None:
             return found
@@ -110,6 +115,8 @@ def _factor_origin(div: Divergence, ev: Evidence) -> Divergence:
     fit = div.fit
     if not (div.exact and fit.fit <= ev.tol and math.isfinite(fit.factor) and fit.factor and abs(fit.factor - 1) > ev.tol):
         return div
+    if div.rec.op.removeprefix("Tensor.") in NOT_HOMOGENEOUS:
+        return div  # tanh(x / C) is not tanh(x) / C: a factor its output is off by did not come from its input
     for i in div.rec.args:
         if i is None or i in ev.sound:
             continue
@@ -151,9 +158,10 @@ def _nothing_diverges(ev: Evidence) -> Localization:
     return cannot_tell("no tensor of the class has the form of the stage that diverges")
 
 
-def _missing_steps(ev: Evidence, returned: int | None) -> Localization | None:
+def _missing_steps(ev: Evidence, returned: int | None, returned_at: tuple[str, int, str] | None = None) -> Localization | None:
     """The forward returns a tensor equal to an earlier stage of the main chain (the merged heads: no output
-    projection): named at the line that returned it, as the first stage after that one."""
+    projection): named at the ``return`` that returned it (``returned_at``; else the line that computed it), as the
+    first stage after that one."""
     if returned is None or "output" in ev.matched or returned not in ev.explained:
         return None
     equal = [n for n in ev.explained[returned] if n in ORDER and n not in CHAIN]
@@ -162,6 +170,8 @@ def _missing_steps(ev: Evidence, returned: int | None) -> Localization | None:
     last = max(equal, key=ORDER.index)
     nxt = next(s.name for s in ev.stages if s.name in ORDER and ORDER.index(s.name) > ORDER.index(last))
     rec = ev.records[returned]
+    if returned_at is not None and (returned_at[0], returned_at[1]) != (rec.path, rec.line):
+        rec = replace(rec, path=returned_at[0], line=returned_at[1], text=returned_at[2], caller=None)
     words = f"the class returns the reference's {last}: the steps from {last} to the output are missing"
     return named(nxt, rec, words, {k: v for k, v in ev.matched.items() if ORDER.index(k) < ORDER.index(nxt)})
 
@@ -209,7 +219,7 @@ def _candidate(stage: Stage, later: list[Stage], pool: list[Record], ev: Evidenc
     if not compatible:
         return None
     rec, fit = compatible[0]
-    root = _root(rec, {r.index: r for r in pool}, ev.sound)
+    root = _root(rec, {r.index: r for r in ev.records if r.index not in ev.explained}, ev.sound)
     return Divergence(stage.name, root, fit, False, seen=None if root is rec else rec)
 
 
@@ -289,7 +299,7 @@ def _localize_replay(rp: Replay, case, tol: float) -> Localization:
     """The first divergence of one replay: where it raised, else in its values (the stages at +theta when q and k
     turn opposite ways), else in its gradients."""
     from attnbench.correctness.localize_raise import raised
-    from attnbench.correctness.localize_rope import opposite_turns
+    from attnbench.correctness.localize_rope import opposite_turns, other_form
 
     if rp.error is not None:
         found = raised(rp, case.dtype, tol)
@@ -298,9 +308,12 @@ def _localize_replay(rp: Replay, case, tol: float) -> Localization:
         return found
     turned = opposite_turns(rp.records, rp.stages, rp.plus_theta, tol)
     stages = rp.stages if turned is None else rp.plus_theta
-    found = locate(rp.records, stages, tol, rp.returned)
+    found = locate(rp.records, stages, tol, rp.returned, rp.returned_at)
     if turned is not None and found.stage in ("rotated q", "rotated k"):
         found = turned(found)
+    elif turned is None:
+        found = other_form(rp.records, found, stages, rp.conventions, tol,
+                           lambda alt: locate(rp.records, alt, tol, rp.returned, rp.returned_at)) or found
     if rp.backward is not None and found.stage is None and found.line.endswith("forward's values)"):
         found = _backward_finding(rp.records, stages, rp.backward, tol) or found
     return found

@@ -81,6 +81,17 @@ class Evidence:
         """The projection chains (``q``, ``k``, ``v``) whose stages record ``index`` equals."""
         return {CHAIN[n] for n in self.explained.get(index, ()) if n in CHAIN}
 
+    def ancestors(self, index: int) -> set[int]:
+        """The indices of the records record ``index`` was computed from (directly or not), and itself."""
+        todo, seen = [index], set()
+        while todo:
+            i = todo.pop()
+            if i is None or i in seen or i >= len(self.records):
+                continue
+            seen.add(i)
+            todo += list(self.records[i].inputs)
+        return seen
+
     def descendants(self, index: int) -> set[int]:
         """The indices of the records computed (directly or not) from record ``index``, and itself."""
         reached = {index}

@@ -165,6 +165,42 @@ class Recorder(TorchFunctionMode):
         return (*found[0][:3], caller, (found[0][0], found[0][4]))
 
 
+class ReturnLines:
+    """Where the class's own functions returned tensors: ``with ReturnLines() as r: out = module(x)``, then
+    ``r.line_of(out)``, the ``(path, line, text)`` of the last (outermost: the forward's own) ``return`` of the
+    class's code that returned ``out`` (alone or in a tuple), which is the place of a step left out at the end
+    (``return y``, the output projection gone). A profile hook, set only while the replayed forward runs."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[torch.Tensor, str, int]] = []
+        self._old = None
+
+    def __enter__(self):
+        self._old = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(self._old)
+
+    def _hook(self, frame, event, arg) -> None:
+        if event != "return" or arg is None:
+            return
+        path = frame.f_code.co_filename
+        if path.startswith(_SKIP_DIRS) or path.startswith("<"):
+            return
+        for t in (arg if isinstance(arg, tuple) else (arg,)):
+            if isinstance(t, torch.Tensor):
+                self.seen.append((t, path, frame.f_lineno))
+
+    def line_of(self, out) -> tuple[str, int, str] | None:
+        out = out[0] if isinstance(out, tuple) and out else out
+        for t, path, line in reversed(self.seen):  # the outermost: the forward's own return
+            if t is out:
+                return path, line, linecache.getline(path, line).strip()
+        return None
+
+
 def _name(func) -> str:
     """A torch call's short name: ``linear``, ``matmul``, ``Tensor.transpose``."""
     name = getattr(func, "__name__", None) or repr(func)

@@ -13,11 +13,11 @@ stages at the default +theta come too: a class that turns q and k opposite ways 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from attnbench.correctness.localize_record import Failure, Record, Recorder
+from attnbench.correctness.localize_record import Failure, Record, Recorder, ReturnLines
 from attnbench.correctness.stages import Stage, capture, staged
 
 
@@ -35,6 +35,8 @@ class Replay:
     plus_theta: list[Stage] | None = None
     failure: Failure | None = None
     error: Exception | None = None
+    returned_at: tuple[str, int, str] | None = None  # the class's return statement that returned it
+    conventions: list[tuple[str, list[Stage]]] = field(default_factory=list)  # the stages in the other RoPE forms
 
 
 def replays(impl, case, device: str = "cpu", seed: int = 0, grad: bool = False) -> list[Replay]:
@@ -90,16 +92,20 @@ def _replay(impl, built, x, dtype: str, device: str, grad: bool) -> Replay:
         with capture(live=grad) as notes:
             ref_out = reference(x64, w64, built.spec)
         plus = _plus_theta(x64.detach(), w64, built.spec)
+        others = _conventions(x64.detach(), w64, built.spec)
+        lines = ReturnLines()
         try:
-            with rec:
+            with rec, lines:
                 out = built.module(x_dev)
         except Exception as exc:  # the class raised: where, when in a torch call of its own code
-            return Replay(rec.records, _detached(notes, built.spec), plus_theta=plus, failure=rec.failure, error=exc)
+            return Replay(rec.records, _detached(notes, built.spec), plus_theta=plus, failure=rec.failure, error=exc,
+                          conventions=others)
         backward = None
         if grad:
             g = torch.randn(*ref_out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
             backward = out, g.to(device=out.device, dtype=out.dtype), reference_grads(notes, ref_out, g)
-    return Replay(rec.records, _detached(notes, built.spec), backward, rec.index_of(out), plus)
+    return Replay(rec.records, _detached(notes, built.spec), backward, rec.index_of(out), plus,
+                  returned_at=lines.line_of(out), conventions=others)
 
 
 def _detached(notes: dict, spec) -> list[Stage]:
@@ -117,3 +123,24 @@ def _plus_theta(x64: torch.Tensor, w64, spec) -> list[Stage] | None:
     with torch.no_grad(), capture() as notes:
         reference(x64, w64, plus)
     return staged(notes, plus)
+
+
+def _conventions(x64: torch.Tensor, w64, spec) -> list[tuple[str, list[Stage]]]:
+    """The reference's stages in each RoPE form other than the measured one (pairs half or interleaved, turned by
+    +theta or -theta), named; none without RoPE. A bug in a class's rotation can make the probes read the wrong
+    form (:func:`~attnbench.correctness.localize_rope.other_form`)."""
+    from attnbench.correctness.cases import reference
+    from attnbench.spec import ROPE_STYLES
+
+    if spec.rope_theta is None or spec.kv_lora_rank is not None:  # MLA has no staged reference
+        return []
+    out = []
+    for style in ROPE_STYLES:
+        for sign in (1, -1):
+            if (style, sign) == (spec.rope_style, getattr(spec, "rope_sign", 1)):
+                continue
+            alt = replace(spec, rope_style=style, rope_sign=sign)
+            with torch.no_grad(), capture() as notes:
+                reference(x64, w64, alt)
+            out.append((f"{style} pairs turned by {'+' if sign == 1 else '-'}theta", staged(notes, alt)))
+    return out

@@ -6,6 +6,13 @@ reflecting q and k). A class that turns its queries by -theta and its keys by +t
 ``conj()`` on the queries only) has no direction: the probe reports one side's, the reference follows it, and the
 side that is right is blamed. When the rotated queries match one direction and the rotated keys only the other, the
 divergence is located against the reference's default (+theta): the side that turns the other way is named.
+
+The same holds for the pairs: when the form a case checks is not the class's (a class that pairs halves declared for
+every form, or a bug on one side that misleads a probe), neither side matches and the right side is blamed, although
+a bug on one side (a sign flipped in the keys' line of a helper shared by both) is what made it fail. When the
+divergence is at a rotated stage where neither side matches and, in another form (pairs half or interleaved, +theta
+or -theta), one rotated side matches and the other does not, the divergence is located in that form
+(:func:`other_form`).
 """
 
 from __future__ import annotations
@@ -42,3 +49,26 @@ def _noted(found: Localization, note: str) -> Localization:
     found.line = found.line.replace(f": {found.detail}", f": {found.detail}{note}", 1)
     found.detail += note
     return found
+
+
+ROTATED = ("rotated q", "rotated k")
+
+
+def other_form(records: list[Record], found: Localization, measured: list[Stage],
+               conventions: list[tuple[str, list[Stage]]], tol: float,
+               locate: Callable[[list[Stage]], Localization]) -> Localization | None:
+    """``found`` (at a rotated stage of ``measured``, the stages in the RoPE form the probes read, where neither
+    rotated side matches) located again in the first other form of ``conventions`` in which exactly one rotated side
+    matches, noted; ``None`` when there is none."""
+    if found.stage not in ROTATED or any(name in matches(records, measured, tol)[0] for name in ROTATED):
+        return None  # one side matches the form the probes read: that form stands
+    for form, stages in conventions:
+        got, _ = matches(records, stages, tol)
+        if sum(name in got for name in ROTATED) != 1:
+            continue
+        again = locate(stages)
+        if again.stage in ROTATED and again.stage != found.stage:
+            right = next(name for name in ROTATED if name in got)
+            return _noted(again, f" (in {form}, not the form this case checks, {right} matches the reference and "
+                                 f"only this side differs)")
+    return None

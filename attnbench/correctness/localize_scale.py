@@ -4,6 +4,11 @@
 expected is the unscaled one (at the mask line, off by exactly ``1/scale``). That line is right for what it was given;
 the bug is where the scale went. When a later tensor of the class is one of its own inputs times exactly the score
 scale, the scale was applied there, and that line is named, at the stage where the scale was missed.
+
+A scale applied twice (``k = k * scale`` above ``q @ k.T * scale``) is seen first at the scores, which are right
+for what they were given: when the divergence was computed from a query, key or value tensor that is its stage up to
+a factor (and a query scaled by the score scale is a form of its own, ``scaled q``, not this), that tensor's line is
+named (:func:`scaled_chain`).
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import math
 
 import torch
 
-from attnbench.correctness.localize_finding import Evidence, Localization, named
-from attnbench.correctness.localize_match import compare
+from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, named
+from attnbench.correctness.localize_match import best_fit, compare
 from attnbench.correctness.localize_record import Record
 
 SLOT = ("scaled scores", "masked scores")
@@ -64,3 +69,22 @@ def _scales(rec: Record, ev: Evidence, scale: float) -> bool:
         return False
     fit = compare(got[keep], was[keep] * scale)
     return fit.error <= max(ev.tol, EXACT)
+
+
+def scaled_chain(div, ev: Evidence) -> Localization | None:
+    """The line of a query, key or value tensor that ``div`` was computed from and that is its stage times a factor
+    other than 1 (``k * scale`` beside the scores' own scale); ``None`` when there is none."""
+    for i in sorted(ev.ancestors(div.rec.index)):
+        if i in ev.explained or i == div.rec.index:
+            continue
+        rec = ev.records[i]
+        for stage in ev.stages:
+            if stage.name not in CHAIN or stage.name == "scaled q":
+                continue
+            fit = best_fit(stage, rec.value, ev.tol, strict=False)
+            if (fit is not None and fit.fit <= ev.tol and math.isfinite(fit.factor) and fit.factor != 0
+                    and abs(fit.factor - 1) > ev.tol):
+                words = (f"{fit.words(ev.tol)}: {stage.name} is scaled here, and what {div.rec.where} computes from "
+                         f"it is {div.name} {div.fit.words(ev.tol)}")
+                return named(stage.name, rec, words, ev.matched)
+    return None

@@ -17,6 +17,7 @@ def head_probs(scores: torch.Tensor, h: int, w: CanonicalWeights, spec: AttnSpec
     b, T = scores.shape[0], scores.shape[-1]
     if spec is not None and spec.softcap is not None:
         scores = spec.softcap * torch.tanh(scores / spec.softcap)
+        note("capped scores", scores, h)
     if alibi is not None:
         scores = scores + alibi[h]
     scores = scores.masked_fill(~allowed, float("-inf"))

@@ -19,11 +19,12 @@ _NOTES: contextvars.ContextVar[tuple[dict, bool] | None] = contextvars.ContextVa
                                                                                   default=None)
 
 ORDER = ("q", "k", "v", "q heads", "k heads", "v heads", "normed q", "normed k", "rotated q", "rotated k", "scaled q",
-         "scores", "scaled scores", "masked scores", "probabilities", "probabilities @ V", "merged heads", "output")
+         "scores", "scaled scores", "capped scores", "masked scores", "probabilities", "probabilities @ V", "merged heads", "output")
 """Every stage's name, in the order the reference computes them (``scaled q``: the scale folded into the queries,
-a form some classes take; the reference never computes it, it is derived)."""
+a form some classes take; the reference never computes it, it is derived; ``capped scores``: ``C * tanh(s / C)``, with
+a soft-cap only)."""
 
-OPTIONAL = frozenset({"scaled q", "masked scores"})
+OPTIONAL = frozenset({"scaled q", "capped scores", "masked scores"})
 """Stages a correct class may never produce as a tensor of its own (the scale folded into q; an additive mask or
 SDPA skips the masked scores); a failure is named at one only when a candidate fits it up to a factor (or, the
 masked scores, masks other positions). The raw scores are skipped only when the scaled q matched."""
@@ -89,8 +90,9 @@ def staged(notes: dict, spec) -> list[Stage]:
             out.append(Stage(name, heads(notes[name]), "bthd", None, group if name.endswith("k") else 1))
     last_q = heads(notes.get("rotated q", notes.get("normed q", notes["q"])))
     out.append(Stage("scaled q", last_q * spec.score_scale, "bthd", None))
-    for name in ("scores", "scaled scores", "masked scores", "probabilities"):
-        out.append(Stage(name, _stacked(notes[name]), "bhij"))
+    for name in ("scores", "scaled scores", "capped scores", "masked scores", "probabilities"):
+        if name in notes:
+            out.append(Stage(name, _stacked(notes[name]), "bhij"))
     out.append(Stage("probabilities @ V", _stacked(notes["probabilities @ V"]), "bhid", False))
     out.append(Stage("merged heads", heads(notes["merged heads"]), "bthd", True))
     out.append(Stage("output", notes["output"], "bto"))

@@ -9,7 +9,9 @@ canonical head ``(h % kv)·g + h // kv`` in the class's head ``h`` (its rows of 
 
 The probe: weights chosen so that every query scores every key alike (``W_q = W_k = 0``), kv head ``j``'s values are
 all ``j + 1`` (a token whose first feature is 1) and ``W_o = I``: the class's output in head ``h``'s columns is the
-number of the kv head it read, plus one.
+number of the kv head it read, plus one. The keys are probed too, one kv head at a time (only its keys grow with the
+position, so the query heads that read it attend to the last token): a class whose keys and values are read in
+different orders is not reordered, because no order of its query heads makes it right.
 """
 
 from __future__ import annotations
@@ -53,24 +55,73 @@ def reorder(w: CanonicalWeights, spec: AttnSpec, groups: str, inverse: bool = Fa
 
 def measure(run, to_state, spec: AttnSpec) -> str:
     """``""`` when the class's query head ``h`` reads kv head ``h // g`` (the reference's order), :data:`STRIDED` when
-    it reads ``h % num_kv_heads``; ``""`` too when the probe shows neither (the GQA cases show what it does).
+    it reads ``h % num_kv_heads``; ``""`` too when the probe shows neither (the GQA cases show what it does), and when
+    its keys and its values are read in different orders (``repeat`` on one, ``repeat_interleave`` on the other: a
+    bug no order of the query heads hides, so its GQA cases fail and localisation names the line).
     ``run(state, x)`` loads ``state`` (``to_state(w, spec)``) into a class built at ``spec`` and returns its output."""
-    heads, kv, hd = spec.num_heads, spec.num_kv_heads or spec.num_heads, spec.head_dim
+    heads, kv = spec.num_heads, spec.num_kv_heads or spec.num_heads
+    g = heads // kv
+    values = _value_reads(run, to_state, spec)
+    if values != [h % kv for h in range(heads)] or values == [h // g for h in range(heads)]:
+        return ""
+    keys = _key_reads(run, to_state, spec)
+    return "" if keys is not None and keys != values else STRIDED
+
+
+def _probe_weights(spec: AttnSpec) -> CanonicalWeights:
+    """Weights with zero biases, ``W_o = I`` and no sink, for the order probes to fill in."""
     w = random_weights(spec)
-    w_v = torch.zeros_like(w.W_v)
-    for j in range(kv):
-        w_v[j * hd:(j + 1) * hd, 0] = j + 1
     zero = {n: torch.zeros_like(t) for n, t in (("b_q", w.b_q), ("b_k", w.b_k), ("b_v", w.b_v)) if t is not None}
-    w = replace(w, W_q=torch.zeros_like(w.W_q), W_k=torch.zeros_like(w.W_k), W_v=w_v, b_o=torch.zeros_like(w.b_o),
-                W_o=torch.eye(spec.d_out, dtype=w.W_o.dtype), sinks=None if w.sinks is None else w.sinks - 1e4, **zero)
-    x = torch.zeros(1, 3, spec.d_in)
-    x[..., 0] = 1.0
+    return replace(w, W_q=torch.zeros_like(w.W_q), W_k=torch.zeros_like(w.W_k), W_v=torch.zeros_like(w.W_v),
+                   b_o=torch.zeros_like(w.b_o), W_o=torch.eye(spec.d_out, dtype=w.W_o.dtype),
+                   sinks=None if w.sinks is None else w.sinks - 1e4, **zero)
+
+
+def _reads(run, to_state, spec: AttnSpec, w: CanonicalWeights, x: torch.Tensor) -> list[float] | None:
+    """What each query head's first output feature holds for the last token; None when the class does not run."""
     try:
         with torch.no_grad():
             out = run(to_state(w, spec), x)
         out = out[0] if isinstance(out, tuple) else out
-        reads = [round(float(out[0, -1, h * hd])) - 1 for h in range(heads)]
+        return [float(out[0, -1, h * spec.head_dim]) for h in range(spec.num_heads)]
     except Exception:  # does not run at the probe's sizes: nothing measured
-        return ""
-    g = heads // kv
-    return STRIDED if reads == [h % kv for h in range(heads)] and reads != [h // g for h in range(heads)] else ""
+        return None
+
+
+def _value_reads(run, to_state, spec: AttnSpec) -> list[int] | None:
+    """The kv head whose values each query head reads: every query scores every key alike (``W_q = W_k = 0``) and
+    kv head ``j``'s values are all ``j + 1``."""
+    kv, hd = spec.num_kv_heads or spec.num_heads, spec.head_dim
+    w = _probe_weights(spec)
+    for j in range(kv):
+        w.W_v[j * hd:(j + 1) * hd, 0] = j + 1
+    x = torch.zeros(1, 3, spec.d_in)
+    x[..., 0] = 1.0
+    got = _reads(run, to_state, spec, w, x)
+    return None if got is None else [round(v) - 1 for v in got]
+
+
+def _key_reads(run, to_state, spec: AttnSpec, sharp: float = 20.0) -> list[int] | None:
+    """The kv head whose keys each query head reads, or None when the probe cannot tell (a QK-norm that undoes the
+    keys' size): token ``t`` has value ``t``, every query is 1, and only kv head ``j``'s keys grow with ``t``, so
+    the heads that read it attend to the last token (about 2) while the rest average the three (1)."""
+    heads, kv, hd = spec.num_heads, spec.num_kv_heads or spec.num_heads, spec.head_dim
+    if spec.d_in < 2:
+        return None
+    x = torch.zeros(1, 3, spec.d_in)
+    x[..., 0], x[0, :, 1] = 1.0, torch.arange(3.0)
+    reads: list[int | None] = [None] * heads
+    for j in range(kv):
+        w = _probe_weights(spec)
+        w.W_q[0::hd, 0] = 1.0
+        w.W_v[0::hd, 1] = 1.0
+        w.W_k[j * hd, 1] = sharp
+        got = _reads(run, to_state, spec, w, x)
+        if got is None or any(abs(v - 1) > 0.2 and abs(v - 2) > 0.2 for v in got):
+            return None
+        for h, v in enumerate(got):
+            if v > 1.5:
+                if reads[h] is not None:
+                    return None
+                reads[h] = j
+    return None if None in reads else reads

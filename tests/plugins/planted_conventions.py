@@ -249,3 +249,171 @@ class MaskFilledWithMinusBillion(FusedManual):
 class SoftmaxWithoutMax(FusedManual):
     def softmax(self, att):
         return att.exp() / att.exp().sum(dim=-1, keepdim=True)  # PLANTED
+
+
+# --- round 12: the conventions a second unseen set found misnamed (docs/localize.md) -----------------------------
+
+
+class GroupedSteps(nn.Module):
+    """Grouped-query attention written out, keys and values expanded to every query head on lines of their own."""
+
+    attnbench_capabilities = {"gqa": True, "dropout": False}
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.nkv = num_kv_heads or num_heads
+        self.wq = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.wk = nn.Linear(d_in, self.nkv * self.hd, bias=qkv_bias)
+        self.wv = nn.Linear(d_in, self.nkv * self.hd, bias=qkv_bias)
+        self.wo = nn.Linear(d_out, d_out)
+
+    def expand(self, k, v):
+        rep = self.nh // self.nkv
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        return k, v
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = self.wq(x).view(b, T, self.nh, self.hd).transpose(1, 2)
+        k = self.wk(x).view(b, T, self.nkv, self.hd).transpose(1, 2)
+        v = self.wv(x).view(b, T, self.nkv, self.hd).transpose(1, 2)
+        k, v = self.expand(k, v)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        y = att.softmax(dim=-1) @ v
+        return self.wo(y.transpose(1, 2).reshape(b, T, -1))
+
+
+class ValuesTiledKeysInterleaved(GroupedSteps):
+    def expand(self, k, v):
+        rep = self.nh // self.nkv
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat(1, rep, 1, 1)  # PLANTED
+        return k, v
+
+
+class FusedSDPA(nn.Module):
+    """nanoGPT's fused ``c_attn`` and SDPA, the heads merged and projected on lines of their own."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.nh, self.hd, self.d_out = num_heads, d_out // num_heads, d_out
+        self.c_attn = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
+        self.c_proj = nn.Linear(d_out, d_out)
+
+    def attend(self, x):
+        B, T, _ = x.shape
+        q, k, v = (t.view(B, T, self.nh, self.hd).transpose(1, 2) for t in self.c_attn(x).split(self.d_out, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).contiguous().view(B, T, self.d_out)
+
+    def forward(self, x):
+        y = self.attend(x)
+        y = self.c_proj(y)
+        return y
+
+
+class OutputProjectionLeftOut(FusedSDPA):
+    def forward(self, x):
+        y = self.attend(x)
+        return y  # PLANTED
+
+
+class KeysScaledToo(FusedManual):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in self.project(x))
+        k = k / math.sqrt(self.head_dim)  # PLANTED
+        att = self.scale(q @ k.transpose(-2, -1))
+        att = att.masked_fill(self.keep[:T, :T] == 0, float("-inf"))
+        y = self.softmax(att) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, T, self.d_out))
+
+
+class HalfRotaryHelper(nn.Module):
+    """Hugging Face's ``rotate_half`` tables applied by one helper to the queries and the keys."""
+
+    attnbench_capabilities = {"dropout": False, "gqa": True}
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, rope_theta=None,
+                 num_kv_heads=None):
+        super().__init__()
+        self.nh, self.hd, self.theta = num_heads, d_out // num_heads, rope_theta
+        self.nkv = num_kv_heads or num_heads
+        self.q_proj = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_in, self.nkv * self.hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_in, self.nkv * self.hd, bias=qkv_bias)
+        self.o_proj = nn.Linear(d_out, d_out)
+        if rope_theta is not None:
+            inv = 1.0 / rope_theta ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
+            angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv).repeat(1, 2)
+            self.register_buffer("cos", angles.cos(), persistent=False)
+            self.register_buffer("sin", angles.sin(), persistent=False)
+
+    @staticmethod
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    def rotary(self, q, k, cos, sin):
+        q_out = q * cos + self.rotate_half(q) * sin
+        k_out = k * cos + self.rotate_half(k) * sin
+        return q_out, k_out
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (p(x).view(b, T, -1, self.hd).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.theta is not None:
+            q, k = self.rotary(q, k, self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
+        return self.o_proj(y.transpose(1, 2).reshape(b, T, -1))
+
+
+class KeysTurnedBack(HalfRotaryHelper):
+    def rotary(self, q, k, cos, sin):
+        q_out = q * cos + self.rotate_half(q) * sin
+        k_out = k * cos - self.rotate_half(k) * sin  # PLANTED
+        return q_out, k_out
+
+
+class KeysTurnedBackAnyForm(KeysTurnedBack):
+    """The same bug in a class that declares every RoPE form: its interleaved case checks a form it does not have."""
+
+    attnbench_capabilities = {"dropout": False, "gqa": True, "rope": True}
+
+
+class CappedSteps(nn.Module):
+    """A soft-cap written in steps (Gemma 2's ``/ cap``, ``tanh``, ``* cap``), over an einsum."""
+
+    attnbench_capabilities = {"dropout": False, "softcap": True}
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, softcap=None):
+        super().__init__()
+        self.nh, self.hd, self.cap = num_heads, d_out // num_heads, softcap
+        self.Wqkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
+        self.out = nn.Linear(d_out, d_out)
+
+    def capped(self, logits):
+        logits = logits / self.cap
+        logits = logits.tanh() * self.cap
+        return logits
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.unflatten(-1, (self.nh, self.hd)).transpose(1, 2) for t in self.Wqkv(x).chunk(3, dim=-1))
+        logits = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(self.hd)
+        if self.cap is not None:
+            logits = self.capped(logits)
+        logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return self.out(torch.einsum("bhqk,bhkd->bhqd", logits.softmax(-1), v).transpose(1, 2).flatten(2))
+
+
+class CapLeftOut(CappedSteps):
+    def capped(self, logits):
+        logits = logits / self.cap
+        logits = logits.tanh()  # PLANTED
+        return logits
