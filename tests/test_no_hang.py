@@ -71,6 +71,18 @@ def test_check_fails_a_hanging_case_naming_its_timeout_and_skips_the_rest(repo_c
     assert f"{HANGS}: FAIL (1 failed: forward; 0 passed," in out
 
 
+def test_a_constructor_that_hangs_is_stopped_at_setup_naming_its_line(repo_cwd, single_thread, capsys):
+    """Building and probing a plug-in before any case runs is bounded too: one refusal, exit 2, at the line it hung."""
+    target = "tests/plugins/faulty.py:HangsInConstructor"
+    started = time.monotonic()
+    code, out, err = run_cli(["check", target, "--timeout", "1"], capsys)
+    assert code == 2 and "Traceback" not in err, (out, err)
+    line = next(n for n, text in enumerate((REPO / "tests/plugins/faulty.py").read_text().splitlines(), 1)
+                if "# HANGS HERE" in text)
+    assert f"{target} did not finish its setup" in err and f"stopped at tests/plugins/faulty.py:{line} " in err, err
+    assert time.monotonic() - started < 60
+
+
 # ---------------------------------------------------------------- the prediction, the default timeout, the guard
 
 

@@ -39,7 +39,8 @@ CHECK_SECTIONS = (
 @click.option("--seed", type=int, default=0, show_default=True, help="Draw other weights and inputs for every case.")
 @click.option("--case-timeout", "--timeout", "case_timeout", metavar="SECONDS|none",
               help="Seconds after which a case fails as a timeout (and its implementation's later cases are skipped). "
-              "Default 60 (300 for compiled:); none: no timeout.")
+              "Default 60 (300 for compiled:); none: no timeout. It also bounds each implementation's setup (import, "
+              "construction, the probes that read it; default 120 s), stopped as one line naming where it hung.")
 @click.option("--scope", type=click.Choice(["layer", "block", "model"]), default="layer", show_default=True,
               help="block / model: the implementation inside a tiny transformer block or GPT against the float64 "
               "reference block or model, and (model) generation with == without the KV cache == the reference.")
@@ -55,7 +56,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     prints the command that reruns it alone, and once per failing kind where it first leaves the reference.
     """
     from attnbench.correctness.matrix import run_matrix
-    from attnbench.correctness.setup import available, prepared
+    from attnbench.correctness.setup import available, bounded, prepared, setup_seconds
     from attnbench.devices import parse_device
     from attnbench.runner.budget import parse_timeout
 
@@ -67,9 +68,14 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
                                  "available one", param_hint="--impl")
     for name in names or []:
         _file_without_class(name)
-    resolved = [available(name, device) for name in names or []]  # unknown names fail before anything runs
+    bound = setup_seconds(timeout)
+    resolved = []
+    for name in names or []:  # unknown names fail before anything runs
+        with bounded(name, bound):
+            resolved.append(available(name, device))
     for impl in resolved:  # construct and map weights once: a setup error is one line, not one per case
-        lines = prepared(impl, device)
+        with bounded(impl.name, bound):
+            lines = prepared(impl, device)
         lines = lines if verbose else [line for line in lines if line.startswith("kv order:")]  # a finding: always
         if lines:
             console.print(f"{impl.name}:", markup=False)

@@ -66,8 +66,9 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def deadline(seconds: float | str | None):
-    """Raise :class:`CellTimeout` in this (main) thread after ``seconds`` (``"auto"``: the default floor).
+def deadline(seconds: float | str | None, stopped_at: list | None = None):
+    """Raise :class:`CellTimeout` in this (main) thread after ``seconds`` (``"auto"``: the default floor); the frame
+    the first alarm interrupted is appended to ``stopped_at`` when given (where a hang was).
 
     In-process this interrupts Python-level hangs; a hang inside one native kernel call is only
     interrupted when it returns to Python, so use ``--isolate`` (a subprocess that is killed) for those.
@@ -85,6 +86,8 @@ def deadline(seconds: float | str | None):
     fired = []  # set once the alarm has gone off
 
     def on_alarm(signum, frame):
+        if stopped_at is not None and not fired:
+            stopped_at.append(frame)
         fired.append(True)
         raise CellTimeout(message)
 

@@ -125,3 +125,14 @@ class SwallowsTimeouts(_Base):
         while time.monotonic() < end:
             time.sleep(0.05)
         raise RuntimeError("SwallowsTimeouts gave up after 120 s (the test meant to time it out did not)")
+
+
+class HangsInConstructor(_Base):
+    """Does not return from ``__init__`` for two minutes (bounded like :class:`HangsAWhile`), then raises."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        end = time.monotonic() + 120.0
+        while time.monotonic() < end:
+            time.sleep(0.05)  # HANGS HERE
+        raise RuntimeError("HangsInConstructor gave up after 120 s (the test meant to stop it did not)")
