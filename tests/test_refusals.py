@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from attnbench.errors import LINE_WIDTH, MAX_LINES, PluginLoadError, refusal_lin
 from tests.refusal_text import refusal_lines_of, refusal_text  # noqa: F401  (the shape every refusal has)
 from tests.test_exit_status import cli  # attnbench ARGV in this process: (exit status, stdout, stderr)
 
+REPO = Path(__file__).resolve().parent.parent
 R = "tests/plugins/refusals/"
 
 
@@ -76,6 +78,30 @@ def test_a_failure_inside_torch_is_located_at_the_innermost_line_of_the_user_s_f
     lines = refusal(capsys, "fails_in_helper.py:Attention")
     assert "failed: RuntimeError: mat1 and mat2 shapes cannot be multiplied" in lines[0]
     assert lines[1] == "  at tests/plugins/refusals/refusal_helpers.py:8: return projection(torch.zeros(width + 1))"
+
+
+def test_a_package_in_the_src_folder_is_imported_from_there_by_the_module_form(tmp_path, monkeypatch):
+    """The src layout run from the repository's root (F5-TTS's ``src/f5_tts``), not installed: imported from src/,
+    and ``check -v`` says so; a package under no src/ folder is still "not found"."""
+    from attnbench.plugins.loading import IMPORTED
+
+    monkeypatch.chdir(tmp_path)
+    pkg = tmp_path / "src" / "srclayout_attnbench"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("WIDTH_NAME = 'd_out'\n")
+    (pkg / "attn.py").write_text((REPO / "tests" / "plugins" / "good.py").read_text()
+                                 + "\nfrom srclayout_attnbench.helpers import WIDTH_NAME  # noqa: E402\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        impl = registry.get("srclayout_attnbench.attn:PlainAttention")
+        assert impl.name == "srclayout_attnbench.attn:PlainAttention"
+        assert "from " + str(tmp_path / "src") in IMPORTED["srclayout_attnbench.attn"]
+    finally:
+        for name in [n for n in sys.modules if n.startswith("srclayout_attnbench")]:
+            del sys.modules[name]
+    with pytest.raises(PluginLoadError, match=r"module 'elsewhere_attnbench.attn' not found"):
+        registry.get("elsewhere_attnbench.attn:PlainAttention")
 
 
 def test_a_syntax_error_names_its_line(tmp_path, monkeypatch):

@@ -150,7 +150,18 @@ def _run(what: str, load, module: str = ""):
 def import_module_path(mod_path: str) -> ModuleType:
     """Import ``package.module`` (the ``module:Class`` form). A module that is not there is "not found"; a module
     that is there but fails while it is imported (a dependency missing, an assert) is named like a plug-in file's
-    (:func:`import_error`)."""
+    (:func:`import_error`). A package that is not installed but sits in the ``src/`` folder of the current directory
+    (the src layout, run from the repository's root before ``pip install -e .``) is imported from there, and
+    ``check -v`` says so."""
+    top = mod_path.split(".")[0]
+    src = Path.cwd() / "src"
+    if importlib.util.find_spec(top) is None and top.isidentifier() and (src / top).is_dir():
+        if str(src) not in sys.path:
+            sys.path.insert(0, str(src))  # kept: the package imports from itself when its code runs
+        module = _run(f"importing {mod_path!r}", lambda: importlib.import_module(mod_path), module=mod_path)
+        IMPORTED[module.__name__] = (f"imported {mod_path} from {src} (its package {top!r} is not installed; it is "
+                                     "in the src/ folder here, so that folder is on sys.path)")
+        return module
     return _run(f"importing {mod_path!r}", lambda: importlib.import_module(mod_path), module=mod_path)
 
 
