@@ -119,6 +119,26 @@ def test_strided_kv_heads_and_no_output_projection_pass_as_measured(repo_cwd):
     assert "W_o = I" in " ".join(impl.build(one, "cpu", torch.float32).weight_adapter.layout.describe(one))
 
 
+@pytest.mark.slow
+def test_an_untyped_config_read_under_a_prefix_passes(repo_cwd):
+    """nanoVLM: ``cfg.lm_n_heads``, ``cfg.lm_n_kv_heads``, ``cfg.lm_hidden_dim``, ``cfg.lm_dropout`` on a config of
+    no type: each is the alias its longest tail names (n_heads, n_kv_heads, dim, dropout), and the class passes."""
+    impl, results = _cases("prefixed_config.py:PrefixedConfigGQA", [
+        ("forward", "gqa", "float64"), ("forward", "rope_half_theta500_gqa", "float64"),
+        ("backward", "gpt_like", "float64")])
+    assert len(results) == 3 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+
+
+def test_a_config_field_read_under_a_prefix_is_the_alias_its_longest_tail_names():
+    from attnbench.plugins.binding import SpecConfig
+
+    config = SpecConfig({"n_heads": 4, "dim": 32, "p": 0.1})
+    assert (config.lm_n_heads, config.vision_dim, getattr(config, "momh_enabled", False)) == (4, 32, False)
+    assert config.__dict__["_attnbench_suffixed"] == {"lm_n_heads": "n_heads", "vision_dim": "dim"}
+    assert not hasattr(config, "top_p")  # a one-letter tail is no alias
+
+
 def test_keys_and_values_read_in_different_orders_are_not_reordered(repo_cwd):
     """``repeat`` on the values and ``repeat_interleave`` on the keys: the value probe alone reads "strided", the key
     probe reads the reference's order, and no order of the query heads makes the class right, so none is applied

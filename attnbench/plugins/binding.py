@@ -107,15 +107,31 @@ class SpecConfig(dict):
 
     It carries every alias of every spec field, so nanoGPT (``n_embd, n_head, block_size, dropout,
     bias``), minGPT (``attn_pdrop, resid_pdrop``) and Hugging Face names (``hidden_size,
-    num_attention_heads, attention_dropout, max_position_embeddings``) all read as attributes or keys.
+    num_attention_heads, attention_dropout, max_position_embeddings``) all read as attributes or keys. A field
+    read under a prefix of a larger config's part (nanoVLM's ``cfg.lm_n_heads``, ``cfg.lm_hidden_dim``) is the
+    alias its longest tail names (``n_heads``, ``dim``); ``check -v`` lists those it read so.
     """
 
     def __getattr__(self, name: str):
         try:
             return self[name]
         except KeyError:
-            raise AttributeError(f"the config attnbench passes has no field {name!r} (it has the aliases of d_in, "
-                                 f"d_out, num_heads, context_length, dropout, qkv_bias and head_dim; {GUIDE})") from None
+            pass
+        alias = self._suffix(name)
+        if alias is not None:  # a config of several parts: lm_n_heads, vit_dropout, text_hidden_size
+            self.__dict__.setdefault("_attnbench_suffixed", {})[name] = alias
+            return self[alias]
+        raise AttributeError(f"the config attnbench passes has no field {name!r} (it has the aliases of d_in, "
+                             f"d_out, num_heads, context_length, dropout, qkv_bias and head_dim; {GUIDE})") from None
+
+    def _suffix(self, name: str) -> str | None:
+        """The longest ``_``-separated tail of ``name`` (of two letters or more) that is a field here, or None."""
+        parts = name.split("_")
+        for i in range(1, len(parts)):
+            tail = "_".join(parts[i:])
+            if len(tail) > 1 and dict.__contains__(self, tail):
+                return tail
+        return None
 
     def __setattr__(self, name: str, value) -> None:
         self[name] = value
