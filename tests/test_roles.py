@@ -130,6 +130,41 @@ def test_an_untyped_config_read_under_a_prefix_passes(repo_cwd):
         [(k, r.status, r.message) for k, r in results.items()]
 
 
+@pytest.mark.slow
+def test_a_channels_first_layer_of_pointwise_convolutions_passes(repo_cwd):
+    """VITS: ``nn.Conv1d(channels, channels, 1)`` projections on ``(B, C, T)``; ``out_channels`` is the input's width
+    again (the class fits multi-head attention only where they are equal), and the class passes as it is."""
+    impl, results = _cases("channels_first_conv.py:ChannelsFirstAttention", [
+        ("forward", "gpt_like", "float64"), ("backward", "gpt_like", "float64"), ("forward", "one_head_bias", "float64")])
+    assert len(results) == 3 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+
+
+def test_pointwise_convolutions_on_channels_first_inputs_are_the_same_function_as_linear_layers():
+    from torch import nn
+
+    from attnbench.plugins.channels_first import PointwiseConv, as_channels_last, pointwise_convs
+
+    class Convs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Conv1d(6, 6, 1), nn.Conv1d(6, 6, 1), nn.Conv1d(6, 4, 1, bias=False)
+
+        def forward(self, x, scale=1.0):
+            return self.c(self.a(x) * self.b(x)) * scale
+
+    torch.manual_seed(0)
+    ref = Convs()
+    x = torch.randn(2, 5, 6)
+    want = ref(x.transpose(1, 2), scale=2.0).transpose(1, 2)
+    assert pointwise_convs(ref) == ["a", "b", "c"]
+    got = as_channels_last(Convs(), 6)
+    got.load_state_dict({k: v[..., 0] if v.dim() == 3 else v for k, v in ref.state_dict().items()})
+    assert isinstance(got.a, PointwiseConv) and type(got).__name__ == "Convs"
+    torch.testing.assert_close(got(x, scale=2.0), want)
+    assert pointwise_convs(nn.Sequential(nn.Conv1d(6, 6, 1), nn.Conv1d(6, 6, 1), nn.Conv1d(6, 6, 3))) == []
+
+
 def test_a_config_field_read_under_a_prefix_is_the_alias_its_longest_tail_names():
     from attnbench.plugins.binding import SpecConfig
 

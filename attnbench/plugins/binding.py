@@ -99,6 +99,7 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     values["query_pre_attn_scalar"] = scale ** -2 if scale is not None else spec.head_dim
     values["latent_dim"] = latent_dim(spec)
     values["d_context"] = spec.d_in  # the width of a second input (cross-attention's context): x's, for self-attention
+    values["width_again"] = spec.d_in  # an output width the class needs equal to its input's (plugins.roles)
     return values
 
 
@@ -179,6 +180,7 @@ class Binding:
     notes: tuple[str, ...] = ()  # how roles no name gave were decided (plugins.roles), for check -v
     causal_flags: tuple[tuple[str, bool], ...] = ()  # (parameter, its value for causal attention), found by a probe
     cast: str = ""  # the dtype the class builds its weights in when not the default's: cast as a whole (plugins.stages)
+    channels_first: bool = False  # projections are pointwise Conv1d on (B, C, T): checked as (B, T, C) (plugins.channels_first)
 
     def make_config(self, spec: AttnSpec):
         """The config object the constructor receives for ``spec``."""
@@ -209,6 +211,10 @@ class Binding:
         module = self._build(spec)
         if self.cast and isinstance(module, nn.Module):  # built in bfloat16 (a class attribute, .half()): as a whole
             module = module.to(torch.get_default_dtype())
+        if self.channels_first and isinstance(module, nn.Module):
+            from attnbench.plugins.channels_first import as_channels_last
+
+            module = as_channels_last(module, spec.d_in)
         return module
 
     def _build(self, spec: AttnSpec) -> nn.Module:

@@ -32,10 +32,16 @@ HINTS: dict[str, tuple[str, ...]] = {
     "dropout": ("drop", "pdrop", "p"),
     "qkv_bias": ("bias",),
     "d_context": ("context", "ctx", "cross", "encoder", "cond", "memory", "kv", "dim"),
+    "d_out": ("out", "output"),
+    "width_again": ("out", "output"),
 }
 """Fragments of a parameter's name that make a role its first candidate (probes still decide). ``d_context`` is the
 width of a second input (cross-attention's ``context_dim``): ``d_in`` again, for self-attention; it is a candidate only
-for a name that hints at it, beside a parameter that takes ``d_in``."""
+for a name that hints at it, beside a parameter that takes ``d_in``. ``d_out`` (an output width, VITS's
+``out_channels``) likewise, for a name that says out; it is kept only when the class fits multi-head attention with
+an output width other than its input's too, else the same name is ``width_again``: the input's width again (VITS's
+queries, keys and values are ``channels`` wide, its output ``out_channels``: the same function only when they are
+equal, so the class is checked at one width)."""
 PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4, num_kv_heads=2),
           AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5))
 """Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size."""
@@ -80,6 +86,7 @@ def _candidates(p: inspect.Parameter, taken: set[str]) -> list[str]:
     roles = list(INT_ROLES) if ann is int else ["dropout"] if ann is float else ["qkv_bias"] if ann is bool else \
         [*INT_ROLES, "dropout", "qkv_bias"] if ann is inspect.Parameter.empty else []
     roles += ["d_context"] if "d_in" in roles and _score(p, "d_context") else []
+    roles += ["d_out", "width_again"] if "d_in" in roles and _score(p, "d_out") else []
     return sorted((r for r in roles if r not in taken), key=lambda r: -_score(p, r))
 
 
@@ -149,6 +156,12 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
             continue
         BUILT.setdefault(target, built[0])  # the first assignment that built (a whole block is told by it)
         fits = all(_fits(module, s, only_x) for module, s in built)
+        if fits and "d_out" in combo:  # two widths: it must fit where they differ, else the name is width_again
+            wide = replace(probes[0], d_out=probes[0].d_out + 8)
+            try:
+                fits = _fits(build_with(params)(wide), wide, only_x)
+            except Exception:  # noqa: BLE001 - does not build at two widths: not a second width
+                fits = False
         if fits:
             return Solved(params, f"{', '.join(p for p, _ in params)}: roles decided by a probe: at two sizes the "
                                   "class builds and its weight matrices hold what multi-head attention of that size "

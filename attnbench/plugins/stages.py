@@ -71,7 +71,18 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
     if block is not None:
         raise PluginLoadError(f"{_name(binding)} is a whole block, not an attention layer: {block}; check the attention class "
                               "itself (FILE:Class)")
-    return with_dtype(binding, built)
+    return with_channels_first(with_dtype(binding, built), built)
+
+
+def with_channels_first(binding: Binding, module) -> Binding:
+    """``binding`` checked as channels last when ``module``'s projections are pointwise ``Conv1d`` on ``(B, C, T)``
+    (:mod:`attnbench.plugins.channels_first`), and ``-v`` says so."""
+    from attnbench.plugins.channels_first import NOTE, pointwise_convs
+
+    names = pointwise_convs(module) if isinstance(module, nn.Module) and not binding.channels_first else []
+    if not names:
+        return binding
+    return replace(binding, channels_first=True, notes=(*binding.notes, NOTE.format(names=", ".join(names))))
 
 
 def _first_line(exc: BaseException) -> str:
