@@ -140,6 +140,24 @@ def test_a_channels_first_layer_of_pointwise_convolutions_passes(repo_cwd):
         [(k, r.status, r.message) for k, r in results.items()]
 
 
+@pytest.mark.slow
+def test_one_head_with_an_inner_width_and_a_config_beside_a_width(repo_cwd):
+    """g-mlp: no parameter sets heads (one head, the rest skipped), ``dim_inner`` fits only where the widths are equal
+    (checked at one width); GPT-1: ``cfg`` beside ``nx`` gets attnbench's config, ``nx`` the width by a probe, and
+    its unscaled scores fail while ``scale=True`` passes."""
+    one, results = _cases("one_head_inner_width.py:OneHeadInner", [
+        ("forward", "one_head_bias", "float64"), ("forward", "gpt_like", "float64")])
+    assert results[("forward", "one_head_bias")].status == "pass", results
+    assert results[("forward", "gpt_like")].status == "skip" and "always has one head" in \
+        results[("forward", "gpt_like")].message
+    assert one.same_width_only
+    picks = [("forward", "gpt_like", "float64")]
+    _, scaled = _cases("one_head_inner_width.py:ConfigBesideWidthScaled", picks)
+    _, unscaled = _cases("one_head_inner_width.py:ConfigBesideWidth", picks)
+    assert scaled[("forward", "gpt_like")].status == "pass", scaled
+    assert unscaled[("forward", "gpt_like")].status == "fail", unscaled
+
+
 def test_pointwise_convolutions_on_channels_first_inputs_are_the_same_function_as_linear_layers():
     from torch import nn
 

@@ -99,7 +99,6 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     values["query_pre_attn_scalar"] = scale ** -2 if scale is not None else spec.head_dim
     values["latent_dim"] = latent_dim(spec)
     values["d_context"] = spec.d_in  # the width of a second input (cross-attention's context): x's, for self-attention
-    values["width_again"] = spec.d_in  # an output width the class needs equal to its input's (plugins.roles)
     return values
 
 
@@ -181,6 +180,7 @@ class Binding:
     causal_flags: tuple[tuple[str, bool], ...] = ()  # (parameter, its value for causal attention), found by a probe
     cast: str = ""  # the dtype the class builds its weights in when not the default's: cast as a whole (plugins.stages)
     channels_first: bool = False  # projections are pointwise Conv1d on (B, C, T): checked as (B, T, C) (plugins.channels_first)
+    one_width: bool = False  # its roles fit multi-head attention only where d_in == d_out (plugins.roles)
 
     def make_config(self, spec: AttnSpec):
         """The config object the constructor receives for ``spec``."""
@@ -196,7 +196,7 @@ class Binding:
     @property
     def same_width_only(self) -> bool:
         """True when the constructor takes one width (``embed_dim``, ``n_embd``, a config): d_in == d_out only."""
-        if self.style == "config":
+        if self.style == "config" or self.one_width:
             return True
         if self.style == "spec":  # an adapter says so in its capabilities (plugins.adapt)
             return bool((getattr(self.target, "attnbench_capabilities", None) or {}).get("same_width_only"))
@@ -231,7 +231,8 @@ class Binding:
         width = values["d_out"] if "d_out" in self.fields and "d_in" not in self.fields else values["d_in"]
         kwargs = {}
         for param, field in self.params:
-            kwargs[param] = 0.0 if field == "residual_dropout" else width if field == "d_in" else values[field]
+            kwargs[param] = 0.0 if field == "residual_dropout" else width if field == "d_in" else \
+                self.make_config(spec) if field == "config" else values[field]
         return self.target(**kwargs, **dict(self.extras), **projections(self.modules, values), **flags)
 
     def _takes_qkv_keyword(self) -> bool:
@@ -267,6 +268,10 @@ def _signature(target) -> inspect.Signature:
                               f"make_attention(spec) instead ({GUIDE})") from exc
 
 
+def _is_config_name(name: str) -> bool:
+    return name in CONFIG_NAMES or name.endswith(("config", "cfg"))
+
+
 def bind(target: Callable) -> Binding:
     """How to call ``target`` (a class, or a factory function) with a spec; raises :class:`PluginLoadError`
     when a required parameter is neither a known name nor fillable by position."""
@@ -279,11 +284,13 @@ def bind(target: Callable) -> Binding:
     required = [p for p in named if p.default is p.empty]
     known = [(p.name, _BY_NAME[p.name]) for p in named if p.name in _BY_NAME]
     known += [(p.name, "residual_dropout") for p in named if p.name in RESIDUAL_DROPOUT]
+    if len(required) > 1:  # a config beside other arguments (GPT-1's Attention(nx, n_ctx, cfg, scale)): SpecConfig
+        known += [(p.name, "config") for p in required if p.name not in _BY_NAME and _is_config_name(p.name)]
     if not inspect.isclass(target) and len(named) >= 1 and (named[0].name == "spec" or (len(required) <= 1 and not known)):
         return Binding(target, "spec")
     if inspect.isclass(target) and [p.name for p in required] == ["spec"]:  # the adapter protocol (plugins.adapt)
         return Binding(target, "spec")
-    if len(required) == 1 and not known and (required[0].name in CONFIG_NAMES or required[0].name.endswith(("config", "cfg"))):
+    if len(required) == 1 and not known and _is_config_name(required[0].name):
         return Binding(target, "config", config_param=required[0].name, extras=extras, modules=modules)
     if not known or (required and not any(p.name in dict(known) for p in required)):
         if modules:
@@ -361,7 +368,7 @@ def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
         return None
     BUILT.pop(target, None)  # kept only to tell a whole block from a class no role fits
     return Binding(target, "keywords", params=(*known, *solved.params), extras=extras, modules=modules,
-                   notes=(solved.note,))
+                   notes=(solved.note,), one_width=solved.one_width)
 
 
 PROJECTION_WORDS = {"q": "d_in, d_out, bias=qkv_bias", "kv": "d_in, num_kv_heads * head_dim, bias=qkv_bias",

@@ -504,6 +504,10 @@ def implementation_fields(obj, source: str) -> dict:
     variants, evidence = infer(obj, binding, declared, plan)
     caps = {**inferred, **variants, **declared}
     own = dict(caps.pop("own", {}))
+    if binding.style == "keywords" and not {"num_heads", "head_dim", "config"} & binding.fields:
+        own["heads"] = 1  # no parameter sets its heads: one head (g-mlp's Attention)
+        evidence.append("heads: always 1 (no constructor parameter sets the number of heads or their size): cases "
+                        "with more heads are skipped")
     if "gqa" not in declared and stages.always_one_kv_head(binding, binding.probe):
         own["kv_heads"], caps["gqa"] = 1, True
         evidence.append("kv heads: always 1 (multi-query: built for 4 heads, its weight matrices hold one key/value "

@@ -574,6 +574,8 @@ class PluginFactory:
             spec = replace(spec, norm_eps=self.own["norm_eps"])
         if self.own.get("rope_sign", 1) != 1 and spec.rope_theta is not None and spec.rope_sign == 1:
             spec = replace(spec, rope_sign=self.own["rope_sign"])  # its pairs turn the other way (plugins.measured)
+        if self.own.get("heads") == 1 and spec.num_heads != 1:
+            raise UnavailableError(f"{name} always has one head, not {spec.num_heads} ({OWN_CONSTRAINT})")
         if self.own.get("kv_heads") == 1 and (spec.num_kv_heads or spec.num_heads) != 1:
             raise UnavailableError(f"{name} always has one key/value head (multi-query), not "
                                    f"{spec.num_kv_heads or spec.num_heads} ({OWN_CONSTRAINT})")

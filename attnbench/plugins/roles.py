@@ -33,15 +33,14 @@ HINTS: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("bias",),
     "d_context": ("context", "ctx", "cross", "encoder", "cond", "memory", "kv", "dim"),
     "d_out": ("out", "output"),
-    "width_again": ("out", "output"),
 }
 """Fragments of a parameter's name that make a role its first candidate (probes still decide). ``d_context`` is the
 width of a second input (cross-attention's ``context_dim``): ``d_in`` again, for self-attention; it is a candidate only
 for a name that hints at it, beside a parameter that takes ``d_in``. ``d_out`` (an output width, VITS's
-``out_channels``) likewise, for a name that says out; it is kept only when the class fits multi-head attention with
-an output width other than its input's too, else the same name is ``width_again``: the input's width again (VITS's
-queries, keys and values are ``channels`` wide, its output ``out_channels``: the same function only when they are
-equal, so the class is checked at one width)."""
+``out_channels``) likewise, for a name that says out. An assignment with two widths must fit where they differ too;
+one that fits only where they are equal (VITS's queries are ``channels`` wide and its output ``out_channels``,
+g-mlp's output ``dim_out`` and its inner ``dim_inner``: the same function only when the widths are equal) is kept when
+no other fits, and the class is checked at one width."""
 PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4, num_kv_heads=2),
           AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5))
 """Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size."""
@@ -58,6 +57,7 @@ class Solved:
 
     params: tuple[tuple[str, str], ...]
     note: str
+    one_width: bool = False  # it fits only where d_in == d_out: checked at one width
 
 
 def _annotation(p: inspect.Parameter):
@@ -86,7 +86,7 @@ def _candidates(p: inspect.Parameter, taken: set[str]) -> list[str]:
     roles = list(INT_ROLES) if ann is int else ["dropout"] if ann is float else ["qkv_bias"] if ann is bool else \
         [*INT_ROLES, "dropout", "qkv_bias"] if ann is inspect.Parameter.empty else []
     roles += ["d_context"] if "d_in" in roles and _score(p, "d_context") else []
-    roles += ["d_out", "width_again"] if "d_in" in roles and _score(p, "d_out") else []
+    roles += ["d_out"] if "d_in" in roles and _score(p, "d_out") else []
     return sorted((r for r in roles if r not in taken), key=lambda r: -_score(p, r))
 
 
@@ -120,6 +120,15 @@ def _fits(module: nn.Module, spec: AttnSpec, forward_only_x: bool) -> bool:
     return isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 5, spec.d_out)
 
 
+def _fits_two_widths(build, only_x: bool) -> bool:
+    """Whether the class ``build`` makes fits multi-head attention where the output width differs from the input's."""
+    wide = replace(PROBES[0], num_kv_heads=None, d_out=PROBES[0].d_out + 8)
+    try:
+        return _fits(build(wide), wide, only_x)
+    except Exception:  # noqa: BLE001 - does not build at two widths
+        return False
+
+
 def _forward_only_x(target) -> bool:
     forward = getattr(target, "forward", None)
     try:
@@ -139,6 +148,7 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
     options = [_candidates(p, taken) for p in unknown]
     only_x = _forward_only_x(target)
     errors: list[str] = []
+    one_width = None
     for tries, combo in enumerate(itertools.product(*options)):
         if tries >= MAX_TRIES:
             break
@@ -155,17 +165,18 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
             errors.append(f"{', '.join(f'{p}={f}' for p, f in params)}: {type(exc).__name__}: {_first(exc)}")
             continue
         BUILT.setdefault(target, built[0])  # the first assignment that built (a whole block is told by it)
-        fits = all(_fits(module, s, only_x) for module, s in built)
-        if fits and "d_out" in combo:  # two widths: it must fit where they differ, else the name is width_again
-            wide = replace(probes[0], d_out=probes[0].d_out + 8)
-            try:
-                fits = _fits(build_with(params)(wide), wide, only_x)
-            except Exception:  # noqa: BLE001 - does not build at two widths: not a second width
-                fits = False
-        if fits:
+        if all(_fits(module, s, only_x) for module, s in built):
+            if "d_out" in {*combo, *taken} and not _fits_two_widths(build_with(params), only_x):
+                one_width = one_width or (params, tries)  # the same function only where d_in == d_out
+                continue
             return Solved(params, f"{', '.join(p for p, _ in params)}: roles decided by a probe: at two sizes the "
                                   "class builds and its weight matrices hold what multi-head attention of that size "
                                   f"holds; {tries} other assignment(s) tried first"), errors
+    if one_width is not None:
+        params, tries = one_width
+        return Solved(params, f"{', '.join(p for p, _ in params)}: roles decided by a probe: the class holds what "
+                              "multi-head attention holds only where its input and output widths are equal, so it is "
+                              f"checked at one width; {tries} other assignment(s) tried first", one_width=True), errors
     return None, errors
 
 
