@@ -306,11 +306,22 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
     ("KeysTurnedBackAnyForm", ["KeysTurnedBack"], ("forward", "rope_interleaved_theta100_bias", "float64"),
      "rotated k", "(in half pairs turned by +theta, not the form this case checks, rotated q matches"),
     ("CapLeftOut", ["CapLeftOut"], ("forward", "softcap", "float64"), "capped scores", "off by a factor of 0.5"),
+    # round 12: what the development set /work/planted47d found (a mask made wrong, a late wrong scale, a backward)
+    ("BufferMaskShifted", ["BufferMaskShifted"], ("forward", "gpt_like", "float64"), "masked scores",
+     "the mask buffer 'keep' registered here hides other positions"),
+    ("SliceFromTheEnd", ["SliceFromTheEnd"], ("forward", "gpt_like", "float64"), "masked scores",
+     "the mask made here hides other positions"),
+    ("AdditiveMaskDiagonalHidden", ["AdditiveMaskDiagonalHidden"], ("forward", "gpt_like", "float64"),
+     "masked scores", "the mask made here hides other positions"),
+    ("ScaledLateByWidth", ["ScaledLateByWidth"], ("forward", "gpt_like", "float64"), "scaled scores",
+     "the scores are scaled here, by"),
+    ("OwnSoftmaxGradWrong", ["ManualSoftmaxNoInner"], ("backward", "gpt_like", "float64"), "masked scores",
+     "made by this line of its autograd.Function's backward"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
                     ("GroupedSteps", "gqa"), ("FusedSDPA", "gpt_like"), ("HalfRotaryHelper", "rope_half_theta500_gqa"),
-                    ("CappedSteps", "softcap")]
+                    ("CappedSteps", "softcap"), ("OwnSoftmaxGrad", "gpt_like")]
 
 
 def _run(target: str, kind: str, shape: str, dtype: str):

@@ -36,6 +36,7 @@ import torch
 
 from attnbench.correctness.localize_calls import helper_call
 from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, cannot_tell, named
+from attnbench.correctness.localize_mask import mask_origin
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
 from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
@@ -88,9 +89,10 @@ def downstream(name: str, present: list[str]) -> list[str]:
 
 
 def locate(records: list[Record], stages: list[Stage], tol: float, returned: int | None = None,
-           returned_at: tuple[str, int, str] | None = None) -> Localization:
+           returned_at: tuple[str, int, str] | None = None, made=None) -> Localization:
     """The first divergence of ``records`` (one replayed forward) from ``stages`` (the reference's), within ``tol``;
-    ``returned``: the index of the record the forward returned, if known, and ``returned_at`` the ``return`` line."""
+    ``returned``: the index of the record the forward returned, if known, and ``returned_at`` the ``return`` line;
+    ``made``: what the forward made from no input (:attr:`~attnbench.correctness.localize_replay.Replay.made`)."""
     if not records:
         return cannot_tell("no intermediate of the class was recorded: its forward made no torch call from its own "
                            "code (compiled, scripted or an extension?)")
@@ -106,6 +108,9 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
         found = refine(div, ev)
         if found is not None:
             return found
+    found = mask_origin(div, ev, made)
+    if found is not None:
+        return found
     return _named(_factor_origin(div, ev), ev)
 
 
@@ -308,12 +313,12 @@ def _localize_replay(rp: Replay, case, tol: float) -> Localization:
         return found
     turned = opposite_turns(rp.records, rp.stages, rp.plus_theta, tol)
     stages = rp.stages if turned is None else rp.plus_theta
-    found = locate(rp.records, stages, tol, rp.returned, rp.returned_at)
+    found = locate(rp.records, stages, tol, rp.returned, rp.returned_at, rp.made)
     if turned is not None and found.stage in ("rotated q", "rotated k"):
         found = turned(found)
     elif turned is None:
         found = other_form(rp.records, found, stages, rp.conventions, tol,
-                           lambda alt: locate(rp.records, alt, tol, rp.returned, rp.returned_at)) or found
+                           lambda alt: locate(rp.records, alt, tol, rp.returned, rp.returned_at, rp.made)) or found
     if rp.backward is not None and found.stage is None and found.line.endswith("forward's values)"):
         found = _backward_finding(rp.records, stages, rp.backward, tol) or found
     return found
@@ -326,8 +331,9 @@ def _backward_finding(records, stages, backward, tol: float) -> Localization | N
     found = locate_backward(records, stages, backward[2], backward[0], backward[1], tol)
     if found is None:
         return None
-    name, rec, fit, after = found
-    words = f"its gradient {fit.words(tol)}, in the backward of this line"
+    name, rec, fit, after, own = found
+    words = f"its gradient {fit.words(tol)}, " + ("made by this line of its autograd.Function's backward" if own else
+                                                   "in the backward of this line")
     line = (f'first divergence: {name} at {rec.where} "{rec.text}": {words}; the forward matches at every stage and '
             f"the gradients back to {after}")
     return Localization(line, name, rec.path, rec.line, rec.text, words, after, rec.where)

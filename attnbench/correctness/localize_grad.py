@@ -10,10 +10,17 @@ backward of the step that consumed it, the line that computed the next stage (a 
 
 from __future__ import annotations
 
+import ast
+import inspect
+import linecache
+import sys
+import textwrap
+from dataclasses import replace
+
 import torch
 
 from attnbench.correctness.localize_match import best_fit
-from attnbench.correctness.localize_record import Record
+from attnbench.correctness.localize_record import _SKIP_DIRS, Record
 from attnbench.correctness.stages import ORDER, Stage
 
 
@@ -38,14 +45,16 @@ def reference_grads(notes: dict, out: torch.Tensor, g: torch.Tensor) -> dict[str
 
 def locate_backward(records: list[Record], stages: list[Stage], ref_grads: dict[str, torch.Tensor],
                     out: torch.Tensor, g: torch.Tensor, tol: float):
-    """``(stage, record of the step whose backward is wrong, fit, stage whose gradient still matched)`` for the last
+    """``(stage, record of the step whose backward is wrong, fit, stage whose gradient still matched, whether that
+    record is now the line of a hand-written backward)`` for the last
     recorded tensor equal to a stage whose gradient differs from the reference's while every later one's matches;
     ``None`` when every gradient compared matches. The step named is the first that consumed that tensor."""
     pairs = [(r, s) for r in records if r.live is not None and r.live.requires_grad
              for s in [_stage_of(r, stages, ref_grads, tol)] if s is not None]
     if not pairs:
         return None
-    grads = torch.autograd.grad(out, [r.live for r, _ in pairs], g, allow_unused=True, retain_graph=True)
+    with BackwardLines() as lines:
+        grads = torch.autograd.grad(out, [r.live for r, _ in pairs], g, allow_unused=True, retain_graph=True)
     good: dict[int, str] = {}
     for (rec, stage), grad in reversed(list(zip(pairs, grads, strict=True))):
         want = ref_grads[_ref_name(stage.name)]
@@ -61,8 +70,50 @@ def locate_backward(records: list[Record], stages: list[Stage], ref_grads: dict[
         if not good or not consumers:
             return None  # the output's own gradient differs, or nothing consumed it: nothing to localise
         step = min(consumers, key=lambda r: r.index)
-        return stage.name, step, fit, good[min((i for i in good if i >= step.index), default=max(good))]
+        own = lines.backward_of(step)
+        step = step if own is None else replace(step, path=own[0], line=own[1], text=own[2], caller=None)
+        return stage.name, step, fit, good[min((i for i in good if i >= step.index), default=max(good))], own is not None
     return None
+
+
+class BackwardLines:
+    """While gradients are taken: the line of a hand-written ``autograd.Function.backward`` that made the gradient it
+    returned, per Function, so that a step computed in such a Function's ``forward`` is named at its backward's line
+    (the forward is right; what the backward returns is not). A profile hook sees each ``backward`` of the user's
+    code return; the line is the last assignment of the name it returns (``grad = p * grad_p``), or the ``return``."""
+
+    def __init__(self) -> None:
+        self.returned: list[tuple[type, tuple[str, int, str]]] = []
+        self._old = None
+
+    def __enter__(self):
+        self._old = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(self._old)
+
+    def _hook(self, frame, event, arg) -> None:
+        if event != "return" or frame.f_code.co_name != "backward" or frame.f_code.co_filename.startswith(_SKIP_DIRS):
+            return
+        cls = getattr(type(frame.f_locals.get("ctx")), "_forward_cls", None)
+        if cls is not None:
+            path = frame.f_code.co_filename
+            line = _made_line(frame.f_code, frame.f_lineno)
+            self.returned.append((cls, (path, line, linecache.getline(path, line).strip())))
+
+    def backward_of(self, rec: Record) -> tuple[str, int, str] | None:
+        """The backward line of the Function whose ``forward`` made ``rec``, when its backward ran; else None."""
+        for cls, where in self.returned:
+            try:
+                lines, start = inspect.getsourcelines(cls.forward)
+                path = inspect.getsourcefile(cls.forward)
+            except (OSError, TypeError):
+                continue
+            if path == rec.path and start <= rec.line < start + len(lines):
+                return where
+        return None
 
 
 def _stage_of(rec: Record, stages: list[Stage], ref_grads: dict, tol: float) -> Stage | None:
@@ -79,3 +130,22 @@ def _stage_of(rec: Record, stages: list[Stage], ref_grads: dict, tol: float) -> 
 def _ref_name(name: str) -> str:
     """The reference note a stage's gradient is read from (the heads stages are the projections, split)."""
     return name.removesuffix(" heads")
+
+
+def _made_line(code, returned_at: int) -> int:
+    """The line of ``code`` (a function) that assigned the name its ``return`` at line ``returned_at`` returns (its
+    first, for a tuple), else ``returned_at``."""
+    try:
+        lines, start = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return returned_at
+    ret = next((n for n in ast.walk(tree) if isinstance(n, ast.Return) and n.lineno + start - 1 == returned_at), None)
+    value = ret.value.elts[0] if ret is not None and isinstance(ret.value, ast.Tuple) and ret.value.elts else \
+        ret.value if ret is not None else None
+    if not isinstance(value, ast.Name):
+        return returned_at
+    assigned = [n.lineno + start - 1 for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AugAssign)
+                and any(isinstance(t, ast.Name) and t.id == value.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+                and n.lineno + start - 1 < returned_at]
+    return max(assigned, default=returned_at)

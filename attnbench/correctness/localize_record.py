@@ -55,6 +55,23 @@ class Record:
 
 
 @dataclass
+class Aux:
+    """A tensor the class's code made in its forward from no input (a mask, a table slice): its call, value and line,
+    and the ids of the tensors it was made from (``parents``: earlier :class:`Aux` or module buffers)."""
+
+    op: str
+    value: torch.Tensor
+    path: str
+    line: int
+    text: str
+    parents: tuple[int, ...]
+
+    @property
+    def where(self) -> str:
+        return f"{_shown(self.path)}:{self.line}"
+
+
+@dataclass
 class Failure:
     """A torch call of the class's code that raised: the call's name, where (as :class:`Record`), the exception, and
     how many records came before it."""
@@ -98,6 +115,8 @@ class Recorder(TorchFunctionMode):
         self._index: dict[int, int] = {}  # recorded tensor -> its record's index
         self.keep_live = keep_live
         self.failure: Failure | None = None
+        self.aux: dict[int, Aux] = {}  # id of a tensor made from no input by the class's code -> how (masks)
+        self.arg_ids: dict[int, tuple[int, ...]] = {}  # record index -> ids of its tensor arguments not from the input
 
     def __enter__(self):
         frame = sys._getframe(1)
@@ -116,7 +135,9 @@ class Recorder(TorchFunctionMode):
             self._failed(func, exc, ins)
             raise
         if not ins:
+            self._aux(func, flat_in, out)
             return out
+        plain = tuple(id(t) for t in flat_in if isinstance(t, torch.Tensor) and id(t) not in self._from)
         feeds = tuple(sorted({i for t in ins for i in self._from[id(t)]}))
         order = tuple(self._index.get(id(t)) for t in ins)
         where = None
@@ -128,6 +149,8 @@ class Recorder(TorchFunctionMode):
             if t.is_floating_point() and t.numel() > 1:
                 where = where or self._where()
                 if where is not None:
+                    if plain:
+                        self.arg_ids[len(self.records)] = plain
                     self._from[id(t)] = (len(self.records),)
                     self._index[id(t)] = len(self.records)
                     self.records.append(Record(len(self.records), _name(func), t.detach().clone(), *where[:3], feeds,
@@ -135,6 +158,19 @@ class Recorder(TorchFunctionMode):
                                                where[4]))
             self._alive.append(t)
         return out
+
+    def _aux(self, func, flat_in: list, out) -> None:
+        """Keep a tensor the class's code made from no input (:class:`Aux`), small ones only (masks, not weights)."""
+        if not isinstance(out, torch.Tensor) or out.numel() > 1 << 16:
+            return
+        where = self._where()
+        if where is None:
+            return
+        parents = tuple(id(t) for t in flat_in if isinstance(t, torch.Tensor) and t is not out)
+        if any(t is out for t in flat_in):  # in place, or a no-op .to(): what made it is already kept
+            return
+        self.aux[id(out)] = Aux(_name(func), out.detach().clone(), *where[:3], parents)
+        self._alive.append(out)
 
     def _failed(self, func, exc: Exception, ins: list) -> None:
         """Keep the first call of the class's code on the forward's values that raised."""

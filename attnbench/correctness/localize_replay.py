@@ -37,6 +37,7 @@ class Replay:
     error: Exception | None = None
     returned_at: tuple[str, int, str] | None = None  # the class's return statement that returned it
     conventions: list[tuple[str, list[Stage]]] = field(default_factory=list)  # the stages in the other RoPE forms
+    made: tuple | None = None  # (the recorder's aux tensors, its records' other arguments, buffer id -> name, module)
 
 
 def replays(impl, case, device: str = "cpu", seed: int = 0, grad: bool = False) -> list[Replay]:
@@ -104,8 +105,10 @@ def _replay(impl, built, x, dtype: str, device: str, grad: bool) -> Replay:
         if grad:
             g = torch.randn(*ref_out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
             backward = out, g.to(device=out.device, dtype=out.dtype), reference_grads(notes, ref_out, g)
+    buffers = {id(b): n for n, b in built.module.named_buffers()}
     return Replay(rec.records, _detached(notes, built.spec), backward, rec.index_of(out), plus,
-                  returned_at=lines.line_of(out), conventions=others)
+                  returned_at=lines.line_of(out), conventions=others,
+                  made=(rec.aux, rec.arg_ids, buffers, built.module))
 
 
 def _detached(notes: dict, spec) -> list[Stage]:

@@ -45,30 +45,35 @@ def moved_scale(div, ev: Evidence) -> Localization | None:
         return None
     if not (div.exact and div.fit.fit <= ev.tol and abs(div.fit.factor * scale - 1) <= EXACT):
         return None
-    later = ev.descendants(div.rec.index)
-    for rec in ev.records[div.rec.index + 1:]:
-        if rec.index in ev.explained or rec.index not in later:
-            continue
-        if _scales(rec, ev, scale):
+    later = [r for r in ev.records[div.rec.index + 1:]
+             if r.index not in ev.explained and r.index in ev.descendants(div.rec.index)]
+    for rec in later:
+        if abs(_factor(rec, ev) - scale) <= EXACT * scale:
             words = (f"the score scale {scale:.3g} is applied here, to a later tensor: the scores reach "
                      f"{div.rec.where} without it (off by a factor of {div.fit.factor:.3g})")
+            return named(div.name, rec, words, ev.matched)
+    for rec in later:  # a later tensor scaled by another factor: the scale is both late and wrong
+        factor = _factor(rec, ev)
+        if math.isfinite(factor) and abs(factor - 1) > EXACT:
+            words = (f"the scores are scaled here, by {factor:.3g}, after {div.rec.where} (off by a factor of "
+                     f"{div.fit.factor:.3g}); the score scale is {scale:.3g}")
             return named(div.name, rec, words, ev.matched)
     return None
 
 
-def _scales(rec: Record, ev: Evidence, scale: float) -> bool:
-    """Whether ``rec`` is its one input on the forward's values times ``scale`` (where both are finite)."""
+def _factor(rec: Record, ev: Evidence) -> float:
+    """The constant ``rec`` is its one input on the forward's values times (where both are finite), or nan."""
     if len(rec.args) != 1 or rec.args[0] is None:
-        return False
+        return math.nan
     before = ev.records[rec.args[0]].value
     if before.shape != rec.value.shape:
-        return False
+        return math.nan
     got, was = rec.value.to(torch.float64), before.to(torch.float64)
     keep = torch.isfinite(got) & torch.isfinite(was) & (was != 0)
     if not keep.any():
-        return False
-    fit = compare(got[keep], was[keep] * scale)
-    return fit.error <= max(ev.tol, EXACT)
+        return math.nan
+    fit = compare(got[keep], was[keep])
+    return fit.factor if fit.fit <= max(ev.tol, EXACT) else math.nan
 
 
 def scaled_chain(div, ev: Evidence) -> Localization | None:

@@ -417,3 +417,78 @@ class CapLeftOut(CappedSteps):
         logits = logits / self.cap
         logits = logits.tanh()  # PLANTED
         return logits
+
+
+class BufferMaskShifted(FusedManual):
+    """The keep-mask buffer built with the diagonal one too high: every query also sees the next token."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.register_buffer("keep", torch.ones(context_length, context_length).tril(1), persistent=False)  # PLANTED
+
+
+class SliceFromTheEnd(FusedManual):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in self.project(x))
+        att = self.scale(q @ k.transpose(-2, -1))
+        keep = self.keep[-T:, :T]  # PLANTED
+        att = att.masked_fill(keep == 0, float("-inf"))
+        y = self.softmax(att) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, T, self.d_out))
+
+
+class AdditiveMaskDiagonalHidden(FusedSDPA):
+    def attend(self, x):
+        B, T, _ = x.shape
+        q, k, v = (t.view(B, T, self.nh, self.hd).transpose(1, 2) for t in self.c_attn(x).split(self.d_out, dim=2))
+        bias = torch.full((T, T), float("-inf"), dtype=x.dtype)
+        bias = torch.triu(bias, diagonal=0)  # PLANTED
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return y.transpose(1, 2).contiguous().view(B, T, self.d_out)
+
+
+class ScaledLateByWidth(FusedManual):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in self.project(x))
+        att = (q @ k.transpose(-2, -1)).masked_fill(self.keep[:T, :T] == 0, float("-inf"))
+        y = torch.softmax(att / math.sqrt(self.d_out), dim=-1) @ v  # PLANTED
+        return self.proj(y.transpose(1, 2).reshape(b, T, self.d_out))
+
+
+class ManualSoftmax(torch.autograd.Function):
+    """A softmax with a hand-written backward (right)."""
+
+    @staticmethod
+    def forward(ctx, scores):
+        probs = torch.softmax(scores, dim=-1)
+        ctx.save_for_backward(probs)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad):
+        (probs,) = ctx.saved_tensors
+        inner = (grad * probs).sum(dim=-1, keepdim=True)
+        return probs * (grad - inner)
+
+
+class ManualSoftmaxNoInner(ManualSoftmax):
+    @staticmethod
+    def backward(ctx, grad):
+        (probs,) = ctx.saved_tensors
+        out = probs * grad  # PLANTED
+        return out
+
+
+class OwnSoftmaxGrad(FusedManual):
+    """The attention written out, its softmax an ``autograd.Function`` of its own."""
+
+    function = ManualSoftmax
+
+    def softmax(self, att):
+        return self.function.apply(att)
+
+
+class OwnSoftmaxGradWrong(OwnSoftmaxGrad):
+    function = ManualSoftmaxNoInner

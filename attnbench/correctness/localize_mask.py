@@ -1,0 +1,107 @@
+"""A mask made wrong where it was made, not where it was applied (issue 47).
+
+A causal mask is usually made on one line (``torch.triu(..., diagonal=1)``, a slice of a registered buffer) and
+applied on another (``masked_fill``, ``scores + mask``, SDPA's ``attn_mask``). What differs first is the applied
+scores, but the line that is wrong is where the mask got its pattern. The recorder keeps the tensors the class's
+forward makes from no input (:class:`~attnbench.correctness.localize_record.Aux`) and which of them each recorded call
+took. When the divergence's call took a mask whose hidden positions are not the reference's in either polarity
+(bool hide or keep, float ``-inf``/large negative, 1/0 keep or hide), the mask is followed back through the tensors it
+was made from while they are wrong too (a constant ``torch.ones``/``torch.full`` says nothing and stops the walk):
+the first wrong one is named, or, when that is a module buffer, the ``__init__`` line that registered it. A mask that
+has the reference's pattern leaves the divergence where it was: then the application is what is wrong.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import torch
+
+from attnbench.correctness.localize_finding import Evidence, Localization, named
+from attnbench.correctness.localize_match import MASKED
+
+RIGHT, WRONG, UNKNOWN = "right", "wrong", "unknown"
+
+
+def mask_origin(div, ev: Evidence, made) -> Localization | None:
+    """The line where the mask ``div``'s call applied got a pattern that is not the reference's; ``None`` when its
+    masks are right, or unknown (see the module's doc)."""
+    if made is None or ev.stage("masked scores") is None:
+        return None
+    aux, arg_ids, buffers, module = made
+    hidden = ev.stage("masked scores").tensor.reshape(-1, *ev.stage("masked scores").tensor.shape[-2:])[0] <= MASKED
+    for tid in arg_ids.get(div.rec.index, ()):
+        if tid not in aux or _pattern(aux[tid].value, hidden) != WRONG:
+            continue
+        origin = _walk(tid, aux, buffers, module, hidden)
+        if isinstance(origin, str):
+            found = _registered(module, origin)
+            if found is None:
+                return None
+            path, line, text = found
+            what = f"the mask buffer {origin!r} registered here hides other positions than causal attention"
+        else:
+            path, line, text = origin.path, origin.line, origin.text
+            what = "the mask made here hides other positions than causal attention"
+        rec = replace(div.rec, path=path, line=line, text=text, caller=None)
+        return named("masked scores", rec, f"{what} (it is applied at {div.rec.where}: {div.fit.words(ev.tol)})",
+                     ev.matched)
+    return None
+
+
+def _walk(tid: int, aux: dict, buffers: dict, module, hidden: torch.Tensor):
+    """The earliest wrong tensor ``tid`` was made from, through wrong ones: an :class:`Aux`, or a buffer's name."""
+    cur, seen = aux[tid], {tid}
+    while True:
+        nxt = None
+        for pid in cur.parents:
+            if pid in seen:
+                continue
+            seen.add(pid)
+            if pid in aux and _pattern(aux[pid].value, hidden) == WRONG:
+                nxt = aux[pid]
+                break
+            if pid in buffers and _pattern(_buffer(module, buffers[pid]), hidden) == WRONG:
+                return buffers[pid]
+        if nxt is None:
+            return cur
+        cur = nxt
+
+
+def _buffer(module, name: str) -> torch.Tensor:
+    return module.get_buffer(name)
+
+
+def _pattern(value: torch.Tensor, hidden: torch.Tensor) -> str:
+    """Whether ``value``, read as a mask in any polarity, hides the positions ``hidden`` (``(T, T)``) does."""
+    T = hidden.shape[-1]
+    if value.dim() < 2 or value.shape[-1] < T or value.shape[-2] < T:
+        return UNKNOWN
+    v = value[..., :T, :T].reshape(-1, T, T)[0].detach().cpu()
+    if bool((v == v.flatten()[0]).all()):
+        return UNKNOWN  # a constant (torch.ones, torch.full): no pattern yet
+    if v.dtype == torch.bool:
+        readings = (v, ~v)
+    else:
+        v = v.double()
+        readings = (v <= MASKED, v == 0, v != 0)
+    return RIGHT if any(torch.equal(r, hidden.cpu()) for r in readings) else WRONG
+
+
+def _registered(module, name: str) -> tuple[str, int, str] | None:
+    """``(path, line, text)`` of the statement of ``module``'s class (or a base's) that registers buffer ``name``."""
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    for cls in type(owner).__mro__:
+        try:
+            lines, start = inspect.getsourcelines(cls)
+            path = inspect.getsourcefile(cls)
+        except (OSError, TypeError):
+            continue
+        for i, text in enumerate(lines):
+            if f'"{leaf}"' in text or f"'{leaf}'" in text or f"self.{leaf} =" in text:
+                for back in range(i, max(i - 3, -1), -1):
+                    if "register_buffer" in lines[back] or f"self.{leaf} =" in lines[back]:
+                        return path, start + back, lines[back].strip()
+    return None
