@@ -42,6 +42,7 @@ from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles
+from attnbench.correctness.localize_rope import unrotated
 from attnbench.correctness.localize_scale import moved_scale, scaled_chain
 from attnbench.correctness.stages import OPTIONAL, ORDER, Stage
 
@@ -104,7 +105,7 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
         return div
     if div is None:
         return _missing_steps(ev, returned, returned_at) or _nothing_diverges(ev)
-    for refine in (swapped_roles, moved_scale, scaled_chain):
+    for refine in (swapped_roles, moved_scale, scaled_chain, unrotated):
         found = refine(div, ev)
         if found is not None:
             return found

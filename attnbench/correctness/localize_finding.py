@@ -14,8 +14,9 @@ from attnbench.correctness.localize_match import has_form
 from attnbench.correctness.localize_record import Failure, Record
 from attnbench.correctness.stages import ORDER, Stage
 
-CHAIN = {"q": "q", "q heads": "q", "normed q": "q", "rotated q": "q", "scaled q": "q",
-         "k": "k", "k heads": "k", "normed k": "k", "rotated k": "k", "v": "v", "v heads": "v"}
+CHAIN = {"q": "q", "q heads": "q", "normed q": "q", "q * cos": "q", "rotate(q)": "q", "rotated q": "q", "scaled q": "q",
+         "k": "k", "k heads": "k", "normed k": "k", "k * cos": "k", "rotate(k)": "k", "rotated k": "k",
+         "v": "v", "v heads": "v"}
 """The projection chains; every other stage is on the main chain (scores to output)."""
 
 LAYOUT_OPS = frozenset({

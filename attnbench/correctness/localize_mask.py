@@ -22,17 +22,19 @@ from attnbench.correctness.localize_finding import Evidence, Localization, named
 from attnbench.correctness.localize_match import MASKED
 
 RIGHT, WRONG, UNKNOWN = "right", "wrong", "unknown"
+AFTER_MASK = ("masked scores", "capped scores", "probabilities", "probabilities @ V")
+"""The stages a wrong mask is first seen at (SDPA given an ``attn_mask`` fuses the scores to its output)."""
 
 
 def mask_origin(div, ev: Evidence, made) -> Localization | None:
     """The line where the mask ``div``'s call applied got a pattern that is not the reference's; ``None`` when its
     masks are right, or unknown (see the module's doc)."""
-    if made is None or ev.stage("masked scores") is None:
+    if made is None or ev.stage("masked scores") is None or div.name not in AFTER_MASK:
         return None
     aux, arg_ids, buffers, module = made
     hidden = ev.stage("masked scores").tensor.reshape(-1, *ev.stage("masked scores").tensor.shape[-2:])[0] <= MASKED
     for tid in arg_ids.get(div.rec.index, ()):
-        if tid not in aux or _pattern(aux[tid].value, hidden) != WRONG:
+        if tid not in aux or not _mask_like(aux[tid].value) or _pattern(aux[tid].value, hidden) != WRONG:
             continue
         origin = _walk(tid, aux, buffers, module, hidden)
         if isinstance(origin, str):
@@ -48,6 +50,14 @@ def mask_origin(div, ev: Evidence, made) -> Localization | None:
         return named("masked scores", rec, f"{what} (it is applied at {div.rec.where}: {div.fit.words(ev.tol)})",
                      ev.matched)
     return None
+
+
+def _mask_like(value: torch.Tensor) -> bool:
+    """A boolean tensor, or one whose values are 0 and 1 only or include masked ones (``-inf``, ``-1e9``)."""
+    if value.dtype == torch.bool:
+        return True
+    v = value.detach().double()
+    return bool((v <= MASKED).any()) or bool(((v == 0) | (v == 1)).all())
 
 
 def _walk(tid: int, aux: dict, buffers: dict, module, hidden: torch.Tensor):

@@ -72,3 +72,25 @@ def other_form(records: list[Record], found: Localization, measured: list[Stage]
             return _noted(again, f" (in {form}, not the form this case checks, {right} matches the reference and "
                                  f"only this side differs)")
     return None
+
+
+def unrotated(div, ev) -> Localization | None:
+    """A side that leaves the rotation unrotated (``xk_out = view_as_real(xk_)``, the product with the table left
+    out): when ``div`` is at one rotated stage and the other side's rotated stage matched in a helper, the last line
+    of that helper (not its ``return``) whose tensor still equals this side's unrotated heads is named."""
+    from attnbench.correctness.localize_finding import named
+
+    if div.name not in ROTATED:
+        return None
+    side, other = div.name[-1], "k" if div.name[-1] == "q" else "q"
+    rotated = ev.matched.get(f"rotated {other}")
+    if rotated is None or rotated.func is None or rotated.caller is None:
+        return None
+    same = [r for r in ev.records if r.func == rotated.func and not r.text.startswith("return")
+            and {f"{side} heads", f"normed {side}"} & set(ev.explained.get(r.index, ()))]
+    if not same:
+        return None
+    rec = same[-1]
+    words = (f"{side} leaves the rotation here as it came in: it equals the {side} heads, not the rotated {side} "
+             f"(the {other} side is rotated at {rotated.where})")
+    return named(div.name, rec, words, ev.matched)

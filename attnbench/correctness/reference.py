@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from attnbench.correctness import masks
 from attnbench.correctness.probs import head_probs  # noqa: F401  (re-exported: the reference's public name)
-from attnbench.correctness.rope import apply_rope_part, rms_norm, rope_tables
+from attnbench.correctness.rope import apply_rope_part, rms_norm, rope_tables, rotate
 from attnbench.correctness.stages import note
 from attnbench.spec import AttnSpec
 from attnbench.weights import CanonicalWeights
@@ -115,6 +115,9 @@ def _queries_keys(x: torch.Tensor, w: CanonicalWeights, hd: int, spec: AttnSpec 
         cos, sin = rope_tables(positions, r, spec.rope_theta, spec.rope_scaling, spec.rope_style, dtype=x.dtype,
                                compute_dtype=torch.float32 if "rope" in lowp else torch.float64)
         sin = sin * getattr(spec, "rope_sign", 1)  # -1: pairs turn by -theta (nanochat), a convention, not a bug
+        if r == hd and getattr(spec, "rope_sign", 1) == 1:  # issue 47: the terms of x cos + rotate(x) sin
+            for name, t in (("q", q), ("k", k)):
+                note(f"{name} * cos", t * cos.to(t.dtype)[:, None]), note(f"rotate({name})", rotate(t, spec.rope_style))
         q = apply_rope_part(q.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
         k = apply_rope_part(k.transpose(1, 2), cos, sin, spec.rope_style).transpose(1, 2)
         note("rotated q", q), note("rotated k", k)

@@ -18,13 +18,15 @@ import torch
 _NOTES: contextvars.ContextVar[tuple[dict, bool] | None] = contextvars.ContextVar("attnbench_reference_stages",
                                                                                   default=None)
 
-ORDER = ("q", "k", "v", "q heads", "k heads", "v heads", "normed q", "normed k", "rotated q", "rotated k", "scaled q",
+ORDER = ("q", "k", "v", "q heads", "k heads", "v heads", "normed q", "normed k", "q * cos", "rotate(q)", "k * cos",
+         "rotate(k)", "rotated q", "rotated k", "scaled q",
          "scores", "scaled scores", "capped scores", "masked scores", "probabilities", "probabilities @ V", "merged heads", "output")
 """Every stage's name, in the order the reference computes them (``scaled q``: the scale folded into the queries,
 a form some classes take; the reference never computes it, it is derived; ``capped scores``: ``C * tanh(s / C)``, with
-a soft-cap only)."""
+a soft-cap only; ``q * cos`` and ``rotate(q)``: the terms of ``q cos + rotate(q) sin``, whole-head RoPE at +theta
+only, which code in Hugging Face's ``rotate_half`` form computes on lines of their own)."""
 
-OPTIONAL = frozenset({"scaled q", "capped scores", "masked scores"})
+OPTIONAL = frozenset({"scaled q", "capped scores", "masked scores", "q * cos", "rotate(q)", "k * cos", "rotate(k)"})
 """Stages a correct class may never produce as a tensor of its own (the scale folded into q; an additive mask or
 SDPA skips the masked scores); a failure is named at one only when a candidate fits it up to a factor (or, the
 masked scores, masks other positions). The raw scores are skipped only when the scaled q matched."""
@@ -85,9 +87,10 @@ def staged(notes: dict, spec) -> list[Stage]:
         out.append(Stage(name, heads(notes[name]), "bthd", True, g))
     for name in ("q", "k", "v"):
         out.append(Stage(f"{name} heads", heads(notes[name]), "bthd", False, group if name != "q" else 1))
-    for name in ("normed q", "normed k", "rotated q", "rotated k"):
+    for name in ("normed q", "normed k", "q * cos", "rotate(q)", "k * cos", "rotate(k)", "rotated q", "rotated k"):
         if name in notes:
-            out.append(Stage(name, heads(notes[name]), "bthd", None, group if name.endswith("k") else 1))
+            on_k = name in ("normed k", "k * cos", "rotate(k)", "rotated k")
+            out.append(Stage(name, heads(notes[name]), "bthd", None, group if on_k else 1))
     last_q = heads(notes.get("rotated q", notes.get("normed q", notes["q"])))
     out.append(Stage("scaled q", last_q * spec.score_scale, "bthd", None))
     for name in ("scores", "scaled scores", "capped scores", "masked scores", "probabilities"):

@@ -492,3 +492,20 @@ class OwnSoftmaxGrad(FusedManual):
 
 class OwnSoftmaxGradWrong(OwnSoftmaxGrad):
     function = ManualSoftmaxNoInner
+
+
+class KeysLeftUnrotated(ComplexRope):
+    def rotate(self, xq, xk, freqs_cis):
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+        freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+        xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+        xk_out = torch.view_as_real(xk_).flatten(3)  # PLANTED
+        return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+class RotateHalfReflected(HalfRotaryHelper):
+    @staticmethod
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x2, x1), dim=-1)  # PLANTED
