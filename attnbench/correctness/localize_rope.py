@@ -90,6 +90,10 @@ def unrotated(div, ev) -> Localization | None:
             and {f"{side} heads", f"normed {side}"} & set(ev.explained.get(r.index, ()))]
     if not same:
         return None
+    from_side = ev.descendants(same[0].index)
+    last = max((r for r in ev.records if r.func == rotated.func and r.index in from_side), key=lambda r: r.index)
+    if not {f"{side} heads", f"normed {side}"} & set(ev.explained.get(last.index, ())):
+        return None  # what the helper gives for this side is turned, only wrongly: not left unrotated
     rec = same[-1]
     words = (f"{side} leaves the rotation here as it came in: it equals the {side} heads, not the rotated {side} "
              f"(the {other} side is rotated at {rotated.where})")
