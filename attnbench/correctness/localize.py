@@ -44,6 +44,7 @@ from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles
 from attnbench.correctness.localize_rope import unrotated
 from attnbench.correctness.localize_scale import moved_scale, scaled_chain
+from attnbench.correctness.localize_tables import wrong_tables
 from attnbench.correctness.stages import OPTIONAL, ORDER, Stage
 
 __all__ = ["CHAIN", "Localization", "cannot_tell", "locate", "localize_case", "localize_failures", "matches",
@@ -109,7 +110,7 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
         found = refine(div, ev)
         if found is not None:
             return found
-    found = mask_origin(div, ev, made)
+    found = mask_origin(div, ev, made) or wrong_tables(div, ev, made)
     if found is not None:
         return found
     return _named(_factor_origin(div, ev), ev)

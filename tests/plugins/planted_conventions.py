@@ -509,3 +509,15 @@ class RotateHalfReflected(HalfRotaryHelper):
     def rotate_half(x):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x2, x1), dim=-1)  # PLANTED
+
+
+class CosineTableInterleaved(HalfRotaryHelper):
+    """Its cosine table built for interleaved pairs, its sine table for halves: both sides turn wrong alike."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, rope_theta=None,
+                 num_kv_heads=None):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, rope_theta, num_kv_heads)
+        if rope_theta is not None:
+            inv = 1.0 / rope_theta ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
+            angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv)
+            self.register_buffer("cos", angles.repeat_interleave(2, dim=-1).cos(), persistent=False)  # PLANTED

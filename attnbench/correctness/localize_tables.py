@@ -1,0 +1,108 @@
+"""Rotary tables that are wrong, or passed in each other's place (issue 47).
+
+When both rotated stages diverge, the rotation itself is shared: a helper right for queries and keys alike fed wrong
+tables (a theta other than the spec's, positions shifted by a slice) or fed the right ones swapped
+(``apply_rotary_pos_emb(q, k, sin, cos)``). The reference's tables are read off its own stages (``q * cos`` over
+``q``, and what ``rotate(q)`` times the sine adds), and each table the class's code made from no input and multiplied
+into the queries (:class:`~attnbench.correctness.localize_record.Aux`) is compared with them:
+
+* the table multiplied into the queries themselves is the reference's sine while another is its cosine: the tables
+  are passed in each other's place, named at the call of the helper (or the line, outside one);
+* a table that is neither is named where it first became wrong: the earliest tensor it was made from that is wrong
+  too (a shifted slice), or the ``__init__`` line that registered the buffer it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from attnbench.correctness.localize_finding import Evidence, Localization, named
+from attnbench.correctness.localize_mask import _registered
+
+STAGES = ("q * cos", "rotate(q)", "rotated q", "k * cos", "rotate(k)", "rotated k")
+CLOSE = 1e-5
+
+
+def wrong_tables(div, ev: Evidence, made) -> Localization | None:
+    """The line of a wrong or swapped rotary table when both rotated stages diverge (see the module's doc)."""
+    if made is None or div.name not in STAGES or "rotated q" in ev.matched or "rotated k" in ev.matched:
+        return None
+    ref = _reference(ev)
+    if ref is None:
+        return None
+    queries = {i for i, names in ev.explained.items() if {"q heads", "normed q"} & set(names)}
+    aux, arg_ids, buffers, module = made
+    T, hd = ref["cos"].shape
+    for rec in ev.records:
+        if not queries & set(rec.inputs):
+            continue  # only a product with the queries themselves says which table stands where
+        for tid in arg_ids.get(rec.index, ()):
+            table = _table(aux[tid].value if tid in aux else None, T, hd)
+            if table is None:
+                continue
+            if _same(table, ref["sin"]) and not _same(table, ref["cos"]):
+                at = replace(rec, path=rec.caller[0], line=rec.caller[1], text=rec.caller[2], caller=None) \
+                    if rec.caller is not None else rec
+                return named(div.name, at, "the sine table is multiplied into the queries where the cosine belongs "
+                                           f"(at {rec.where}): the tables are passed in each other's place",
+                             ev.matched)
+            if not _same(table, ref["cos"]):
+                return _origin(div, ev, tid, aux, buffers, module, ref, T, hd)
+    return None
+
+
+def _origin(div, ev: Evidence, tid: int, aux: dict, buffers: dict, module, ref: dict, T: int, hd: int):
+    """The earliest wrong table ``tid`` was made from, or the buffer's registration, named."""
+    cur, seen = aux[tid], {tid}
+    while True:
+        nxt = None
+        for pid in cur.parents:
+            if pid in seen:
+                continue
+            seen.add(pid)
+            if pid in buffers:
+                found = _registered(module, buffers[pid])
+                if found is None:
+                    return None
+                rec = replace(div.rec, path=found[0], line=found[1], text=found[2], caller=None)
+                return named(div.name, rec, f"the rotary table buffer {buffers[pid]!r} registered here is not the "
+                                            "reference's (its theta, positions or pairs differ)", ev.matched)
+            if pid in aux and _table(aux[pid].value, T, hd) is not None and not _right(aux[pid].value, ref, T, hd):
+                nxt = aux[pid]
+                break
+        if nxt is None:
+            rec = replace(div.rec, path=cur.path, line=cur.line, text=cur.text, caller=None)
+            return named(div.name, rec, "the rotary table made here is not the reference's (its theta, positions or "
+                                        "pairs differ)", ev.matched)
+        cur = nxt
+
+
+def _right(value, ref: dict, T: int, hd: int) -> bool:
+    table = _table(value, T, hd)
+    return table is not None and (_same(table, ref["cos"]) or _same(table, ref["sin"]))
+
+
+def _reference(ev: Evidence) -> dict | None:
+    """The reference's cosine and sine tables ``(T, head_dim)``, read off its stages (None without them)."""
+    stages = {n: ev.stage(n) for n in ("q heads", "q * cos", "rotate(q)", "rotated q")}
+    if any(s is None for s in stages.values()):
+        return None
+    q, qc, rq, rot = (stages[n].tensor.double() for n in ("q heads", "q * cos", "rotate(q)", "rotated q"))
+    cos = (qc * q).sum(dim=(0, 2)) / (q * q).sum(dim=(0, 2)).clamp_min(1e-300)  # (T, hd): b, h summed out
+    sin = ((rot - qc) * rq).sum(dim=(0, 2)) / (rq * rq).sum(dim=(0, 2)).clamp_min(1e-300)
+    return {"cos": cos, "sin": sin}
+
+
+def _table(value, T: int, hd: int) -> torch.Tensor | None:
+    """``value`` as a ``(T, head_dim)`` table (its leading axes of size 1 dropped), or None."""
+    if value is None or not value.is_floating_point() or value.dim() < 2 or tuple(value.shape[-2:]) != (T, hd):
+        return None
+    if any(s != 1 for s in value.shape[:-2]):
+        return None
+    return value.reshape(T, hd).double().cpu()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool((a - b).abs().max() <= CLOSE * max(1.0, float(b.abs().max())))
