@@ -321,6 +321,8 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "rotated k", "k leaves the rotation here as it came in"),
     ("RotateHalfReflected", ["RotateHalfReflected"], ("forward", "rope_half_theta500_gqa", "float64"), "rotated q",
      "; q, k, v and"),
+    ("QueriesPairedByHalves", ["QueriesPairedByHalves"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated q", "q's steps differ here from k's"),
     ("CosineTableInterleaved", ["CosineTableInterleaved"], ("forward", "rope_half_theta500_gqa", "float64"),
      "rotated q", "the rotary table buffer 'cos' registered here is not the reference's"),
 ]

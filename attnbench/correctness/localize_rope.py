@@ -98,3 +98,35 @@ def unrotated(div, ev) -> Localization | None:
     words = (f"{side} leaves the rotation here as it came in: it equals the {side} heads, not the rotated {side} "
              f"(the {other} side is rotated at {rotated.where})")
     return named(div.name, rec, words, ev.matched)
+
+
+def paths_differ(div, ev) -> Localization | None:
+    """Where one side's steps in a shared rotary helper first differ from the other's (its pairs formed another way:
+    ``reshape(..., 2, -1)`` for q, ``reshape(..., -1, 2)`` for k), when ``div`` is at one rotated stage and the
+    other side's rotated stage matched in that helper: the first step whose call or shape differs, on this side."""
+    from attnbench.correctness.localize_finding import named
+
+    if div.name not in ROTATED:
+        return None
+    side, other = div.name[-1], "k" if div.name[-1] == "q" else "q"
+    rotated = ev.matched.get(f"rotated {other}")
+    if rotated is None or rotated.func is None or rotated.caller is None:
+        return None
+    mine, theirs = _path(ev, rotated.func, side), _path(ev, rotated.func, other)
+    for a, b in zip(mine, theirs, strict=False):
+        if a.op != b.op or a.value.shape[-2:] != b.value.shape[-2:]:
+            words = (f"{side}'s steps differ here from {other}'s at {b.where} ({a.op} giving {tuple(a.value.shape)}, "
+                     f"where {other} gets {b.op} giving {tuple(b.value.shape)}); {other} is rotated right")
+            return named(div.name, a, words, ev.matched)
+    return None
+
+
+def _path(ev, func, side: str) -> list:
+    """The records of ``func`` computed from this side's heads, in order (empty when it does not take them)."""
+    start = next((r for r in ev.records if r.func == func
+                  and {f"{side} heads", f"normed {side}"} & {n for i in r.inputs for n in ev.explained.get(i, ())}),
+                 None)
+    if start is None:
+        return []
+    reached = ev.descendants(start.index)
+    return [r for r in ev.records if r.func == func and r.index in reached]

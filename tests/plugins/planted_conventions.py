@@ -521,3 +521,13 @@ class CosineTableInterleaved(HalfRotaryHelper):
             inv = 1.0 / rope_theta ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
             angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv)
             self.register_buffer("cos", angles.repeat_interleave(2, dim=-1).cos(), persistent=False)  # PLANTED
+
+
+class QueriesPairedByHalves(ComplexRope):
+    def rotate(self, xq, xk, freqs_cis):
+        xq_ = torch.view_as_complex(xq.float().unflatten(-1, (2, -1)).transpose(-1, -2).contiguous())  # PLANTED
+        xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+        freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+        xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+        xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+        return xq_out.type_as(xq), xk_out.type_as(xk)
