@@ -86,10 +86,11 @@ def _right(value, ref: dict, T: int, hd: int) -> bool:
 
 def _reference(ev: Evidence) -> dict | None:
     """The reference's cosine and sine tables ``(T, head_dim)``, read off its stages (None without them)."""
-    stages = {n: ev.stage(n) for n in ("q heads", "q * cos", "rotate(q)", "rotated q")}
+    before = "normed q" if ev.stage("normed q") is not None else "q heads"  # what the rotation turns
+    stages = {n: ev.stage(n) for n in (before, "q * cos", "rotate(q)", "rotated q")}
     if any(s is None for s in stages.values()):
         return None
-    q, qc, rq, rot = (stages[n].tensor.double() for n in ("q heads", "q * cos", "rotate(q)", "rotated q"))
+    q, qc, rq, rot = (stages[n].tensor.double() for n in (before, "q * cos", "rotate(q)", "rotated q"))
     cos = (qc * q).sum(dim=(0, 2)) / (q * q).sum(dim=(0, 2)).clamp_min(1e-300)  # (T, hd): b, h summed out
     sin = ((rot - qc) * rq).sum(dim=(0, 2)) / (rq * rq).sum(dim=(0, 2)).clamp_min(1e-300)
     return {"cos": cos, "sin": sin}
