@@ -104,6 +104,27 @@ def test_a_package_in_the_src_folder_is_imported_from_there_by_the_module_form(t
         registry.get("elsewhere_attnbench.attn:PlainAttention")
 
 
+def test_a_package_under_a_folder_without_init_imported_by_its_full_name(tmp_path, monkeypatch):
+    """affjljoo3581/GPT2: ``src/gpt2/modeling/__init__.py`` imports ``gpt2.modeling.attention`` while ``src/gpt2`` has no
+    ``__init__.py``: the file is imported under that full name, with ``src`` on sys.path."""
+    from attnbench.plugins.loading import IMPORTED
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".git").mkdir()
+    pkg = tmp_path / "src" / "nsroot_attnbench" / "modeling"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from nsroot_attnbench.modeling.attn import PlainAttention  # noqa: F401\n")
+    (pkg / "attn.py").write_text((REPO / "tests" / "plugins" / "good.py").read_text())
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        impl = registry.get("src/nsroot_attnbench/modeling/attn.py:PlainAttention")
+        assert impl.factory is not None
+        assert "as nsroot_attnbench.modeling.attn" in IMPORTED["nsroot_attnbench.modeling.attn"]
+    finally:
+        for name in [n for n in sys.modules if n.startswith(("nsroot_attnbench", "modeling"))]:
+            del sys.modules[name]
+
+
 def test_a_syntax_error_names_its_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken.py").write_text("import torch\n\ndef attention(x:\n    return x\n")

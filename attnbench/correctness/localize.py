@@ -36,14 +36,14 @@ import torch
 
 from attnbench.correctness.localize_calls import helper_call
 from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, cannot_tell, named
-from attnbench.correctness.localize_mask import mask_origin
+from attnbench.correctness.localize_mask import mask_origin, sdpa_flag
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
 from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles
 from attnbench.correctness.localize_rope import paths_differ, unrotated
-from attnbench.correctness.localize_scale import moved_scale, scaled_chain
+from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
 from attnbench.correctness.localize_tables import wrong_tables
 from attnbench.correctness.stages import OPTIONAL, ORDER, Stage
 
@@ -110,7 +110,8 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
         found = refine(div, ev)
         if found is not None:
             return found
-    found = mask_origin(div, ev, made) or wrong_tables(div, ev, made)
+    found = (mask_origin(div, ev, made) or wrong_tables(div, ev, made) or sdpa_flag(div, ev) or sdpa_rescaled(div, ev)
+             or attribute_scale(div, ev, made))
     if found is not None:
         return found
     return _named(_factor_origin(div, ev), ev)

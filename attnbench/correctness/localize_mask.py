@@ -7,13 +7,17 @@ forward makes from no input (:class:`~attnbench.correctness.localize_record.Aux`
 took. When the divergence's call took a mask whose hidden positions are not the reference's in either polarity
 (bool hide or keep, float ``-inf``/large negative, 1/0 keep or hide), the mask is followed back through the tensors it
 was made from while they are wrong too (a constant ``torch.ones``/``torch.full`` says nothing and stops the walk):
-the first wrong one is named, or, when that is a module buffer, the ``__init__`` line that registered it. A mask that
+the first wrong one is named, or, when that is a module buffer, the ``__init__`` line that registered it (the line
+that made the tensor it registers, when that is a name: ``neg = ...triu(2)``, ``register_buffer("mask", neg)``). A mask that
 has the reference's pattern leaves the divergence where it was: then the application is what is wrong.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
+import linecache
+import textwrap
 from dataclasses import replace
 
 import torch
@@ -42,7 +46,7 @@ def mask_origin(div, ev: Evidence, made) -> Localization | None:
             if found is None:
                 return None
             path, line, text = found
-            what = f"the mask buffer {origin!r} registered here hides other positions than causal attention"
+            what = f"the mask buffer {origin!r} made here hides other positions than causal attention"
         else:
             path, line, text = origin.path, origin.line, origin.text
             what = "the mask made here hides other positions than causal attention"
@@ -113,5 +117,47 @@ def _registered(module, name: str) -> tuple[str, int, str] | None:
             if f'"{leaf}"' in text or f"'{leaf}'" in text or f"self.{leaf} =" in text:
                 for back in range(i, max(i - 3, -1), -1):
                     if "register_buffer" in lines[back] or f"self.{leaf} =" in lines[back]:
-                        return path, start + back, lines[back].strip()
+                        line = _named_value(lines, back, leaf) or back
+                        return path, start + line, lines[line].strip()
+    return None
+
+
+def _named_value(lines: list[str], at: int, leaf: str) -> int | None:
+    """When the statement at ``lines[at]`` registers a local name (``register_buffer("mask", neg)``), the index of the
+    line that last assigned that name before it; else None."""
+    try:
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "register_buffer" and len(node.args) > 1
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == leaf
+                and isinstance(node.args[1], ast.Name)):
+            name, before = node.args[1].id, node.lineno - 1
+            assigned = [n.lineno - 1 for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno - 1 < before
+                        and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+            return max(assigned, default=None)
+    return None
+
+
+def sdpa_flag(div, ev: Evidence) -> Localization | None:
+    """``scaled_dot_product_attention`` whose first query already differs (it sees later tokens): the line of its
+    call that sets ``is_causal`` (a call spread over lines), when there is one and no mask was passed."""
+    if "scaled_dot_product_attention" not in div.rec.op or ev.stage("probabilities @ V") is None:
+        return None
+    want = ev.stage("probabilities @ V")
+    got = div.rec.value.double()
+    first = want.tensor[:, :, 0] if want.axes.index("i") == 2 else None  # (b, h, d): every head's first query
+    if first is None or got.dim() != 4 or got.shape[2] != want.tensor.shape[2]:
+        return None
+    if torch.allclose(got[:, :, 0], first.double(), rtol=1e-4, atol=1e-6 * float(first.abs().max())):
+        return None  # the first query sees itself only, as in the reference: not the causal flag
+    for line in range(div.rec.line, div.rec.line + 12):
+        text = linecache.getline(div.rec.path, line)
+        if "is_causal" in text:
+            rec = replace(div.rec, line=line, text=text.strip(), caller=None)
+            return named(div.name, rec, "its first query sees later tokens: the call is not causal (is_causal set "
+                                        "here, and no mask given)", ev.matched)
+        if line > div.rec.line and text.rstrip().endswith(")") and text.count(")") > text.count("("):
+            break
     return None

@@ -13,7 +13,12 @@ named (:func:`scaled_chain`).
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
+import re
+import textwrap
+from dataclasses import replace
 
 import torch
 
@@ -92,4 +97,52 @@ def scaled_chain(div, ev: Evidence) -> Localization | None:
                 words = (f"{fit.words(ev.tol)}: {stage.name} is scaled here, and what {div.rec.where} computes from "
                          f"it is {div.name} {div.fit.words(ev.tol)}")
                 return named(stage.name, rec, words, ev.matched)
+    return None
+
+
+def sdpa_rescaled(div, ev: Evidence) -> Localization | None:
+    """Queries scaled by the class (``scaled q`` matched) and then given to ``scaled_dot_product_attention``, which
+    scales its scores again by default: the line that scaled the queries is named."""
+    scaled = ev.matched.get("scaled q")
+    if scaled is None or "scaled_dot_product_attention" not in div.rec.op or scaled.index not in ev.ancestors(div.rec.index):
+        return None
+    return named("scaled q", scaled, "the queries are scaled here, and scaled_dot_product_attention scales the scores "
+                                     f"again (at {div.rec.where}; its default scale is 1/sqrt(head_dim))", ev.matched)
+
+
+FACTOR_STAGES = ("scaled q", "scaled scores", "capped scores", "masked scores")
+
+
+def attribute_scale(div, ev: Evidence, made) -> Localization | None:
+    """Scores off by a factor at a line that multiplies by a number the class set itself (``* self.scaling``): the
+    ``__init__`` line that set it (``self.scaling = self.hidden_size ** -0.5``) is named."""
+    if made is None or div.name not in FACTOR_STAGES or not div.exact or div.fit.fit > ev.tol:
+        return None
+    if not math.isfinite(div.fit.factor) or abs(div.fit.factor - 1) <= EXACT:
+        return None
+    module = made[3]
+    for attr in re.findall(r"self\.(\w+)", div.rec.text):
+        if isinstance(getattr(module, attr, None), float):  # a scale the class set (an int is a size: d_out)
+            found = _assigned(type(module), attr)
+            if found is not None:
+                rec = replace(div.rec, path=found[0], line=found[1], text=found[2], caller=None)
+                return named(div.name, rec, f"self.{attr} = {getattr(module, attr):.4g} is set here, and the scores "
+                                            f"it scales at {div.rec.where} are {div.fit.words(ev.tol)}", ev.matched)
+    return None
+
+
+def _assigned(cls, attr: str) -> tuple[str, int, str] | None:
+    """``(path, line, text)`` of the statement of ``cls`` (or a base of it) that assigns ``self.<attr>``."""
+    for klass in cls.__mro__:
+        try:
+            lines, start = inspect.getsourcelines(klass)
+            path = inspect.getsourcefile(klass)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == attr and getattr(t.value, "id", "") == "self"
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
+                return path, start + node.lineno - 1, lines[node.lineno - 1].strip()
     return None

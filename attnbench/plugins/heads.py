@@ -9,9 +9,9 @@ canonical head ``(h % kv)·g + h // kv`` in the class's head ``h`` (its rows of 
 
 The probe: weights chosen so that every query scores every key alike (``W_q = W_k = 0``), kv head ``j``'s values are
 all ``j + 1`` (a token whose first feature is 1) and ``W_o = I``: the class's output in head ``h``'s columns is the
-number of the kv head it read, plus one. The keys are probed too, one kv head at a time (only its keys grow with the
-position, so the query heads that read it attend to the last token): a class whose keys and values are read in
-different orders is not reordered, because no order of its query heads makes it right.
+number of the kv head it read, plus one. The keys are probed too, one kv head at a time (only its keys are not zero, so
+only the query heads that read it weigh the tokens unevenly): a class whose keys and values are read in different
+orders is not reordered, because no order of its query heads makes it right.
 """
 
 from __future__ import annotations
@@ -101,26 +101,28 @@ def _value_reads(run, to_state, spec: AttnSpec) -> list[int] | None:
     return None if got is None else [round(v) - 1 for v in got]
 
 
-def _key_reads(run, to_state, spec: AttnSpec, sharp: float = 20.0) -> list[int] | None:
-    """The kv head whose keys each query head reads, or None when the probe cannot tell (a QK-norm that undoes the
-    keys' size): token ``t`` has value ``t``, every query is 1, and only kv head ``j``'s keys grow with ``t``, so
-    the heads that read it attend to the last token (about 2) while the rest average the three (1)."""
+def _key_reads(run, to_state, spec: AttnSpec) -> list[int] | None:
+    """The kv head whose keys each query head reads, or None when the probe cannot tell: token ``t`` has value ``t``,
+    the queries are random, and only kv head ``j``'s keys are (random): the query heads that read it weigh the three
+    tokens unevenly, the rest read keys of zero and average them (exactly 1). Norms and rotations keep a zero key
+    zero, so a QK-norm or RoPE does not blur it."""
     heads, kv, hd = spec.num_heads, spec.num_kv_heads or spec.num_heads, spec.head_dim
     if spec.d_in < 2:
         return None
+    g = torch.Generator().manual_seed(46)
     x = torch.zeros(1, 3, spec.d_in)
     x[..., 0], x[0, :, 1] = 1.0, torch.arange(3.0)
     reads: list[int | None] = [None] * heads
     for j in range(kv):
         w = _probe_weights(spec)
-        w.W_q[0::hd, 0] = 1.0
+        w.W_q.copy_(torch.randn(w.W_q.shape, generator=g))
         w.W_v[0::hd, 1] = 1.0
-        w.W_k[j * hd, 1] = sharp
+        w.W_k[j * hd:(j + 1) * hd] = 3.0 * torch.randn(hd, w.W_k.shape[1], generator=g)
         got = _reads(run, to_state, spec, w, x)
-        if got is None or any(abs(v - 1) > 0.2 and abs(v - 2) > 0.2 for v in got):
+        if got is None:
             return None
         for h, v in enumerate(got):
-            if v > 1.5:
+            if abs(v - 1) > 1e-3:
                 if reads[h] is not None:
                     return None
                 reads[h] = j

@@ -67,7 +67,18 @@ def import_file(path_text: str) -> ModuleType:
     resolved = path.resolve()
     package = package_of(resolved)
     if package is not None:
-        module = _import_package_module(path_text, *package)
+        try:
+            module = _import_package_module(path_text, *package)
+        except PluginLoadError as exc:  # a package inside a folder without __init__.py, imported by its full name
+            rooted = _namespace_root(resolved, exc.__context__)
+            if rooted is None or rooted == package:
+                raise
+            sys.modules.pop(package[1], None)
+            module = _import_package_module(path_text, *rooted)
+            IMPORTED[module.__name__] = (f"imported {resolved.name} as {rooted[1]}: its package imports "
+                                         f"{rooted[1].split('.')[0]!r}, a folder without __init__.py, so {rooted[0]} "
+                                         "is on sys.path")
+            return module
         IMPORTED[module.__name__] = how_imported(path_text)
         return module
     mod_name = f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"

@@ -531,3 +531,42 @@ class QueriesPairedByHalves(ComplexRope):
         xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
         xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
         return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+class MaskMadeThenRegistered(FusedManual):
+    """The mask made in a local name, then registered (the name's line is where the pattern is)."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        keep = torch.ones(context_length, context_length).tril(-1)  # PLANTED
+        self.register_buffer("keep", keep, persistent=False)
+
+
+class QueriesScaledForSDPA(FusedSDPA):
+    def attend(self, x):
+        B, T, _ = x.shape
+        q, k, v = (t.view(B, T, self.nh, self.hd).transpose(1, 2) for t in self.c_attn(x).split(self.d_out, dim=2))
+        q = q * self.hd ** -0.5  # PLANTED
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).contiguous().view(B, T, self.d_out)
+
+
+class SDPANotCausal(FusedSDPA):
+    def attend(self, x):
+        B, T, _ = x.shape
+        q, k, v = (t.view(B, T, self.nh, self.hd).transpose(1, 2) for t in self.c_attn(x).split(self.d_out, dim=2))
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=None,
+            is_causal=False,  # PLANTED
+        )
+        return y.transpose(1, 2).contiguous().view(B, T, self.d_out)
+
+
+class ScaleAttributeByWidth(FusedManual):
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.scaling = float(d_out) ** -0.5  # PLANTED
+
+    def scale(self, att):
+        return att * self.scaling
