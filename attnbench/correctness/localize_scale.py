@@ -110,19 +110,23 @@ def sdpa_rescaled(div, ev: Evidence) -> Localization | None:
                                      f"again (at {div.rec.where}; its default scale is 1/sqrt(head_dim))", ev.matched)
 
 
-FACTOR_STAGES = ("scaled q", "scaled scores", "capped scores", "masked scores")
+FACTOR_STAGES = ("scaled q", "scaled scores", "masked scores")
 
 
 def attribute_scale(div, ev: Evidence, made) -> Localization | None:
-    """Scores off by a factor at a line that multiplies by a number the class set itself (``* self.scaling``): the
-    ``__init__`` line that set it (``self.scaling = self.hidden_size ** -0.5``) is named."""
+    """Scores off by a factor at a line that multiplies by a number the class set itself (``* self.scaling``), the
+    factor being that number over the score scale: the ``__init__`` line that set it (``self.scaling =
+    self.hidden_size ** -0.5``) is named."""
     if made is None or div.name not in FACTOR_STAGES or not div.exact or div.fit.fit > ev.tol:
         return None
     if not math.isfinite(div.fit.factor) or abs(div.fit.factor - 1) <= EXACT:
         return None
-    module = made[3]
+    module, scale = made[3], score_scale(ev)
     for attr in re.findall(r"self\.(\w+)", div.rec.text):
-        if isinstance(getattr(module, attr, None), float):  # a scale the class set (an int is a size: d_out)
+        value = getattr(module, attr, None)
+        if not isinstance(value, float) or scale is None:  # a scale the class set (an int is a size: d_out)
+            continue
+        if abs(value / scale - div.fit.factor) <= 1e-6 * abs(div.fit.factor):  # it stands where the scale belongs
             found = _assigned(type(module), attr)
             if found is not None:
                 rec = replace(div.rec, path=found[0], line=found[1], text=found[2], caller=None)
