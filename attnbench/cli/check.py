@@ -40,7 +40,8 @@ CHECK_SECTIONS = (
 @click.option("--case-timeout", "--timeout", "case_timeout", metavar="SECONDS|none",
               help="Seconds after which a case fails as a timeout (and its implementation's later cases are skipped). "
               "Default 60 (300 for compiled:); none: no timeout. It also bounds each implementation's setup (import, "
-              "construction, the probes that read it; default 120 s), stopped as one line naming where it hung.")
+              "construction, the probes that read it; at least 10 s, default 120 s), stopped as one line naming where "
+              "it hung.")
 @click.option("--scope", type=click.Choice(["layer", "block", "model"]), default="layer", show_default=True,
               help="block / model: the implementation inside a tiny transformer block or GPT against the float64 "
               "reference block or model, and (model) generation with == without the KV cache == the reference.")
@@ -56,7 +57,6 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
     prints the command that reruns it alone, and once per failing kind where it first leaves the reference.
     """
     from attnbench.correctness.matrix import run_matrix
-    from attnbench.correctness.setup import available, bounded, prepared, setup_seconds
     from attnbench.devices import parse_device
     from attnbench.runner.budget import parse_timeout
 
@@ -68,19 +68,7 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
                                  "available one", param_hint="--impl")
     for name in names or []:
         _file_without_class(name)
-    bound = setup_seconds(timeout)
-    resolved = []
-    for name in names or []:  # unknown names fail before anything runs
-        with bounded(name, bound):
-            resolved.append(available(name, device))
-    for impl in resolved:  # construct and map weights once: a setup error is one line, not one per case
-        with bounded(impl.name, bound):
-            lines = prepared(impl, device)
-        lines = lines if verbose else [line for line in lines if line.startswith("kv order:")]  # a finding: always
-        if lines:
-            console.print(f"{impl.name}:", markup=False)
-            for line in lines:
-                console.print(f"  {line}", markup=False)
+    resolved = _set_up(names or [], device, timeout, verbose)
     only = _case_filter(_split(shapes), _split(dtypes))
     with console.status("running the correctness matrix ..."):
         if scope == "layer":
@@ -107,6 +95,27 @@ def check_cmd(impl_args: tuple[str, ...], impls: tuple[str, ...], device: str, k
         _write_json(results, json_path, found)
     if n_bad:
         sys.exit(1)
+
+
+def _set_up(names: list[str], device: str, timeout, verbose: bool) -> list:
+    """Resolve each implementation, build it and map its weights once, each within the setup bound (a setup error,
+    or a hang, is one line before any case runs); print what ``-v`` shows (a ``kv order:`` finding always)."""
+    from attnbench.correctness.setup import available, bounded, prepared, setup_seconds
+
+    bound = setup_seconds(timeout)
+    resolved = []
+    for name in names:  # unknown names fail before anything runs
+        with bounded(name, bound):
+            resolved.append(available(name, device))
+    for impl in resolved:
+        with bounded(impl.name, bound):
+            lines = prepared(impl, device)
+        lines = lines if verbose else [line for line in lines if line.startswith("kv order:")]
+        if lines:
+            console.print(f"{impl.name}:", markup=False)
+            for line in lines:
+                console.print(f"  {line}", markup=False)
+    return resolved
 
 
 def _file_without_class(name: str) -> None:

@@ -39,10 +39,16 @@ SETUP_FLOOR_S = 120.0
 stopped as a hang when no case timeout is given: the floor of a cell's (``runner.budget.FLOOR_S``)."""
 
 
+SETUP_MIN_S = 10.0
+"""The least a setup gets under an explicit case timeout: probes run a few dozen small forwards, a case one."""
+
+
 def setup_seconds(case_timeout) -> float | None:
-    """The bound on one implementation's setup for ``check``'s ``--case-timeout`` value: the value given (``none``:
-    unbounded), :data:`SETUP_FLOOR_S` for ``"auto"``."""
-    return SETUP_FLOOR_S if case_timeout == "auto" else case_timeout
+    """The bound on one implementation's setup for ``check``'s ``--case-timeout`` value: the value given, at least
+    :data:`SETUP_MIN_S` (``none``: unbounded), :data:`SETUP_FLOOR_S` for ``"auto"``."""
+    if case_timeout == "auto":
+        return SETUP_FLOOR_S
+    return None if case_timeout is None else max(float(case_timeout), SETUP_MIN_S)
 
 
 @contextlib.contextmanager
