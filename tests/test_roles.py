@@ -158,6 +158,16 @@ def test_one_head_with_an_inner_width_and_a_config_beside_a_width(repo_cwd):
     assert unscaled[("forward", "gpt_like")].status == "fail", unscaled
 
 
+@pytest.mark.slow
+def test_a_query_given_last_is_an_input_though_each_output_reads_its_own_position_only(repo_cwd):
+    """TencentPretrain: ``forward(key, value, query, mask)``; ``query`` given x moves only its own position's output
+    (as a temperature would), but a query is an input by its name; the causal probe decides, and the class passes."""
+    _, results = _cases("key_value_query_order.py:KeyValueQuery", [
+        ("forward", "gpt_like", "float64"), ("forward", "gqa", "float64"), ("backward", "gpt_like", "float64")])
+    assert len(results) == 3 and all(r.status == "pass" for r in results.values()), \
+        [(k, r.status, r.message) for k, r in results.items()]
+
+
 def test_pointwise_convolutions_on_channels_first_inputs_are_the_same_function_as_linear_layers():
     from torch import nn
 

@@ -147,6 +147,12 @@ def _variants(plan: ContextPlan) -> list[tuple[ContextPlan, str]]:
     return out + [(replace(v, mask=None, unmasked=v.mask), w) for v, w in out if v.mask and not v.mask_required]
 
 
+QUERY_NAMES = frozenset({"q", "query", "queries", "qx", "xq", "query_states"})
+"""Inputs named as queries: each output reads its own position's query only, as an elementwise factor (a temperature)
+would, so the test that an input is a sequence the class attends over does not apply to them (TencentPretrain's
+``forward(key, value, query, mask)``); the causal probe still decides."""
+
+
 def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     """``plan`` with its forms decided on ``probe`` (causal, no RoPE): the first choice under which the class's outputs
     are causal (the class is compared with itself, never with the reference). Raises :class:`PluginLoadError` with the
@@ -155,7 +161,8 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     outcomes = []
     for variant, words in _variants(plan):
         chosen, tried, ran = _first_causal(build, variant, probe)
-        local = next((n for n in chosen.inputs if not _attends_over(build, chosen, probe, n)), None) if chosen else None
+        local = next((n for n in chosen.inputs if n.lower() not in QUERY_NAMES
+                      and not _attends_over(build, chosen, probe, n)), None) if chosen else None
         if chosen is not None and local is None:
             return chosen
         if local is not None:  # forward(x, temperature): x / temperature is causal too, but no input
