@@ -103,7 +103,9 @@ def test_a_rerun_of_the_same_code_is_not_flagged(tmp_path):
     res = compare_runs(a, b)
     assert not res.has_regression, res.cells[["impl", "seq_len", "ratio", "ci_low", "ci_high", "p_value"]]
     assert len(res.cells) == 4 and res.only_in_a == [] and res.only_in_b == [] and res.axis_mismatch == {}
-    assert res.cells["ratio"].between(0.7, 1.4).all()
+    # a loose bound only (a shared 2-vCPU machine drifts 1.4x between two timings of the same loop): what this test
+    # asserts is the verdict above, that a rerun is not flagged, not the timer's precision
+    assert res.cells["ratio"].between(0.5, 2.0).all()
 
 
 # ---------------------------------------------------------------- the decision rule on synthetic samples
