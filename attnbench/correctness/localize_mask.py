@@ -46,10 +46,10 @@ def mask_origin(div, ev: Evidence, made) -> Localization | None:
             if found is None:
                 return None
             path, line, text = found
-            what = f"the mask buffer {origin!r} made here hides other positions than causal attention"
+            what = f"the mask buffer {origin!r} made here hides other positions than the reference's mask"
         else:
             path, line, text = origin.path, origin.line, origin.text
-            what = "the mask made here hides other positions than causal attention"
+            what = "the mask made here hides other positions than the reference's mask"
         rec = replace(div.rec, path=path, line=line, text=text, caller=None)
         return named("masked scores", rec, f"{what} (it is applied at {div.rec.where}: {div.fit.words(ev.tol)})",
                      ev.matched)
