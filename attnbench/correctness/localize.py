@@ -42,7 +42,7 @@ from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles
-from attnbench.correctness.localize_rope import paths_differ, unrotated
+from attnbench.correctness.localize_rope import discarded, paths_differ, unrotated
 from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
 from attnbench.correctness.localize_tables import wrong_tables
 from attnbench.correctness.stages import OPTIONAL, ORDER, Stage
@@ -106,7 +106,7 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
         return div
     if div is None:
         return _missing_steps(ev, returned, returned_at) or _nothing_diverges(ev)
-    for refine in (swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ):
+    for refine in (swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, discarded):
         found = refine(div, ev)
         if found is not None:
             return found

@@ -18,6 +18,7 @@ or -theta), one rotated side matches and the other does not, the divergence is l
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from attnbench.correctness.localize_finding import Localization
 from attnbench.correctness.localize_match import matches
@@ -130,3 +131,24 @@ def _path(ev, func, side: str) -> list:
         return []
     reached = ev.descendants(start.index)
     return [r for r in ev.records if r.func == func and r.index in reached]
+
+
+def discarded(div, ev) -> Localization | None:
+    """A rotated side that was computed and then not used (``xq, _ = apply_rotary_emb(xq, xk, ...)``: the scores take
+    the keys unrotated): when the divergence is at the scores or later and does not descend from a rotated stage
+    that matched, the line that made it is named (the helper's call, when it is in a helper)."""
+    from attnbench.correctness.localize_finding import named
+
+    if div.name in ROTATED or div.name not in ("scores", "scaled scores", "capped scores", "masked scores"):
+        return None
+    used = ev.ancestors(div.rec.index)
+    for side in ("q", "k"):
+        rec = ev.matched.get(f"rotated {side}")
+        if rec is None or rec.index in used or any(r.index in used for r in ev.records
+                                                   if f"rotated {side}" in ev.explained.get(r.index, ())):
+            continue
+        at = replace(rec, path=rec.caller[0], line=rec.caller[1], text=rec.caller[2], caller=None) \
+            if rec.caller is not None else rec
+        return named(f"rotated {side}", at, f"the rotated {side} made here ({rec.where}) is not used: the scores at "
+                                            f"{div.rec.where} take {side} unrotated", ev.matched)
+    return None

@@ -570,3 +570,15 @@ class ScaleAttributeByWidth(FusedManual):
 
     def scale(self, att):
         return att * self.scaling
+
+
+class RotatedKeysDropped(ComplexRope):
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor):
+        bsz, seqlen, _ = x.shape
+        xq, xk, xv = (w(x).view(bsz, seqlen, self.n_heads, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        xq, _ = self.rotate(xq, xk, freqs_cis)  # PLANTED
+        xq, keys, values = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
+        mask = torch.triu(torch.full((seqlen, seqlen), float("-inf"), device=x.device), diagonal=1).type_as(xq)
+        scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim) + mask
+        output = torch.matmul(F.softmax(scores.float(), dim=-1).type_as(xq), values)
+        return self.wo(output.transpose(1, 2).reshape(bsz, seqlen, -1))
