@@ -13,14 +13,13 @@ from __future__ import annotations
 import ast
 import inspect
 import linecache
-import sys
 import textwrap
 from dataclasses import replace
 
 import torch
 
 from attnbench.correctness.localize_match import best_fit
-from attnbench.correctness.localize_record import _SKIP_DIRS, Record
+from attnbench.correctness.localize_record import _SKIP_DIRS, ProfileHook, Record
 from attnbench.correctness.stages import ORDER, Stage
 
 
@@ -76,7 +75,7 @@ def locate_backward(records: list[Record], stages: list[Stage], ref_grads: dict[
     return None
 
 
-class BackwardLines:
+class BackwardLines(ProfileHook):
     """While gradients are taken: the line of a hand-written ``autograd.Function.backward`` that made the gradient it
     returned, per Function, so that a step computed in such a Function's ``forward`` is named at its backward's line
     (the forward is right; what the backward returns is not). A profile hook sees each ``backward`` of the user's
@@ -84,15 +83,6 @@ class BackwardLines:
 
     def __init__(self) -> None:
         self.returned: list[tuple[type, tuple[str, int, str]]] = []
-        self._old = None
-
-    def __enter__(self):
-        self._old = sys.getprofile()
-        sys.setprofile(self._hook)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        sys.setprofile(self._old)
 
     def _hook(self, frame, event, arg) -> None:
         if event != "return" or frame.f_code.co_name != "backward" or frame.f_code.co_filename.startswith(_SKIP_DIRS):

@@ -201,15 +201,10 @@ class Recorder(TorchFunctionMode):
         return (*found[0][:3], caller, (found[0][0], found[0][4]))
 
 
-class ReturnLines:
-    """Where the class's own functions returned tensors: ``with ReturnLines() as r: out = module(x)``, then
-    ``r.line_of(out)``, the ``(path, line, text)`` of the last (outermost: the forward's own) ``return`` of the
-    class's code that returned ``out`` (alone or in a tuple), which is the place of a step left out at the end
-    (``return y``, the output projection gone). A profile hook, set only while the replayed forward runs."""
+class ProfileHook:
+    """A ``sys.setprofile`` hook (:meth:`_hook`) set only inside ``with``, the one before it restored after."""
 
-    def __init__(self) -> None:
-        self.seen: list[tuple[torch.Tensor, str, int]] = []
-        self._old = None
+    _old = None
 
     def __enter__(self):
         self._old = sys.getprofile()
@@ -218,6 +213,19 @@ class ReturnLines:
 
     def __exit__(self, *exc) -> None:
         sys.setprofile(self._old)
+
+    def _hook(self, frame, event, arg) -> None:
+        raise NotImplementedError
+
+
+class ReturnLines(ProfileHook):
+    """Where the class's own functions returned tensors: ``with ReturnLines() as r: out = module(x)``, then
+    ``r.line_of(out)``, the ``(path, line, text)`` of the last (outermost: the forward's own) ``return`` of the
+    class's code that returned ``out`` (alone or in a tuple), which is the place of a step left out at the end
+    (``return y``, the output projection gone). A profile hook, set only while the replayed forward runs."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[torch.Tensor, str, int]] = []
 
     def _hook(self, frame, event, arg) -> None:
         if event != "return" or arg is None:

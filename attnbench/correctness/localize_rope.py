@@ -75,18 +75,28 @@ def other_form(records: list[Record], found: Localization, measured: list[Stage]
     return None
 
 
-def unrotated(div, ev) -> Localization | None:
-    """A side that leaves the rotation unrotated (``xk_out = view_as_real(xk_)``, the product with the table left
-    out): when ``div`` is at one rotated stage and the other side's rotated stage matched in a helper, the last line
-    of that helper (not its ``return``) whose tensor still equals this side's unrotated heads is named."""
-    from attnbench.correctness.localize_finding import named
-
+def _other_side_rotated(div, ev):
+    """``(side, other, record)`` when ``div`` is at one side's rotated stage and the other side's rotated stage matched
+    in a helper (its record), else None."""
     if div.name not in ROTATED:
         return None
     side, other = div.name[-1], "k" if div.name[-1] == "q" else "q"
     rotated = ev.matched.get(f"rotated {other}")
     if rotated is None or rotated.func is None or rotated.caller is None:
         return None
+    return side, other, rotated
+
+
+def unrotated(div, ev) -> Localization | None:
+    """A side that leaves the rotation unrotated (``xk_out = view_as_real(xk_)``, the product with the table left
+    out): when ``div`` is at one rotated stage and the other side's rotated stage matched in a helper, the last line
+    of that helper (not its ``return``) whose tensor still equals this side's unrotated heads is named."""
+    from attnbench.correctness.localize_finding import named
+
+    found = _other_side_rotated(div, ev)
+    if found is None:
+        return None
+    side, other, rotated = found
     same = [r for r in ev.records if r.func == rotated.func and not r.text.startswith("return")
             and {f"{side} heads", f"normed {side}"} & set(ev.explained.get(r.index, ()))]
     if not same:
@@ -107,12 +117,10 @@ def paths_differ(div, ev) -> Localization | None:
     other side's rotated stage matched in that helper: the first step whose call or shape differs, on this side."""
     from attnbench.correctness.localize_finding import named
 
-    if div.name not in ROTATED:
+    found = _other_side_rotated(div, ev)
+    if found is None:
         return None
-    side, other = div.name[-1], "k" if div.name[-1] == "q" else "q"
-    rotated = ev.matched.get(f"rotated {other}")
-    if rotated is None or rotated.func is None or rotated.caller is None:
-        return None
+    side, other, rotated = found
     mine, theirs = _path(ev, rotated.func, side), _path(ev, rotated.func, other)
     for a, b in zip(mine, theirs, strict=False):
         if a.op != b.op or a.value.shape[-2:] != b.value.shape[-2:]:
