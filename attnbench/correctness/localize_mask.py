@@ -66,6 +66,14 @@ def _mask_like(value: torch.Tensor) -> bool:
 
 def _walk(tid: int, aux: dict, buffers: dict, module, hidden: torch.Tensor):
     """The earliest wrong tensor ``tid`` was made from, through wrong ones: an :class:`Aux`, or a buffer's name."""
+    return walk_back(tid, aux, buffers, lambda v: _pattern(v, hidden) == WRONG,
+                     lambda name: _pattern(_buffer(module, name), hidden) == WRONG)
+
+
+def walk_back(tid: int, aux: dict, buffers: dict, wrong, buffer_wrong):
+    """From the made tensor ``tid`` back through its parents while they are wrong (``wrong(value)`` of a made tensor,
+    ``buffer_wrong(name)`` of a module buffer): the earliest wrong :class:`Aux`, or the name of a wrong buffer it came
+    from (the mask's and the rotary tables' walk: :func:`~attnbench.correctness.localize_tables.wrong_tables`)."""
     cur, seen = aux[tid], {tid}
     while True:
         nxt = None
@@ -73,11 +81,11 @@ def _walk(tid: int, aux: dict, buffers: dict, module, hidden: torch.Tensor):
             if pid in seen:
                 continue
             seen.add(pid)
-            if pid in aux and _pattern(aux[pid].value, hidden) == WRONG:
+            if pid in buffers and buffer_wrong(buffers[pid]):
+                return buffers[pid]
+            if pid in aux and wrong(aux[pid].value):
                 nxt = aux[pid]
                 break
-            if pid in buffers and _pattern(_buffer(module, buffers[pid]), hidden) == WRONG:
-                return buffers[pid]
         if nxt is None:
             return cur
         cur = nxt

@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.correctness.localize_finding import Evidence, Localization, named
-from attnbench.correctness.localize_mask import _registered
+from attnbench.correctness.localize_mask import _registered, walk_back
 
 STAGES = ("q * cos", "rotate(q)", "rotated q", "k * cos", "rotate(k)", "rotated k")
 CLOSE = 1e-5
@@ -55,28 +55,18 @@ def wrong_tables(div, ev: Evidence, made) -> Localization | None:
 
 def _origin(div, ev: Evidence, tid: int, aux: dict, buffers: dict, module, ref: dict, T: int, hd: int):
     """The earliest wrong table ``tid`` was made from, or the buffer's registration, named."""
-    cur, seen = aux[tid], {tid}
-    while True:
-        nxt = None
-        for pid in cur.parents:
-            if pid in seen:
-                continue
-            seen.add(pid)
-            if pid in buffers:
-                found = _registered(module, buffers[pid])
-                if found is None:
-                    return None
-                rec = replace(div.rec, path=found[0], line=found[1], text=found[2], caller=None)
-                return named(div.name, rec, f"the rotary table buffer {buffers[pid]!r} registered here is not the "
-                                            "reference's (its theta, positions or pairs differ)", ev.matched)
-            if pid in aux and _table(aux[pid].value, T, hd) is not None and not _right(aux[pid].value, ref, T, hd):
-                nxt = aux[pid]
-                break
-        if nxt is None:
-            rec = replace(div.rec, path=cur.path, line=cur.line, text=cur.text, caller=None)
-            return named(div.name, rec, "the rotary table made here is not the reference's (its theta, positions or "
-                                        "pairs differ)", ev.matched)
-        cur = nxt
+    origin = walk_back(tid, aux, buffers, lambda v: _table(v, T, hd) is not None and not _right(v, ref, T, hd),
+                       lambda name: True)
+    if isinstance(origin, str):
+        found = _registered(module, origin)
+        if found is None:
+            return None
+        rec = replace(div.rec, path=found[0], line=found[1], text=found[2], caller=None)
+        return named(div.name, rec, f"the rotary table buffer {origin!r} registered here is not the reference's (its "
+                                    "theta, positions or pairs differ)", ev.matched)
+    rec = replace(div.rec, path=origin.path, line=origin.line, text=origin.text, caller=None)
+    return named(div.name, rec, "the rotary table made here is not the reference's (its theta, positions or pairs "
+                                "differ)", ev.matched)
 
 
 def _right(value, ref: dict, T: int, hd: int) -> bool:
