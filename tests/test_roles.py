@@ -442,3 +442,27 @@ def test_the_role_probe_reads_what_each_projection_does_not_its_place():
         return attention(m[2], m[3], m[1], m[0], x)
     assert by_shape.qkv_roles(run4, spec, slots=4) == (2, 3, 1, 0)
     assert by_shape.qkv_roles(lambda w, x: attention(*slots(w), x, rotate=True), spec) is None
+
+
+def test_a_score_scale_switched_on_by_a_flag_is_set_by_the_scale_it_causes(repo_cwd, capsys):
+    """GPT-2's ``Attention(nx, n_ctx, config, scale=False)`` with transposed ``Conv1D`` weights: the flag is set by the
+    scale measured with each value (tests/plugins/reach_roles/scale_flag_conv1d.py). Its ``x.view(-1, C)`` refuses a
+    strided input, which fails ``strided_input`` alone: the decode cases give each step's tokens contiguous."""
+    target = "tests/plugins/reach_roles/scale_flag_conv1d.py:ScaleFlagAttention"
+    code, out, err = run(["check", "-v", target, "--kind", "forward,backward,causality,decode"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "scale: set to True, decided by a probe (as built, scale=False, its scores are scaled by 1;" in out
+    assert "first plain member" not in out
+    code, out, err = run(["check", target, "--kind", "strided_input"], capsys)
+    assert code == 1 and "refuses a non-contiguous input" in out, out + err
+
+
+def test_the_scale_probe_reads_a_class_s_scale_and_leaves_one_without_a_flag_alone(repo_cwd):
+    from attnbench import registry
+    from attnbench.plugins.scale_flag import measured_scale
+
+    impl = registry.get("tests/plugins/reach_roles/scale_flag_conv1d.py:ScaleFlagAttention")
+    assert measured_scale(impl.factory) == pytest.approx(6 ** -0.5, rel=1e-9)  # PROBE: 4 heads of 6, flag set
+    plain = registry.get("tests/plugins/reach_roles/width_named_n_state.py:StateWidthAttention")
+    assert measured_scale(plain.factory) == pytest.approx(6 ** -0.5, rel=1e-9)
+    assert not any("decided by a probe (as built" in line for line in plain.factory.evidence)

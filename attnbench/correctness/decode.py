@@ -168,9 +168,12 @@ class Decoding:
         for step in steps:
             where = step.label
             try:
-                # a cache allocated with torch.zeros(..., device=x.device) gets the case's dtype, as in a model run in it
+                # a cache allocated with torch.zeros(..., device=x.device) gets the case's dtype, as in a model run in it;
+                # the step's tokens contiguous, as a model's previous layer gives them: a layer that refuses a strided
+                # input (GPT-2's x.view(-1, C)) fails strided_input, the one case about strides, not every decode case
+                tokens = x_dev[:, step.start:step.start + step.length].contiguous()
                 with torch.no_grad(), cache_state.default_dtype(x_dev.dtype):
-                    out = built.module(x_dev[:, step.start:step.start + step.length], use_cache=True).cpu()
+                    out = built.module(tokens, use_cache=True).cpu()
             except Exception as exc:
                 raise StepError(where, exc) from exc
             want = ref[:, step.start:step.start + step.length]
@@ -200,7 +203,7 @@ def rewind(d: Decoding) -> Iterator[tuple[str, float]]:
     want = built.reference(x)[:, t:t + 1]
     try:
         with torch.no_grad(), cache_state.default_dtype(x.dtype):
-            out, again, how = decode_twice(built.module, x[:, t:t + 1].to(d.device))
+            out, again, how = decode_twice(built.module, x[:, t:t + 1].contiguous().to(d.device))
     except Exception as exc:
         raise StepError(f"position {t} decoded, undone as the timer does and decoded again", exc) from exc
     yield f"decoded token at position {t}", rel_error(out.cpu(), want)

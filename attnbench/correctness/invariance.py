@@ -246,7 +246,7 @@ def _cached(module, x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     with torch.no_grad(), cache_state.default_dtype(x.dtype):
         cache_state.reset_cache(module)
         for n in sizes:
-            outs.append(module(x[:, t:t + n], use_cache=True).cpu())
+            outs.append(module(x[:, t:t + n].contiguous(), use_cache=True).cpu())
             t += n
     return outs
 

@@ -246,9 +246,9 @@ def decode_steps(workload, tokens: torch.Tensor) -> tuple[torch.Tensor, int]:
     first = x.shape[1] - steps
     with torch.inference_mode(), cache_state.default_dtype(x.dtype):
         cache_state.reset_cache(module)
-        module(x[:, :first], use_cache=True)
+        module(x[:, :first].contiguous(), use_cache=True)
         for i in range(first, x.shape[1]):
-            out = module(x[:, i:i + 1], use_cache=True)
+            out = module(x[:, i:i + 1].contiguous(), use_cache=True)
     return out, steps
 
 

@@ -245,8 +245,8 @@ class Binding:
         if self.style == "spec":
             return f"{name}(spec)"
         extras = "".join(f", {p}={v!r}" for p, v in self.extras)
-        chosen = [p for p, _ in self.extras if p not in INDEX_NAMES]
-        notes = (["one layer is built: its index is 0"] if len(chosen) < len(self.extras) else []) + \
+        chosen = [p for p, v in self.extras if p not in INDEX_NAMES and not isinstance(v, bool)]  # a bool: a probe's, noted
+        notes = (["one layer is built: its index is 0"] if any(p in INDEX_NAMES for p, _ in self.extras) else []) + \
             ([f"{', '.join(chosen)}: the first plain member of its choices"] if chosen else [])
         extras += f" ({'; '.join(notes)})" if notes else ""
         extras += "".join(f", {p}=nn.Linear({PROJECTION_WORDS[r]})" for p, r in self.modules)

@@ -34,6 +34,7 @@ from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
 from attnbench.plugins.measured import apply_measured
 from attnbench.plugins.module_cache import cache_attr, cache_builder
+from attnbench.plugins.scale_flag import scale_by_flag
 from attnbench.spec import AttnSpec
 
 GQA_CONFIRM_PROBE = AttnSpec(d_in=20, d_out=24, context_length=9, dropout=0.0, num_heads=6, num_kv_heads=3)
@@ -393,10 +394,10 @@ def _confirm_restorable(binding: Binding, name: str) -> str:
         x = torch.randn(1, 4, probe.d_in, generator=g)
         with torch.no_grad():
             reset_cache(module)
-            module(x[:, :3], use_cache=True)
+            module(x[:, :3].contiguous(), use_cache=True)
     except Exception:  # does not build or prefill at the probe's sizes: the decode cases show what it does
         return "its state was not probed (it does not run at the probe's sizes)"
-    restore = step_restorer(module, lambda: module(x[:, 3:], use_cache=True), name)
+    restore = step_restorer(module, lambda: module(x[:, 3:].contiguous(), use_cache=True), name)
     return f"a step {restore.describe()}"
 
 
@@ -530,8 +531,15 @@ def implementation_fields(obj, source: str) -> dict:
             evidence.append("window: counts the current token apart (built with window=3 on a probe, each query kept 4 "
                             "keys: i - j <= window): for a spec window of N keys it is built with window N - 1")
     has_bias = has_bias and caps.pop("qkv_bias", True) is not False  # declared: no q/k/v bias (an adapter's)
-    factory = with_layout(binding, has_qkv_bias=has_bias, context=plan,
-                          requires=caps.pop("requires", ()), refuses=caps.pop("refuses", ()), own=own)
+    requires, refuses = caps.pop("requires", ()), caps.pop("refuses", ())
+
+    def make(b: Binding):
+        return with_layout(b, has_qkv_bias=has_bias, context=plan, requires=requires, refuses=refuses, own=dict(own))
+
+    factory = make(binding)
+    if "score_scale" not in declared:
+        binding, factory, note = scale_by_flag(binding, make, factory)
+        evidence += [note] if note else []
     evidence += apply_measured(factory, caps, declared, obj)
     factory.evidence = evidence
     factory.imported = IMPORTED.get(getattr(obj, "__module__", ""), "")

@@ -168,7 +168,7 @@ def fill(module, requests: tuple[Request, ...], x: torch.Tensor) -> None:
     base.reset_cache()
     width = max(r.cached for r in requests)
     if width:
-        module(x[:, :width], use_cache=True, lengths=[r.cached for r in requests])
+        module(x[:, :width].contiguous(), use_cache=True, lengths=[r.cached for r in requests])
 
 
 def step(module, requests: tuple[Request, ...], x: torch.Tensor) -> torch.Tensor:
