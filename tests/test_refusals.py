@@ -194,3 +194,20 @@ def test_details_and_fix_print_as_given_and_the_message_stays_one_line():
     assert all(len(line) <= LINE_WIDTH for line in lines[1:])
     back = pickle.loads(pickle.dumps(exc))  # errors cross process boundaries (workers): the parts survive
     assert (back.headline, back.details, back.fix, str(back)) == (exc.headline, exc.details, exc.fix, str(exc))
+
+
+def test_a_module_of_its_own_repository_off_sys_path_is_named_where_it_is(repo_cwd, capsys):
+    """transformer-xl's ``sys.path.append('utils')`` (relative to where it is run): not "pip install" but where the
+    repository has the module."""
+    lines = refusal(capsys, "relative_path/extends_path_relative.py:Anything")
+    text = " ".join(lines)
+    assert "it imports 'attnbench_relative_helper', which is not installed here: its repository has it at" in text
+    assert "relative_path/helpers/attnbench_relative_helper.py" in text and "pip install" not in text
+
+
+def test_a_script_is_imported_with_its_own_path_as_sys_argv_0(repo_cwd, capsys):
+    """modded-nanogpt reads its own source through ``sys.argv[0]`` at import, as ``python file.py`` runs it."""
+    before = list(sys.argv)
+    code, out, err = cli(["check", R + "reads_beside_argv.py:ArgvAttention", "--kind", "causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert sys.argv == before

@@ -74,10 +74,33 @@ def bind(params, modules, taken: set[str], missing: list[str], shapes: dict[str,
             claims = tuple(c for o, n in zip(ins, QKVO, strict=True) for c in _with_bias(params, o, (n,)))
             found.append(Found(claims, f"W_q, W_k, W_v, W_o <- {', '.join(ins)}: four unnamed nn.Linear of their "
                                        "shape", qkv_slots=tuple(f"{o}.weight" for o in ins)))
+        elif _fused_kv(ins, rows, shapes, square) is not None:
+            found.append(_fused_kv(ins, rows, shapes, square)(params))
         elif len(ins) == 3 and rows == [shapes[n][0] for n in QKV]:
             claims = tuple(c for o, n in zip(ins, QKV, strict=True) for c in _with_bias(params, o, (n,)))
             found.append(Found(claims, f"W_q, W_k, W_v <- {', '.join(ins)}: three unnamed nn.Linear of their shape",
                                qkv_slots=tuple(f"{o}.weight" for o in ins)))
+    return found
+
+
+def _fused_kv(ins: list[str], rows: list[int], shapes: dict, square: bool):
+    """Queries apart and keys and values fused (sgrvinod's ``cast_queries``, ``cast_keys_values``, ``cast_output``):
+    one unnamed ``nn.Linear`` of ``W_k`` and ``W_v``'s rows together (keys first, as q, k, v are fused), one of the
+    queries' rows and, where ``d_in == d_out``, the output after the queries in registration order; a callable
+    ``(params) -> Found``, or None when the shapes are not so."""
+    kv, q = shapes["W_k"][0] + shapes["W_v"][0], shapes["W_q"][0]
+    if rows.count(kv) != 1 or kv == q or sorted(rows) != sorted([kv] + [q] * (2 if square else 1)):
+        return None
+    fused = ins[rows.index(kv)]
+    rest = [o for o, r in zip(ins, rows, strict=True) if o != fused]
+    names = ("W_q", "W_o")[:len(rest)]
+
+    def found(params) -> Found:
+        claims = _with_bias(params, fused, ("W_k", "W_v")) + tuple(
+            c for o, n in zip(rest, names, strict=True) for c in _with_bias(params, o, (n,)))
+        said = f"W_q <- {rest[0]}, W_k, W_v <- {fused}" + (f", W_o <- {rest[1]}" if square else "")
+        return Found(claims, f"{said}: unnamed nn.Linear of their shapes (keys and values fused, keys first"
+                             + ("; the queries' registered before the output's" if square else "") + ")")
     return found
 
 

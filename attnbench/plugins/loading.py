@@ -6,6 +6,7 @@ import ast
 import hashlib
 import importlib.util
 import linecache
+import os
 import re
 import sys
 import sysconfig
@@ -120,8 +121,10 @@ def _import_script(path_text: str, resolved: Path, mod_name: str) -> ModuleType:
         raise PluginLoadError(f"cannot import {path_text!r} as Python; it must be a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    folder = str(resolved.parent)
+    folder, argv0 = str(resolved.parent), sys.argv[0] if sys.argv else None
     sys.path.insert(0, folder)
+    if sys.argv:  # as `python file.py`: a script that reads the files beside sys.argv[0] (modded-nanogpt) finds them
+        sys.argv[0] = str(resolved)
     try:
         _run(f"importing plug-in {path_text!r}", lambda: spec.loader.exec_module(module))
     except PluginLoadError:
@@ -129,6 +132,8 @@ def _import_script(path_text: str, resolved: Path, mod_name: str) -> ModuleType:
         raise
     finally:
         sys.path.remove(folder)  # the first occurrence: the one inserted above
+        if argv0 is not None:
+            sys.argv[0] = argv0
     IMPORTED[mod_name] = how_imported(path_text)
     return module
 
@@ -196,6 +201,12 @@ def import_error(what: str, exc: BaseException) -> PluginLoadError:
     where = [f"at {frame[0]}:{frame[1]}: {frame[2]}"] if frame else []
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]
+        own = own_module(Path(frame[0]), top) if frame else None
+        if own is not None:  # transformer-xl's sys.path.append('utils'): a path relative to where it is run from
+            return PluginLoadError(f"{what} failed: it imports {exc.name!r}, which is not installed here: its repository has "
+                                   f"it at {own}, a folder that is not on sys.path from here", details=where,
+                                   fix=f"PYTHONPATH={own.parent} attnbench ..., or run attnbench from the folder the "
+                                       "file expects to be run from (a sys.path it extends relative to it)")
         return PluginLoadError(f"{what} failed: it imports {exc.name!r}, which is not installed here",
                                details=where, fix=f"pip install {top}, or install the project it comes from")
     message = first_line(exc)
@@ -210,6 +221,30 @@ def import_error(what: str, exc: BaseException) -> PluginLoadError:
                                details=where, fix="run it on a machine with CUDA, or point --impl at a file that "
                                                "imports without it")
     return PluginLoadError(f"{what} failed: {cause}", details=where)
+
+
+OWN_MODULE_FILES = 20000
+"""At most this many files of a repository are looked through for a module it imports but cannot find."""
+REPOSITORY_ROOT = (".git", "pyproject.toml", "setup.py", "README*", "LICENSE*")
+
+
+def own_module(file: Path, top: str) -> Path | None:
+    """``top.py`` (or ``top/__init__.py``) inside the repository ``file`` belongs to (from the nearest folder above it
+    that looks like a repository's root: ``.git``, ``pyproject.toml``, ``setup.py``, a README or a LICENSE; at most 3
+    above the file, else its own folder), when a module of that name is there; else None."""
+    root = next((f for f in [file.parent, *file.parents][:4] if any(any(f.glob(m)) for m in REPOSITORY_ROOT)),
+                file.parent)
+    seen = 0
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__"))
+        seen += len(files)
+        if f"{top}.py" in files:
+            return Path(folder) / f"{top}.py"
+        if top in dirs and (Path(folder) / top / "__init__.py").is_file():
+            return Path(folder) / top / "__init__.py"
+        if seen > OWN_MODULE_FILES:
+            return None
+    return None
 
 
 def _needs_cuda(message: str, frame: tuple[str, int, str] | None) -> bool:

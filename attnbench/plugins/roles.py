@@ -152,7 +152,7 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
     for tries, combo in enumerate(itertools.product(*options)):
         if tries >= MAX_TRIES:
             break
-        if len(set(combo)) < len(combo) or ("d_context" in combo and "d_in" not in {*combo, *taken}):
+        if _repeats(combo) or ("d_context" in combo and "d_in" not in {*combo, *taken}):
             continue
         params = tuple(zip((p.name for p in unknown), combo, strict=True))
         if "num_kv_heads" not in combo and "num_kv_heads" not in taken:
@@ -178,6 +178,16 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
                               "multi-head attention holds only where its input and output widths are equal, so it is "
                               f"checked at one width; {tries} other assignment(s) tried first", one_width=True), errors
     return None, errors
+
+
+SHARED_ROLES = {"head_dim": 2}
+"""Roles two parameters may take at once: the head size of the queries and keys and that of the values
+(``MultiHeadAttention(d_model, n_heads, d_queries, d_values, ...)``, ``d_k``/``d_v``), one head dim in the spec."""
+
+
+def _repeats(combo: tuple[str, ...]) -> bool:
+    """Whether ``combo`` gives a role to more parameters than it may take (:data:`SHARED_ROLES`, else one)."""
+    return any(combo.count(r) > SHARED_ROLES.get(r, 1) for r in set(combo))
 
 
 def _first(exc: BaseException) -> str:
