@@ -290,7 +290,13 @@ def rewiden(median: float, lo: float, hi: float, old: float, new: float,
     z = z_value(confidence)
     down = math.sqrt(max(0.0, math.log(median / lo) ** 2 - (z * old) ** 2) + (z * new) ** 2)
     up = math.sqrt(max(0.0, math.log(hi / median) ** 2 - (z * old) ** 2) + (z * new) ** 2)
-    return median * math.exp(-down), median * math.exp(up)
+    return median * math.exp(-min(down, LOG_SPAN)), median * math.exp(min(up, LOG_SPAN))
+
+
+LOG_SPAN = 700.0
+"""The widest log half-width an interval is given: a between-run term so large (a machine hundreds of times noisier than
+its calibration) that ``exp`` would overflow makes an interval from about 0 to about 1e304 times the median, which
+says "nothing known" without an OverflowError ending the run."""
 
 
 # ---------------------------------------------------------------- paired speed-ups (interleaved members)

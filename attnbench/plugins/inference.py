@@ -474,6 +474,21 @@ def _forward_x_causal_stage(binding: Binding) -> Binding:
     return stages.causal_by_flag(binding, lambda b: forward_is_causal(b, probe)) or binding
 
 
+def _factory(binding: Binding, has_bias: bool, plan, requires, refuses, own: dict, declared: dict, evidence: list):
+    """The implementation factory of ``binding``, with a constructor flag that switches the score scale on set by
+    the scale it causes (:func:`~attnbench.plugins.scale_flag.scale_by_flag`; its note added to ``evidence``)."""
+    from attnbench.plugins.layout import with_layout
+
+    def make(b: Binding):
+        return with_layout(b, has_qkv_bias=has_bias, context=plan, requires=requires, refuses=refuses, own=dict(own))
+
+    factory = make(binding)
+    if "score_scale" not in declared:
+        binding, factory, note = scale_by_flag(binding, make, factory)
+        evidence += [note] if note else []
+    return factory
+
+
 def _takes_mask(target) -> bool:
     """Does ``target.forward`` take a mask attnbench supplies (so the mask, not a config field, carries a window)?"""
     try:
@@ -487,7 +502,6 @@ def implementation_fields(obj, source: str) -> dict:
     """The :class:`~attnbench.registry.Implementation` fields of a user's class or factory: its bound
     constructor wrapped with weight-layout discovery, what the constructor says it supports, and its
     declared ``attnbench_capabilities`` (which win over what is inferred)."""
-    from attnbench.plugins.layout import with_layout
 
     binding = with_own_config(bind(obj), skip=("window",) if _takes_mask(obj) else ())
     try:
@@ -531,15 +545,8 @@ def implementation_fields(obj, source: str) -> dict:
             evidence.append("window: counts the current token apart (built with window=3 on a probe, each query kept 4 "
                             "keys: i - j <= window): for a spec window of N keys it is built with window N - 1")
     has_bias = has_bias and caps.pop("qkv_bias", True) is not False  # declared: no q/k/v bias (an adapter's)
-    requires, refuses = caps.pop("requires", ()), caps.pop("refuses", ())
-
-    def make(b: Binding):
-        return with_layout(b, has_qkv_bias=has_bias, context=plan, requires=requires, refuses=refuses, own=dict(own))
-
-    factory = make(binding)
-    if "score_scale" not in declared:
-        binding, factory, note = scale_by_flag(binding, make, factory)
-        evidence += [note] if note else []
+    factory = _factory(binding, has_bias, plan, caps.pop("requires", ()), caps.pop("refuses", ()), own, declared,
+                       evidence)
     evidence += apply_measured(factory, caps, declared, obj)
     factory.evidence = evidence
     factory.imported = IMPORTED.get(getattr(obj, "__module__", ""), "")
