@@ -335,11 +335,30 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "self.scaling = "),
     ("CosineTableInterleaved", ["CosineTableInterleaved"], ("forward", "rope_half_theta500_gqa", "float64"),
      "rotated q", "the rotary table buffer 'cos' registered here is not the reference's"),
+    # round 13: what the development half of /work/planted47e found
+    ("StableSoftmaxOverHeads", ["StableSoftmaxOverHeads"], ("forward", "gpt_like", "float64"), "probabilities",
+     "; q, k, v and masked scores match up to"),
+    ("FusedBiasLeftOut", ["FusedBiasLeftOut"], ("forward", "hd64_bias", "float64"), "q",
+     "off by the same vector at every token"),
+    ("QScaledAndScores", ["QScaledAndScores"], ("forward", "gpt_like", "float64"), "scaled scores", "off by a factor"),
+    ("WholeNormGainLeftOut", ["GainNormWithoutGain"], ("forward", "qknorm_full_rope_window", "float64"), "normed q",
+     "the norm's gain is missing or another"),
+    ("WholeNormKeysByQueryNorm", ["WholeNormKeysByQueryNorm"], ("forward", "qknorm_full_rope_window", "float64"),
+     "normed k", "gives the reference's normed q when called at"),
+    ("InterleavedAnglesTiled", ["InterleavedAnglesTiled"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated q", "the rotary table made here is not the reference's"),
+    ("InterleavedAnglesTheta", ["InterleavedAnglesTheta"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated q", "the rotary table made here is not the reference's"),
+    ("MultiQueryEvalDropout", ["MultiQueryEvalDropout"], ("eval_deterministic", "props", "float64"), "probabilities",
+     "randomness, such as dropout, applied here in eval mode"),
+    ("MultiQueryHeadsMixed", ["MultiQueryHeadsMixed"], ("forward", "mqa", "float64"), "q heads", "; q, k, v match"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
                     ("GroupedSteps", "gqa"), ("FusedSDPA", "gpt_like"), ("HalfRotaryHelper", "rope_half_theta500_gqa"),
-                    ("CappedSteps", "softcap"), ("OwnSoftmaxGrad", "gpt_like")]
+                    ("CappedSteps", "softcap"), ("OwnSoftmaxGrad", "gpt_like"), ("QScaledFirst", "gpt_like"),
+                    ("WholeProjectionNorm", "qknorm_full_rope_window"), ("InterleavedAngles", "rope_interleaved_theta100_bias"),
+                    ("MultiQuery", "mqa")]
 
 
 def _run(target: str, kind: str, shape: str, dtype: str):

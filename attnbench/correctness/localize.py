@@ -45,7 +45,7 @@ from attnbench.correctness.localize_roles import swapped_roles
 from attnbench.correctness.localize_rope import discarded, paths_differ, unrotated
 from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
 from attnbench.correctness.localize_tables import wrong_tables
-from attnbench.correctness.stages import OPTIONAL, ORDER, Stage
+from attnbench.correctness.stages import FUSED, OPTIONAL, ORDER, Stage
 
 __all__ = ["CHAIN", "Localization", "cannot_tell", "locate", "localize_case", "localize_failures", "matches",
            "repro_command"]
@@ -106,6 +106,10 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
         return div
     if div is None:
         return _missing_steps(ev, returned, returned_at) or _nothing_diverges(ev)
+    div = _normed_before_split(div, ev)
+    gain = _gain_factor(div, ev)
+    if gain is not None:
+        return gain
     for refine in (swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, discarded):
         found = refine(div, ev)
         if found is not None:
@@ -115,6 +119,39 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     if found is not None:
         return found
     return _named(_factor_origin(div, ev), ev)
+
+
+def _normed_before_split(div: Divergence, ev: Evidence) -> Divergence:
+    """``div`` at ``q heads``/``k heads`` named as the normed stage when the reference norms q and k and the tensor
+    found still holds the whole projection ``(b, T, h*d)``: a QK-norm over the whole projection, applied before the
+    split (OLMo's), is where such a class leaves the reference, not its split (a wrong split has the heads apart)."""
+    side = {"q heads": "q", "k heads": "k"}.get(div.name)
+    normed = ev.stage(f"normed {side}") if side else None
+    if normed is None or div.rec.value.dim() != 3:
+        return div
+    return replace(div, name=normed.name)
+
+
+def _gain_factor(div: Divergence, ev: Evidence) -> Localization | None:
+    """At a normed stage, the first record equal to it but for a factor that differs between features and is the
+    same at every token (``x * rsqrt(mean(x^2) + eps)`` whose ``* weight`` was left out, or the other side's norm):
+    its gain missing or another, named there (or at the call of a norm module right for its other call)."""
+    if div.name not in ("normed q", "normed k"):
+        return None
+    want = ev.stage(div.name).tensor.double()
+    for rec in ev.records:
+        if rec.index in ev.explained:
+            continue
+        for w in (want.reshape(*want.shape[:2], -1), want):  # the whole projection (OLMo) or per head
+            if tuple(rec.value.shape) != tuple(w.shape):
+                continue
+            got = rec.value.double()
+            ratio = w / torch.where(got.abs() > 1e-12, got, torch.ones_like(got))
+            row = ratio[:1, :1]
+            if ((ratio - row).abs().max() <= 1e3 * ev.tol and (row - row.flatten()[0]).abs().max() > 1e3 * ev.tol):
+                return _named(replace(div, rec=rec, seen=None), ev, "off by a factor per feature that is the same at "
+                                                                    "every token: the norm's gain is missing or another")
+    return None
 
 
 def _factor_origin(div: Divergence, ev: Evidence) -> Divergence:
@@ -153,9 +190,31 @@ def first_divergence(ev: Evidence) -> Divergence | Localization | None:
         if div is None or (name in OPTIONAL and not div.exact):
             continue  # nothing of this stage's form (fused away), or an optional form nothing fits
         if not ev.matched and not div.exact:  # no anchor at all: a tensor of the stage's form is no evidence of where
+            offset = _bias_offset(ev)
+            if offset is not None:
+                return offset
             return cannot_tell("no tensor of the class matches any stage of the reference, not even its projections "
                                "(another split of the heads?): the values cannot say where it diverges")
         return div
+    return None
+
+
+def _bias_offset(ev: Evidence) -> Localization | None:
+    """A projection off by the same vector at every token (a bias left out, or another bias): the first record
+    ``(b, T, features)`` that differs from the q, k, v (or fused) projection by a constant per feature, named."""
+    for stage in ev.stages:
+        if stage.name not in ("q", "k", "v", FUSED):
+            continue
+        want = stage.tensor.double().reshape(*stage.tensor.shape[:2], -1)
+        size = max(1.0, float(want.abs().max()))
+        for rec in ev.records:
+            if rec.value.dim() != 3 or tuple(rec.value.shape) != tuple(want.shape):
+                continue
+            d = rec.value.double() - want
+            if d.abs().max() > ev.tol * size and (d - d[:1, :1]).abs().max() <= ev.tol * size:
+                words = (f"off by the same vector at every token (|{float(d[0, 0].abs().max()):.2g}| at most): its bias is "
+                         "missing or another")
+                return named(stage.name if stage.name != FUSED else "q", rec, words, ev.matched)
     return None
 
 
@@ -184,10 +243,11 @@ def _missing_steps(ev: Evidence, returned: int | None, returned_at: tuple[str, i
     return named(nxt, rec, words, {k: v for k, v in ev.matched.items() if ORDER.index(k) < ORDER.index(nxt)})
 
 
-def _named(div: Divergence, ev: Evidence) -> Localization:
+def _named(div: Divergence, ev: Evidence, words: str | None = None) -> Localization:
     """The line for ``div``: at its record, or at the class's call of the helper it is in when that helper gives a
-    stage for another call (:func:`~attnbench.correctness.localize_calls.helper_call`)."""
-    words = div.fit.words(ev.tol)
+    stage for another call (:func:`~attnbench.correctness.localize_calls.helper_call`); ``words``: what is wrong
+    (default: its fit's)."""
+    words = div.fit.words(ev.tol) if words is None else words
     other = helper_call(div.rec, ev)
     if div.seen is not None and other is None and div.seen.where != div.rec.where:
         words += f" (seen at {div.seen.where}, computed from this line)"
@@ -211,7 +271,10 @@ def _candidate(stage: Stage, later: list[Stage], pool: list[Record], ev: Evidenc
         if fit is None:
             continue
         compatible.append((rec, fit))
-        if fit.fit <= ev.tol or (fit.masks and stage.name == "masked scores"):
+        if fit.fit > ev.tol and fit.masks and stage.name == "masked scores":
+            again = _as_earlier(rec, stage, ev, latest=True)  # not masked yet: an earlier stage scaled again
+            return Divergence(stage.name, rec, fit, True) if again is None else Divergence(again[1], rec, again[0], True)
+        if fit.fit <= ev.tol:
             return Divergence(stage.name, rec, fit, True)
         for other in later:
             alt = best_fit(other, rec.value, ev.tol, strict=False)
@@ -219,22 +282,55 @@ def _candidate(stage: Stage, later: list[Stage], pool: list[Record], ev: Evidenc
                 return Divergence(stage.name, rec, alt, True, other.name)
             if alt is not None and alt.masks and other.name == "masked scores" and bool((rec.value <= MASKED).any()):
                 return Divergence(other.name, rec, alt, True)  # masked (before the scale), at other positions
+    sound, rest = set(ev.sound), []
     for rec, fit in compatible:
-        if set(rec.inputs) <= ev.sound:
+        if _softmax_neutral(rec, ev, sound):
+            sound.add(rec.index)  # a stable softmax's own steps: right for what comes after them
+        else:
+            rest.append((rec, fit))
+    for rec, fit in rest:
+        if set(rec.inputs) <= sound:
             earlier = _as_earlier(rec, stage, ev)
             return Divergence(stage.name, rec, fit, False) if earlier is None else Divergence(
                 stage.name, rec, earlier[0], False, earlier[1])
-    if not compatible:
+    if not rest:
         return None
-    rec, fit = compatible[0]
-    root = _root(rec, {r.index: r for r in ev.records if r.index not in ev.explained}, ev.sound)
+    rec, fit = rest[0]
+    root = _root(rec, {r.index: r for r in ev.records if r.index not in ev.explained}, sound)
     return Divergence(stage.name, root, fit, False, seen=None if root is rec else rec)
 
 
-def _as_earlier(rec: Record, stage: Stage, ev: Evidence) -> tuple[Fit, str] | None:
+def _softmax_neutral(rec: Record, ev: Evidence, sound: set[int]) -> bool:
+    """Whether ``rec`` is a step of a softmax written out that changes nothing its normalisation does not undo: the
+    scores less a constant per row (``s - s.amax(-1)``), or the exponential of such (``exp``) when a later record
+    divides it (the normalisation, checked itself)."""
+    op = rec.op.removeprefix("Tensor.").removeprefix("torch.")
+    ins = [ev.records[i] for i in rec.inputs if i in sound]
+    if op in ("exp", "exp_"):
+        return set(rec.inputs) <= sound and any(rec.index in r.inputs and "div" in r.op
+                                                 for r in ev.records[rec.index + 1:])
+    if op not in ("sub", "__sub__", "sub_", "__isub__"):
+        return False
+    for s in ins:
+        scores = ev.explained.get(s.index, ())
+        if not any(n in ("scores", "scaled scores", "capped scores", "masked scores") for n in scores):
+            continue
+        if s.value.shape != rec.value.shape:
+            continue
+        kept = s.value.double() > MASKED
+        d = (rec.value.double() - s.value.double()).masked_fill(~kept, 0.0)
+        lo = d.masked_fill(~kept, float("inf")).amin(-1, keepdim=True)
+        hi = d.masked_fill(~kept, float("-inf")).amax(-1, keepdim=True)
+        spread = (hi - lo).masked_fill(~kept.any(-1, keepdim=True), 0.0)
+        return bool((spread.abs() <= ev.tol * max(1.0, float(s.value.double().abs().max()))).all())
+    return False
+
+
+def _as_earlier(rec: Record, stage: Stage, ev: Evidence, latest: bool = False) -> tuple[Fit, str] | None:
     """``(fit, name)`` when ``rec`` is an earlier stage of the main chain up to a factor (a scale applied twice:
-    the masked scores scaled again where the probabilities were expected), else ``None``."""
-    for other in ev.stages:
+    the masked scores scaled again where the probabilities were expected; with ``latest``, the latest such stage:
+    scaled scores scaled again where the masked scores were expected), else ``None``."""
+    for other in (reversed(ev.stages) if latest else ev.stages):
         if other.name in ORDER and other.name not in CHAIN and ORDER.index(other.name) < ORDER.index(stage.name):
             fit = best_fit(other, rec.value, ev.tol, strict=False)
             if fit is not None and fit.fit <= ev.tol and abs(fit.factor - 1) > ev.tol:
@@ -286,6 +382,12 @@ def localize_case(impl, case, device: str = "cpu", seed: int = 0, tol: float | N
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        if case.kind == "eval_deterministic":
+            from attnbench.correctness.localize_random import random_in_eval
+
+            found = random_in_eval(impl, case, device, seed)
+            if found is not None:
+                return found
         found = None
         for rp in replays(impl, case, device, seed, grad=case.kind == "backward"):
             found = _localize_replay(rp, case, tol)

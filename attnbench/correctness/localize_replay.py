@@ -44,8 +44,10 @@ def replays(impl, case, device: str = "cpu", seed: int = 0, grad: bool = False) 
     """The case's forward replayed (one :class:`Replay`; an ``extreme_logits`` case: one per stress)."""
     from attnbench.correctness.basic import build_for
     from attnbench.correctness.cases import SEED
+    from attnbench.correctness.matrix import multi_query_case
     from attnbench.plugins.exits import plugin_exits
 
+    case = multi_query_case(impl, case)  # as the case ran it
     token = SEED.set(seed)
     try:
         with warnings.catch_warnings(), plugin_exits(impl.name):

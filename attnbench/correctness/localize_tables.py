@@ -55,7 +55,7 @@ def wrong_tables(div, ev: Evidence, made) -> Localization | None:
 
 def _origin(div, ev: Evidence, tid: int, aux: dict, buffers: dict, module, ref: dict, T: int, hd: int):
     """The earliest wrong table ``tid`` was made from, or the buffer's registration, named."""
-    origin = walk_back(tid, aux, buffers, lambda v: _table(v, T, hd) is not None and not _right(v, ref, T, hd),
+    origin = walk_back(tid, aux, buffers, lambda v: _part(v, T, hd) is not None and not _right(v, ref, T, hd),
                        lambda name: True)
     if isinstance(origin, str):
         found = _registered(module, origin)
@@ -70,8 +70,34 @@ def _origin(div, ev: Evidence, tid: int, aux: dict, buffers: dict, module, ref: 
 
 
 def _right(value, ref: dict, T: int, hd: int) -> bool:
-    table = _table(value, T, hd)
-    return table is not None and (_same(table, ref["cos"]) or _same(table, ref["sin"]))
+    """Whether ``value`` is one of the reference's tables or what they are made of: the cosine or the sine ``(T,
+    head_dim)``, the angles whose cosine and sine they are, or the same with each frequency once (``(T, head_dim/2)``,
+    as the half or the interleaved form lays them out), or the frequencies themselves (the angles at position 1)."""
+    part = _part(value, T, hd)
+    if part is None:
+        return False
+    cos, sin = ref["cos"], ref["sin"]
+    if part.dim() == 1:  # (head_dim/2,) frequencies: the angle each pair turns by per position
+        angles = torch.atan2(sin[1], cos[1]) if T > 1 else None
+        return angles is not None and any(_same(part, angles[cut]) for cut in (slice(0, hd // 2), slice(0, None, 2)))
+    cuts = (slice(None),) if part.shape[-1] == hd else (slice(0, hd // 2), slice(0, None, 2))
+    for cut in cuts:
+        c, s = cos[:, cut], sin[:, cut]
+        if _same(part, c) or _same(part, s) or (_same(torch.cos(part), c) and _same(torch.sin(part), s)):
+            return True
+    return False
+
+
+def _part(value, T: int, hd: int) -> torch.Tensor | None:
+    """``value`` as what a rotary table is made of: ``(T, head_dim)`` or ``(T, head_dim/2)`` (axes of size 1
+    dropped), or the ``(head_dim/2,)`` frequencies; None when it is none of these (or is complex)."""
+    if value is None or not value.is_floating_point():
+        return None
+    squeezed = value.reshape([n for n in value.shape if n != 1]) if value.numel() > 1 else value.reshape(-1)
+    shape = tuple(squeezed.shape)
+    if shape in ((T, hd), (T, hd // 2)) or (shape == (hd // 2,) and T != hd // 2):
+        return squeezed.double().cpu()
+    return None
 
 
 def _reference(ev: Evidence) -> dict | None:
@@ -87,12 +113,9 @@ def _reference(ev: Evidence) -> dict | None:
 
 
 def _table(value, T: int, hd: int) -> torch.Tensor | None:
-    """``value`` as a ``(T, head_dim)`` table (its leading axes of size 1 dropped), or None."""
-    if value is None or not value.is_floating_point() or value.dim() < 2 or tuple(value.shape[-2:]) != (T, hd):
-        return None
-    if any(s != 1 for s in value.shape[:-2]):
-        return None
-    return value.reshape(T, hd).double().cpu()
+    """``value`` as a ``(T, head_dim)`` table (its axes of size 1 dropped: ``(1, T, 1, hd)``, ``(T, 1, hd)``), or None."""
+    part = _part(value, T, hd)
+    return part if part is not None and tuple(part.shape) == (T, hd) else None
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -72,10 +72,14 @@ SHAPES = [
 ]
 LOW_PRECISION_SHAPES = ("oddT_din_ne_dout", "hd64_bias", "gpt_like", "hd64_square")
 PROPERTY_SHAPE = Shape("props", 3, 11, AttnSpec(24, 24, 16, 0.0, 3, True))  # d_in == d_out: every impl runs it
+MQA_SHAPE = Shape("mqa", 2, 9, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=1))
+"""Four query heads on one kv head, ``d_in == d_out``: a variant shape (forward, backward), and the spec a class that
+is multi-query by construction runs the property shape's cases at (:func:`multi_query_case`)."""
 DROPOUT = basic.DROPOUT
 VARIANT_SHAPES = [  # run by implementations that declare the variant, skipped with the reason by the others
     Shape("gqa", 2, 9, AttnSpec(32, 32, 12, 0.0, 4, True, num_kv_heads=2)),  # 2 query heads per kv head
     Shape("mqa_din_ne_dout", 2, 7, AttnSpec(24, 16, 8, 0.0, 4, num_kv_heads=1)),  # one kv head
+    MQA_SHAPE,  # one kv head at one width: what a class multi-query by construction (and same-width) runs
     Shape("window", 2, 13, AttnSpec(16, 16, 16, 0.0, 2, window=4)),  # T > window
     Shape("gqa_window_bias", 1, 17, AttnSpec(32, 32, 20, 0.0, 4, True, num_kv_heads=2, window=5)),
     Shape("window1", 2, 6, AttnSpec(8, 8, 6, 0.0, 2, window=1)),  # each token sees only itself
@@ -135,10 +139,20 @@ CASE_LENGTHS = {**varlen.CASE_LENGTHS, **invariance.CASE_LENGTHS}
 CASE_DROPOUT = {**basic.CASE_DROPOUT, **properties.CASE_DROPOUT}
 """The dropout each case kind builds with (the others: none)."""
 
+def multi_query_case(impl, case: Case) -> Case:
+    """``case`` as ``impl`` runs it: a class multi-query by construction (one kv head whatever it is built with) cannot
+    take the property shape's three kv heads, so its causality, batch-independence and dropout cases run at
+    :data:`MQA_SHAPE`'s spec (the case keeps its id, so its rerun command selects it)."""
+    if case.shape.id == PROPERTY_SHAPE.id and getattr(getattr(impl, "factory", None), "own", {}).get("kv_heads") == 1:
+        return replace(case, shape=replace(MQA_SHAPE, id=PROPERTY_SHAPE.id))
+    return case
+
+
 def run_case(impl: registry.Implementation | str, case: Case, device: str = "cpu", seed: int = 0) -> CaseResult:
     """Run one case (weights and inputs drawn from ``seed``); a skip when the implementation declares it
     cannot, an ``error`` row when it raises."""
     impl = registry.get(impl) if isinstance(impl, str) else impl
+    case = multi_query_case(impl, case)
     shape = case.shape
     outcome = resolve(impl, shape.spec, device=device, dtype=case.dtype, mode=CASE_MODES.get(case.kind, "inference"),
                       batch=shape.batch, seq_len=shape.seq_len, dropout=CASE_DROPOUT.get(case.kind, 0.0),

@@ -38,12 +38,17 @@ class Gain:
     slope: float
 
     def to_param(self, g: torch.Tensor) -> torch.Tensor:
+        if self.slope == 0.0:  # inert: the module does not read it (any value computes the same)
+            return torch.ones_like(g)
         return (g - self.offset) / self.slope
 
     def to_gain(self, p: torch.Tensor) -> torch.Tensor:
         return self.offset + self.slope * p
 
     def describe(self) -> str:
+        if self.slope == 0.0:
+            return (f"{self.canonical} <- {self.param} (its module's output does not change with it: the effective gain "
+                    f"is {self.offset:g} whatever it holds, so cases whose gains differ fail where it norms)")
         how = "its weight" if (self.offset, self.slope) == (0.0, 1.0) else \
             f"{self.offset:g} + {self.slope:g} * it" if self.slope != 1.0 else f"{self.offset:g} + it"
         where = "per head" if self.placement == "head" else "over the whole projection"
@@ -51,7 +56,8 @@ class Gain:
 
 
 class NormError(ValueError):
-    """A q/k norm whose effective gain is not ``a + b * parameter`` with ``b != 0`` (what is wrong, in words)."""
+    """A q/k norm whose effective gain is not ``a + b * parameter`` (what is wrong, in words); ``b == 0`` (a module
+    that ignores its parameter) is an inert :class:`Gain`, not an error."""
 
 
 def role(name: str) -> str | None:
@@ -98,9 +104,8 @@ def _measure(norm: nn.Module, param: nn.Parameter, where: str) -> tuple[float, f
     if not (torch.allclose(a, a[0].expand_as(a), atol=1e-4) and torch.allclose(b, b[0].expand_as(b), atol=1e-4)):
         raise NormError(f"{where}: its module's output on a constant input is not one gain per element "
                         "(is it an RMSNorm?)")
-    if abs(float(b[0])) < 1e-3:
-        raise NormError(f"{where}: its module's output does not change with it (a LayerNorm of a constant input is "
-                        "its bias; attnbench maps RMSNorm q/k norms)")
+    if abs(float(b[0])) < 1e-3:  # a norm that ignores its weight (a bug, or a dead parameter): loaded as inert, and
+        return round(float(a[0]), 4), 0.0  # the cases with other gains show it where the class norms
     return round(float(a[0]), 4), round(float(b[0]), 4)
 
 

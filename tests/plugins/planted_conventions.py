@@ -582,3 +582,193 @@ class RotatedKeysDropped(ComplexRope):
         scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim) + mask
         output = torch.matmul(F.softmax(scores.float(), dim=-1).type_as(xq), values)
         return self.wo(output.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+# --- round 13: what the fourth planted set's development half (/work/planted47e) found ------------------------------
+
+class StableSoftmaxOverHeads(FusedManual):
+    """A softmax written out with its max subtracted (``s - s.amax(-1)``, ``exp``): the shift and the exponential are
+    right for the normalisation after them; the normalisation sums over the heads."""
+
+    def softmax(self, att):
+        shifted = att - att.amax(dim=-1, keepdim=True)
+        e = torch.exp(shifted)
+        return e / e.sum(dim=1, keepdim=True)  # PLANTED
+
+
+class FusedBiasLeftOut(FusedManual):
+    def project(self, x):
+        q, k, v = F.linear(x, self.qkv.weight).split(self.d_out, dim=2)  # PLANTED
+        return q, k, v
+
+
+class QScaledFirst(FusedManual):
+    """The scale folded into the queries where they are projected; the scores are not scaled again."""
+
+    def project(self, x):
+        q, k, v = self.qkv(x).split(self.d_out, dim=2)
+        return q * self.head_dim ** -0.5, k, v
+
+    def scale(self, att):
+        return att
+
+
+class QScaledAndScores(QScaledFirst):
+    def scale(self, att):
+        return att / math.sqrt(self.head_dim)  # PLANTED
+
+
+class GainNorm(nn.Module):
+    """An RMSNorm written out, its gain a parameter of its own."""
+
+    def __init__(self, width, eps):
+        super().__init__()
+        self.eps = eps
+        self.gain = nn.Parameter(torch.ones(width))
+
+    def forward(self, t):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain
+
+
+class GainNormWithoutGain(GainNorm):
+    def forward(self, t):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.eps)  # PLANTED
+
+
+def _rotate_half(t):
+    a, b = t.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class WholeProjectionNorm(nn.Module):
+    """OLMo's QK-norm: over the whole q and k projections, before the heads are split; then rotate-half RoPE and a
+    window mask given to SDPA."""
+
+    attnbench_capabilities = {"dropout": False, "sliding_window": True, "rope": ("half",), "qk_norm": ("full",)}
+    norm_class = GainNorm
+
+    def __init__(self, d_in, d_out, context_length, num_heads, rope_theta=10_000.0, qk_norm=True, norm_eps=1e-6,
+                 window=None):
+        super().__init__()
+        self.nh, self.hd, self.window, self.rotates = num_heads, d_out // num_heads, window, rope_theta is not None
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(d_out, d_out, bias=False)
+        self.q_norm = self.norm_class(d_out, norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = self.norm_class(d_out, norm_eps) if qk_norm else nn.Identity()
+        inv = 1.0 / (rope_theta or 1.0) ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv) * (rope_theta is not None)
+        self.register_buffer("cos", torch.cat([angles, angles], -1).cos(), persistent=False)  # no RoPE: cos 1, sin 0
+        self.register_buffer("sin", torch.cat([angles, angles], -1).sin(), persistent=False)
+
+    def normed(self, q, k):
+        q = self.q_norm(q)
+        k = self.k_norm(k)
+        return q, k
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k = self.normed(self.q_proj(x), self.k_proj(x))
+        q, k, v = (t.view(b, T, self.nh, self.hd).transpose(1, 2) for t in (q, k, self.v_proj(x)))
+        if self.rotates:
+            cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        i = torch.arange(T, device=x.device)
+        hidden = i[None, :] > i[:, None]
+        if self.window is not None:
+            hidden = hidden | (i[:, None] - i[None, :] >= self.window)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden)
+        return self.o_proj(y.transpose(1, 2).reshape(b, T, -1))
+
+
+class WholeNormGainLeftOut(WholeProjectionNorm):
+    norm_class = GainNormWithoutGain
+
+
+class WholeNormKeysByQueryNorm(WholeProjectionNorm):
+    def normed(self, q, k):
+        q = self.q_norm(q)
+        k = self.q_norm(k)  # PLANTED
+        return q, k
+
+
+class InterleavedAngles(nn.Module):
+    """GPT-J's interleaved pairs with the angles made in the forward (``rotate_every_two``)."""
+
+    attnbench_capabilities = {"dropout": False, "rope": ("interleaved",)}
+
+    def __init__(self, d_in, d_out, context_length, num_heads, rope_theta=10_000.0):
+        super().__init__()
+        self.nh, self.hd, self.theta = num_heads, d_out // num_heads, rope_theta
+        self.wq, self.wk, self.wv = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.wo = nn.Linear(d_out, d_out, bias=False)
+
+    def frequencies(self, device):
+        return 1.0 / self.theta ** (torch.arange(0, self.hd, 2, device=device, dtype=torch.float64) / self.hd)
+
+    def angles(self, T, device):
+        a = torch.outer(torch.arange(T, device=device, dtype=torch.float64), self.frequencies(device))
+        return a.repeat_interleave(2, dim=-1)
+
+    @staticmethod
+    def every_two(t):
+        return torch.stack((-t[..., 1::2], t[..., ::2]), dim=-1).flatten(-2)
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (w(x).view(b, T, self.nh, self.hd) for w in (self.wq, self.wk, self.wv))
+        if self.theta is not None:
+            a = self.angles(T, x.device)[:, None, :]
+            cos, sin = a.cos().to(x.dtype), a.sin().to(x.dtype)
+            q, k = q * cos + self.every_two(q) * sin, k * cos + self.every_two(k) * sin
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.hd)
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+        return self.wo(o.reshape(b, T, -1))
+
+
+class InterleavedAnglesTiled(InterleavedAngles):
+    def angles(self, T, device):
+        a = torch.outer(torch.arange(T, device=device, dtype=torch.float64), self.frequencies(device))
+        return a.repeat(1, 2)  # PLANTED
+
+
+class InterleavedAnglesTheta(InterleavedAngles):
+    def frequencies(self, device):
+        return 1.0 / (2 * self.theta) ** (torch.arange(0, self.hd, 2, device=device, dtype=torch.float64) / self.hd)  # PLANTED
+
+
+class MultiQuery(nn.Module):
+    """Falcon-style multi-query attention: one key/value head for every query head, by construction."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads):
+        super().__init__()
+        self.nh, self.hd, self.p = num_heads, d_out // num_heads, dropout
+        self.q = nn.Linear(d_in, d_out)
+        self.kv = nn.Linear(d_in, 2 * self.hd)
+        self.out = nn.Linear(d_out, d_out)
+
+    def weights(self, s):
+        return F.dropout(s.softmax(dim=-1), p=self.p, training=self.training)
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = self.q(x).view(b, T, self.nh, self.hd).transpose(1, 2)
+        k, v = (t.unsqueeze(1) for t in self.kv(x).split(self.hd, dim=-1))
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        return self.out((self.weights(s) @ v).transpose(1, 2).reshape(b, T, -1))
+
+
+class MultiQueryEvalDropout(MultiQuery):
+    def weights(self, s):
+        return F.dropout(s.softmax(dim=-1), p=self.p, training=True)  # PLANTED
+
+
+class MultiQueryHeadsMixed(MultiQuery):
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = self.q(x).view(b, self.nh, T, self.hd)  # PLANTED
+        k, v = (t.unsqueeze(1) for t in self.kv(x).split(self.hd, dim=-1))
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        return self.out((self.weights(s) @ v).transpose(1, 2).reshape(b, T, -1))
