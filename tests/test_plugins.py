@@ -195,7 +195,8 @@ def test_unknown_capability_key_points_to_the_readme(tmp_path):
     (tmp_path / "caps.py").write_text((tmp_path.parent / "x").name and
                                       "from torch import nn\nclass C(nn.Module):\n"
                                       "    attnbench_capabilities = {'no_dropout': True}\n"
-                                      "    def __init__(self, d_in, d_out, context_length, dropout, num_heads): super().__init__()\n")
+                                      "    def __init__(self, d_in, d_out, context_length, dropout, num_heads):\n"
+                                      "        super().__init__()\n        self.proj = nn.Linear(d_in, d_out)\n")
     with pytest.raises(PluginLoadError, match=r"unknown key\(s\) \['no_dropout'\].*docs/own-attention.md: Capabilities"):
         registry.get(f"{tmp_path}/caps.py:C")
 

@@ -211,3 +211,18 @@ def test_a_script_is_imported_with_its_own_path_as_sys_argv_0(repo_cwd, capsys):
     code, out, err = cli(["check", R + "reads_beside_argv.py:ArgvAttention", "--kind", "causality"], capsys)
     assert code == 0 and "PASS" in out, out + err
     assert sys.argv == before
+
+
+def test_a_layer_around_an_inner_attention_its_caller_builds_is_refused_as_such(repo_cwd, capsys):
+    """Informer's ``AttentionLayer(attention, d_model, n_heads)``: not "'int' object is not callable" after a probe."""
+    text = " ".join(" ".join(refusal(capsys, "not_a_layer.py:AroundInner")).split())  # wrapped lines, one text
+    assert "AroundInner is not a whole attention layer by itself: its constructor takes 'attention', a module its" in text
+    assert "calls (self.inner_attention(...) at" in text and "tests/plugins/refusals/not_a_layer.py:40)" in text
+    assert "attnbench adapt FILE:Class" in text and "not callable" not in text
+
+
+def test_a_kernel_without_weights_is_refused_as_not_a_layer(repo_cwd, capsys):
+    """Informer's ``FullAttention``: per-head q, k, v already projected; not "not causal with any mask form"."""
+    lines = refusal(capsys, "not_a_layer.py:KernelOnly")
+    assert lines[0].startswith("error: KernelOnly is not an attention layer: it has no weight matrices"), lines
+    assert "not causal" not in " ".join(lines)

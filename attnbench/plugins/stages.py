@@ -20,6 +20,7 @@ from torch import nn
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import Binding
+from attnbench.plugins.inner_modules import inner_module, no_weights
 from attnbench.plugins.roles import weight_elements, whole_block
 from attnbench.plugins.signatures import signature
 from attnbench.spec import AttnSpec
@@ -52,6 +53,7 @@ def _name(binding: Binding) -> str:
 def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
     """``binding`` once its class is known to build here (else one :class:`PluginLoadError`: the environment it needs,
     or the call tried and what it raised at both sizes), cast as a whole when its weights come out in another dtype."""
+    _not_a_layer(binding)
     built, failures = None, []
     for spec in (replace(probe, rope_theta=10000.0), ROOMY):
         try:
@@ -71,7 +73,24 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
     if block is not None:
         raise PluginLoadError(f"{_name(binding)} is a whole block, not an attention layer: {block}; check the attention class "
                               "itself (FILE:Class)")
+    kernel = no_weights(built)
+    if kernel is not None:
+        raise PluginLoadError(f"{_name(binding)} is not an attention layer: {kernel}",
+                              fix="check the layer that projects x and calls it (FILE:Class)")
     return with_channels_first(with_dtype(binding, built), built)
+
+
+def _not_a_layer(binding: Binding) -> None:
+    """Refuse a class whose constructor takes a module its forward calls (an inner attention its caller builds)."""
+    try:
+        params = list(signature(binding.target).parameters.values())
+    except (TypeError, ValueError):
+        return
+    inner = inner_module(binding.target, params, {p for p, _ in binding.modules})
+    if inner is not None:
+        raise PluginLoadError(f"{_name(binding)} is not a whole attention layer by itself: {inner}",
+                              fix=f"{ADAPT_HINT} (the module to build), or check a class that builds it with its inner "
+                                  "attention")
 
 
 def with_channels_first(binding: Binding, module) -> Binding:
