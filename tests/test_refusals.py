@@ -226,3 +226,10 @@ def test_a_kernel_without_weights_is_refused_as_not_a_layer(repo_cwd, capsys):
     lines = refusal(capsys, "not_a_layer.py:KernelOnly")
     assert lines[0].startswith("error: KernelOnly is not an attention layer: it has no weight matrices"), lines
     assert "not causal" not in " ".join(lines)
+
+
+def test_a_file_in_a_folder_without_init_under_a_package_runs_the_package_first(repo_cwd, capsys):
+    """nano-vllm's ``nanovllm/layers/attention.py`` (``layers/`` has no ``__init__.py``): imported as
+    ``nanovllm.layers.attention``, so the package's ``__init__`` runs first, as Python run from the root does."""
+    lines = refusal(capsys, "nspkg/layers/attention.py:Anything")
+    assert "it imports 'attnbench_refusals_absent_hash', which is not installed here" in lines[0], lines

@@ -31,11 +31,15 @@ def split_display_name(name: str) -> tuple[str | None, str]:
 def package_of(path: Path) -> tuple[Path, str] | None:
     """``(root, "pkg.sub.module")`` when ``path`` sits in a package (folders with ``__init__.py`` above it): the
     dotted name Python imports it under with ``root`` on ``sys.path``; ``None`` for a loose script."""
-    parts, folder = [path.stem], path.parent
-    while (folder / "__init__.py").is_file() and folder.name.isidentifier():
-        parts.insert(0, folder.name)
+    parts, folder, top = [path.stem], path.parent, None
+    while folder.name.isidentifier() and ((folder / "__init__.py").is_file() or (folder.parent / "__init__.py").is_file()):
+        parts.insert(0, folder.name)  # a folder without __init__.py right under a package: a namespace subpackage
+        if (folder / "__init__.py").is_file():  # (nano-vllm's nanovllm/layers/), imported by its full name as Python
+            top = len(parts)                    # run from the root would, its package's __init__ first
         folder = folder.parent
-    return (folder, ".".join(parts)) if len(parts) > 1 else None
+    if top is None:
+        return None
+    return path.parents[top - 1], ".".join(parts[-top:])
 
 
 def how_imported(path_text: str) -> str:

@@ -1,0 +1,1 @@
+import attnbench_refusals_absent_kernels  # noqa: F401
