@@ -322,7 +322,8 @@ def _softmax_neutral(rec: Record, ev: Evidence, sound: set[int]) -> bool:
         lo = d.masked_fill(~kept, float("inf")).amin(-1, keepdim=True)
         hi = d.masked_fill(~kept, float("-inf")).amax(-1, keepdim=True)
         spread = (hi - lo).masked_fill(~kept.any(-1, keepdim=True), 0.0)
-        return bool((spread.abs() <= ev.tol * max(1.0, float(s.value.double().abs().max()))).all())
+        size = float(s.value.double().masked_fill(~kept, 0.0).abs().max())  # the kept scores' (masked: -inf)
+        return bool((spread.abs() <= ev.tol * max(1.0, size)).all())
     return False
 
 
