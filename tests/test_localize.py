@@ -352,13 +352,15 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
     ("MultiQueryEvalDropout", ["MultiQueryEvalDropout"], ("eval_deterministic", "props", "float64"), "probabilities",
      "randomness, such as dropout, applied here in eval mode"),
     ("MultiQueryHeadsMixed", ["MultiQueryHeadsMixed"], ("forward", "mqa", "float64"), "q heads", "; q, k, v match"),
+    ("LogSumExpOverQueries", ["LogSumExpOverQueries"], ("forward", "gpt_like", "float64"), "probabilities",
+     "; q, k, v and masked scores match up to"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
                     ("GroupedSteps", "gqa"), ("FusedSDPA", "gpt_like"), ("HalfRotaryHelper", "rope_half_theta500_gqa"),
                     ("CappedSteps", "softcap"), ("OwnSoftmaxGrad", "gpt_like"), ("QScaledFirst", "gpt_like"),
                     ("WholeProjectionNorm", "qknorm_full_rope_window"), ("InterleavedAngles", "rope_interleaved_theta100_bias"),
-                    ("MultiQuery", "mqa")]
+                    ("MultiQuery", "mqa"), ("LogSumExpSoftmax", "gpt_like")]
 
 
 def _run(target: str, kind: str, shape: str, dtype: str):

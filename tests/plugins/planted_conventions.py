@@ -772,3 +772,15 @@ class MultiQueryHeadsMixed(MultiQuery):
         s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
         return self.out((self.weights(s) @ v).transpose(1, 2).reshape(b, T, -1))
+
+
+class LogSumExpSoftmax(FusedManual):
+    """The probabilities as ``exp(s - logsumexp(s))``: a shift per row, right."""
+
+    def softmax(self, att):
+        return (att - torch.logsumexp(att, dim=-1, keepdim=True)).exp()
+
+
+class LogSumExpOverQueries(LogSumExpSoftmax):
+    def softmax(self, att):
+        return (att - torch.logsumexp(att, dim=-2, keepdim=True)).exp()  # PLANTED
