@@ -354,6 +354,8 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
     ("MultiQueryHeadsMixed", ["MultiQueryHeadsMixed"], ("forward", "mqa", "float64"), "q heads", "; q, k, v match"),
     ("LogSumExpOverQueries", ["LogSumExpOverQueries"], ("forward", "gpt_like", "float64"), "probabilities",
      "; q, k, v and masked scores match up to"),
+    ("CacheMaskFromZero", ["CacheMaskFromZero"], ("decode", "decode_mha", "float64"), "masked scores",
+     "(decoding: decoded token at position 5)"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
@@ -451,3 +453,13 @@ def test_a_case_that_hung_is_never_replayed():
                         {**row, "kind": "causality", "shape": "props", "message": "RuntimeError: boom"}])
     assert localize_pick.targets(bad, known) == [(1, True)]
     assert localize_pick.targets(bad.iloc[[0]], known) == []
+
+
+def test_a_decode_call_reading_a_cache_written_wrong_earlier_names_no_line(repo_cwd):
+    """A ring cache that loses wrapped tokens when a chunk is stored (tests/plugins/buggy_decode.py): the call that
+    fails reads keys an earlier call wrote; the line that wrote them is not in it, so no line is named."""
+    target = "tests/plugins/buggy_decode.py:RingDropsWrappedTokens"
+    case, row = _run(target, "decode", "decode_mqa_window", "float64")
+    assert row.status == "fail", row.message
+    found = localize.localize_case(target, case, tol=row.tolerance)
+    assert found.stage is None and "the keys or values this call reads from its cache are not the reference's" in found.line

@@ -383,6 +383,13 @@ def localize_case(impl, case, device: str = "cpu", seed: int = 0, tol: float | N
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        if case.kind == "decode":
+            from attnbench.correctness.localize_decode import decode_finding
+
+            found = decode_finding(impl, case, device, seed, tol, lambda r, st, ret, made: locate(r, st, tol, ret,
+                                                                                                   made=made))
+            if found is not None:
+                return found
         if case.kind == "eval_deterministic":
             from attnbench.correctness.localize_random import random_in_eval
 

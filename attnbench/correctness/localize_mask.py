@@ -35,12 +35,13 @@ def mask_origin(div, ev: Evidence, made) -> Localization | None:
     masks are right, or unknown (see the module's doc)."""
     if made is None or ev.stage("masked scores") is None or div.name not in AFTER_MASK:
         return None
-    aux, arg_ids, buffers, module = made
+    aux, arg_ids, buffers, module, *full = made  # full: a decode call's whole pattern so far (localize_decode)
+    full = full[0] if full else None
     hidden = ev.stage("masked scores").tensor.reshape(-1, *ev.stage("masked scores").tensor.shape[-2:])[0] <= MASKED
     for tid in arg_ids.get(div.rec.index, ()):
-        if tid not in aux or not _mask_like(aux[tid].value) or _pattern(aux[tid].value, hidden) != WRONG:
+        if tid not in aux or not _mask_like(aux[tid].value) or _pattern(aux[tid].value, hidden, full) != WRONG:
             continue
-        origin = _walk(tid, aux, buffers, module, hidden)
+        origin = _walk(tid, aux, buffers, module, hidden, full)
         if isinstance(origin, str):
             found = _registered(module, origin)
             if found is None:
@@ -64,10 +65,10 @@ def _mask_like(value: torch.Tensor) -> bool:
     return bool((v <= MASKED).any()) or bool(((v == 0) | (v == 1)).all())
 
 
-def _walk(tid: int, aux: dict, buffers: dict, module, hidden: torch.Tensor):
+def _walk(tid: int, aux: dict, buffers: dict, module, hidden: torch.Tensor, full: torch.Tensor | None = None):
     """The earliest wrong tensor ``tid`` was made from, through wrong ones: an :class:`Aux`, or a buffer's name."""
-    return walk_back(tid, aux, buffers, lambda v: _pattern(v, hidden) == WRONG,
-                     lambda name: _pattern(_buffer(module, name), hidden) == WRONG)
+    return walk_back(tid, aux, buffers, lambda v: _mask_like(v) and _pattern(v, hidden, full) == WRONG,
+                     lambda name: _pattern(_buffer(module, name), hidden, full) == WRONG)
 
 
 def walk_back(tid: int, aux: dict, buffers: dict, wrong, buffer_wrong):
@@ -95,12 +96,18 @@ def _buffer(module, name: str) -> torch.Tensor:
     return module.get_buffer(name)
 
 
-def _pattern(value: torch.Tensor, hidden: torch.Tensor) -> str:
-    """Whether ``value``, read as a mask in any polarity, hides the positions ``hidden`` (``(T, T)``) does."""
-    T = hidden.shape[-1]
-    if value.dim() < 2 or value.shape[-1] < T or value.shape[-2] < T:
+def _pattern(value: torch.Tensor, hidden: torch.Tensor, full: torch.Tensor | None = None) -> str:
+    """Whether ``value``, read as a mask in any polarity, hides the positions ``hidden`` (``(rows, keys)``) does; a
+    larger one (a buffer for whole sequences) is read against ``full`` (a decode call's whole pattern so far) from
+    its first row and key, when given."""
+    if value.dim() < 2:
         return UNKNOWN
-    v = value[..., :T, :T].reshape(-1, T, T)[0].detach().cpu()
+    if full is not None and tuple(value.shape[-2:]) != tuple(hidden.shape[-2:]):
+        hidden = full
+    R, C = hidden.shape[-2:]
+    if value.shape[-1] < C or value.shape[-2] < R:
+        return UNKNOWN
+    v = value[..., :R, :C].reshape(-1, R, C)[0].detach().cpu()
     if bool((v == v.flatten()[0]).all()):
         return UNKNOWN  # a constant (torch.ones, torch.full): no pattern yet
     if v.dtype == torch.bool:

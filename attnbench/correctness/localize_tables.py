@@ -33,7 +33,7 @@ def wrong_tables(div, ev: Evidence, made) -> Localization | None:
     if ref is None:
         return None
     queries = {i for i, names in ev.explained.items() if {"q heads", "normed q"} & set(names)}
-    aux, arg_ids, buffers, module = made
+    aux, arg_ids, buffers, module, *_ = made
     T, hd = ref["cos"].shape
     for rec in ev.records:
         if not queries & set(rec.inputs):

@@ -784,3 +784,46 @@ class LogSumExpSoftmax(FusedManual):
 class LogSumExpOverQueries(LogSumExpSoftmax):
     def softmax(self, att):
         return (att - torch.logsumexp(att, dim=-2, keepdim=True)).exp()  # PLANTED
+
+
+class GrowingCache(nn.Module):
+    """A KV cache grown with ``torch.cat`` (Llama-style ``start_pos``), its causal mask made per call in a helper."""
+
+    attnbench_capabilities = {"dropout": False, "kv_cache": True}
+
+    def __init__(self, d_in, d_out, context_length, num_heads):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.wq, self.wk, self.wv = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.wo = nn.Linear(d_out, d_out)
+        self.reset_cache()
+
+    def reset_cache(self):
+        self.cache_k = self.cache_v = None
+        self.start_pos = 0
+
+    def rewind_cache(self, n=1):
+        self.cache_k, self.cache_v = self.cache_k[:, :, :-n], self.cache_v[:, :, :-n]
+        self.start_pos -= n
+
+    def hidden(self, start, T, L, device):
+        rows = torch.arange(start, start + T, device=device)[:, None]
+        return torch.arange(L, device=device)[None, :] > rows
+
+    def forward(self, x, use_cache=False):
+        b, T, _ = x.shape
+        q, k, v = (w(x).view(b, T, self.nh, self.hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        start = self.start_pos if use_cache else 0
+        if use_cache:
+            if self.cache_k is not None:
+                k, v = torch.cat([self.cache_k, k], dim=2), torch.cat([self.cache_v, v], dim=2)
+            self.cache_k, self.cache_v = k, v
+            self.start_pos += T
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        s = s.masked_fill(self.hidden(start, T, k.shape[2], x.device), float("-inf"))
+        return self.wo((s.softmax(-1) @ v).transpose(1, 2).reshape(b, T, -1))
+
+
+class CacheMaskFromZero(GrowingCache):
+    def hidden(self, start, T, L, device):
+        return torch.arange(L, device=device)[None, :] > torch.arange(T, device=device)[:, None]  # PLANTED
