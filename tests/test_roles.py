@@ -468,3 +468,13 @@ def test_the_scale_probe_reads_a_class_s_scale_and_leaves_one_without_a_flag_alo
     plain = registry.get("tests/plugins/reach_roles/width_named_n_state.py:StateWidthAttention")
     assert measured_scale(plain.factory) == pytest.approx(6 ** -0.5, rel=1e-9)
     assert not any("decided by a probe (as built" in line for line in plain.factory.evidence)
+
+
+def test_a_time_first_forward_is_checked_transposed(repo_cwd, capsys):
+    """fairseq's ``MultiheadAttention`` reads ``tgt_len, bsz, embed_dim = query.size()``: given (B, T, C) no mask form
+    runs, transposed it binds (key and value the query again, key_padding_mask and incremental_state None) and passes."""
+    target = "tests/plugins/reach_roles/time_first_fairseq.py:MultiheadAttention"
+    code, out, err = run(["check", "-v", target, "--kind", "forward,backward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "time first: its forward takes (T, B, C)" in out
+    assert "bound key_padding_mask, incremental_state: None" in out

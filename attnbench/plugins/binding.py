@@ -180,6 +180,7 @@ class Binding:
     causal_flags: tuple[tuple[str, bool], ...] = ()  # (parameter, its value for causal attention), found by a probe
     cast: str = ""  # the dtype the class builds its weights in when not the default's: cast as a whole (plugins.stages)
     channels_first: bool = False  # projections are pointwise Conv1d on (B, C, T): checked as (B, T, C) (plugins.channels_first)
+    time_first: bool = False  # its forward takes (T, B, C): checked as (B, T, C) (plugins.time_first)
     one_width: bool = False  # its roles fit multi-head attention only where d_in == d_out (plugins.roles)
 
     def make_config(self, spec: AttnSpec):
@@ -215,6 +216,10 @@ class Binding:
             from attnbench.plugins.channels_first import as_channels_last
 
             module = as_channels_last(module, spec.d_in)
+        if self.time_first and isinstance(module, nn.Module):
+            from attnbench.plugins.time_first import as_batch_first
+
+            module = as_batch_first(module, spec.d_in)
         return module
 
     def _build(self, spec: AttnSpec) -> nn.Module:

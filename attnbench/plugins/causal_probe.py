@@ -30,7 +30,9 @@ from attnbench.spec import AttnSpec
 ARG_FORMS = {"none": "None", "x": "x again", "ids": "the step's position ids (T,)", "table": "rotary tables"}
 """How a required argument no name tells may be given, in the order tried (:func:`_given`)."""
 MAX_VARIANTS = 64
-"""At most this many assignments of :data:`ARG_FORMS` to such arguments are tried."""
+"""At most this many assignments of :data:`ARG_FORMS` to such arguments are tried (the plainest first)."""
+MAX_COMBOS = 4096
+"""At most this many assignments are ordered (six arguments' every assignment)."""
 
 
 def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:
@@ -134,10 +136,12 @@ def _variants(plan: ContextPlan) -> list[tuple[ContextPlan, str]]:
     """``plan`` with each assignment of :data:`ARG_FORMS` to its arguments no name tells (``plan`` alone when it has
     none), and the assignment in words."""
     forms = [[f for f in ARG_FORMS if f != "ids" or plan.position is None] for _ in plan.probed]
+    combos = [c for c in itertools.islice(itertools.product(*forms), MAX_COMBOS) if list(c).count("ids") <= 1]
+    # the plainest first (None or x for every argument: fairseq's key, value, key_padding_mask, incremental_state),
+    # so that four arguments' plain assignments are all tried within MAX_VARIANTS
+    combos.sort(key=lambda c: sum(f not in ("none", "x") for f in c))
     out = []
-    for combo in itertools.islice(itertools.product(*forms), MAX_VARIANTS):
-        if list(combo).count("ids") > 1:
-            continue
+    for combo in combos[:MAX_VARIANTS]:
         variant = replace(plan, probed=())
         for name, how in zip(plan.probed, combo, strict=True):
             variant = _given(variant, name, how)

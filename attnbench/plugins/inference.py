@@ -455,6 +455,9 @@ def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
     try:
         plan = plan_with_probe(obj, binding)
     except PluginLoadError as exc:
+        time_first = _time_first(obj, binding)
+        if time_first is not None:
+            return time_first
         if "not causal" not in str(exc):
             raise
         flagged = stages.causal_by_flag(binding, lambda b: plan_with_probe(obj, b) is not None)
@@ -462,6 +465,38 @@ def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
             raise
         return flagged, plan_with_probe(obj, flagged)
     return (binding if plan is not None else _forward_x_causal_stage(binding)), plan
+
+
+def _time_first(obj, binding: Binding) -> tuple[Binding, ContextPlan | None] | None:
+    """``(binding, plan)`` checked time first (:mod:`~attnbench.plugins.time_first`) when no mask form ran as given
+    and one does with the sequence inputs transposed; None otherwise (the first refusal stands)."""
+    from attnbench.plugins.time_first import NOTE
+
+    if binding.time_first or binding.channels_first:
+        return None
+    flipped = replace(binding, time_first=True, notes=(*binding.notes, NOTE))
+    try:
+        plan = plan_with_probe(obj, flipped)
+    except PluginLoadError:
+        return None
+    return (flipped, plan) if plan is not None and _mixes_tokens(flipped, plan) else None
+
+
+def _mixes_tokens(binding: Binding, plan: ContextPlan) -> bool:
+    """Whether the first token moves the later tokens' outputs (a causal layer attends over its tokens): transposed
+    wrongly, a batch-first class would attend over the batch, each token on its own, which is causal too."""
+    spec = binding.probe
+    x = torch.randn(2, 5, spec.d_in, generator=torch.Generator().manual_seed(3))
+    other = x.clone()
+    other[:, 0] += 1.0
+    try:
+        module = bind_context(binding(spec).eval(), plan, spec)
+        with torch.no_grad(), plugin_exits("a probe of its layout"):
+            a, b = (module(t) for t in (x, other))
+    except Exception:  # does not run so: not this layout
+        return False
+    a, b = (t[0] if isinstance(t, tuple | list) else t for t in (a, b))
+    return bool((a[:, 1:] - b[:, 1:]).abs().max() > 1e-6 * a.abs().max())
 
 
 def _forward_x_causal_stage(binding: Binding) -> Binding:
