@@ -26,13 +26,15 @@ def test_a_real_convention_passes_check_unchanged(repo_cwd, capsys, cls):
                                     "width_named_n_state.py:StateWidthAttention",
                                     "string_causal_mask.py:StringMaskAttention",
                                     "batched_mask.py:BatchedMaskAttention",
-                                    "query_and_value_head_sizes.py:SplitHeadSizesAttention"])
+                                    "query_and_value_head_sizes.py:SplitHeadSizesAttention",
+                                    "query_and_value_head_sizes.py:LengthsAttention"])
 def test_reach_conventions_pass(repo_cwd, capsys, target):
     """Classes reproducing minimind (a **kwargs config, a padding mask left None), lit-llama (``rope``,
     ``max_seq_length``), Whisper (``n_state``; a mask whose content is ignored) and lingua (a constructor theta beside
     forward tables, rotation matrices), sooftware/attentions (a ``(B, T, T)`` mask: the causal probe runs two rows, so a
     form that works at batch 1 only is not bound), sgrvinod's tutorial (query and value head sizes, both the head dim;
-    keys and values fused in an unnamed projection; causal by a flag): tests/plugins/reach_roles."""
+    keys and values fused in an unnamed projection; causal by a flag; each key sequence's length ``(B,)`` given, by a
+    probe): tests/plugins/reach_roles."""
     code, out, err = run(["check", "tests/plugins/reach_roles/" + target, "--kind", "forward,backward,causality,decode"],
                          capsys)
     assert code == 0 and "PASS" in out, out + err

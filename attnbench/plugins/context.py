@@ -113,6 +113,7 @@ class ContextPlan:
     cache_builder: str | None = None  # the class's method that builds its own such cache (plugins.module_cache)
     span_arg: str | None = None  # the end of a preallocated cache's filled part (SPAN_ARGS)
     nones: tuple[str, ...] = ()  # required arguments the class runs causally without: None (plugins.causal_probe)
+    seq_lengths: tuple[str, ...] = ()  # (B,) lengths of the sequences (no padding): every key so far (causal_probe)
     window_arg: str | None = None  # a (left, right) window argument (WINDOW_ARGS)
     position_optional: bool = False  # the position defaults to None: None outside decoding may be what it expects
     position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
@@ -177,6 +178,9 @@ class ContextPlan:
         if self.nones:
             lines.append(f"bound {', '.join(self.nones)}: None (a required input the class runs causally without, by a "
                          "probe: an extra input its model mixes in, none here)")
+        if self.seq_lengths:
+            lines.append(f"bound {', '.join(self.seq_lengths)}: each sequence's length (B,), every token so far (no "
+                         "padding; by a probe)")
         if self.unmasked:
             lines.append(f"left {self.unmasked} at None: no mask form made the class causal, and without one it is "
                          "(a padding mask, or a class that masks by itself): causal attention only")
@@ -328,6 +332,8 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         kwargs[plan.span_arg] = start + T if decoding else None
     kwargs.update(dict.fromkeys(plan.inputs, x))
     kwargs.update(dict.fromkeys(plan.nones))
+    total = start + T if decoding else T
+    kwargs.update({n: torch.full((x.shape[0],), total, dtype=torch.long, device=device) for n in plan.seq_lengths})
     kwargs.update(dict.fromkeys(plan.lengths, spec.context_length))
     if plan.window_arg:
         left = -1 if spec.window is None else spec.window - 1
