@@ -482,3 +482,23 @@ def test_a_time_first_forward_is_checked_transposed(repo_cwd, capsys):
     assert code == 0 and "PASS" in out, out + err
     assert "time first: its forward takes (T, B, C)" in out
     assert "bound key_padding_mask, incremental_state: None" in out
+
+
+@pytest.mark.parametrize("cls", ["ArgsConfigAttention", "EmptyCacheAttention"])
+def test_a_config_named_args_and_a_cache_with_a_default_of_its_own_pass(repo_cwd, capsys, cls):
+    """happy-llm's ``(args: ModelArgs, is_causal=False)`` (placeholders for a whole model's required fields) and
+    wenet's ``cache=torch.zeros((0, 0, 0, 0))`` (kept at its default outside decoding)."""
+    target = "tests/plugins/reach_roles/args_config_cache_default.py:" + cls
+    code, out, err = run(["check", "-v", target, "--kind", "forward,backward,causality,decode"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    if cls == "ArgsConfigAttention":
+        assert "vocab_size=1 (required, no spec field: a placeholder)" in out
+
+
+def test_a_sublayer_with_its_own_norm_is_refused_naming_it(repo_cwd, capsys):
+    """FastSpeech2's ``(n_head, d_model, d_k, d_v, dropout)``: ``d_v`` shares the head dim with ``d_k`` (bound by name);
+    its ``layer_norm(fc(out) + residual)`` is named, not its constructor."""
+    target = "tests/plugins/reach_roles/args_config_cache_default.py:ResidualNormSublayer"
+    code, _, err = run(["check", target], capsys)
+    text = " ".join(err.split())
+    assert code == 2 and "layer_norm: a norm of its own beyond q/k norms, so a sublayer with its norm" in text, err

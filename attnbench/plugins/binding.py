@@ -295,7 +295,8 @@ def bind(target: Callable) -> Binding:
         return Binding(target, "spec")
     if inspect.isclass(target) and [p.name for p in required] == ["spec"]:  # the adapter protocol (plugins.adapt)
         return Binding(target, "spec")
-    if len(required) == 1 and not known and _is_config_name(required[0].name):
+    if len(required) == 1 and required[0].name not in _BY_NAME and _is_config_name(required[0].name):
+        # a config alone is required (known names beside it are optional: happy-llm's (args: ModelArgs, is_causal=False))
         return Binding(target, "config", config_param=required[0].name, extras=extras, modules=modules)
     if not known or (required and not any(p.name in dict(known) for p in required)):
         if modules:

@@ -91,6 +91,7 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
             value = _field_value(f.name, spec, values) if f.init and _BY_NAME.get(f.name) not in skip else None
             if value is not None:
                 kwargs[f.name] = value
+        kwargs.update(placeholders(cls, kwargs))
         if takes_kwargs:  # a config that reads its fields from **kwargs (a PreTrainedConfig subclass): every alias
             kwargs.update({a: v for a, v in aliases(spec).items() if a not in kwargs and v is not None})
         config = tracked(**kwargs)
@@ -98,6 +99,22 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
         return config
 
     return make
+
+
+PLACEHOLDERS = {"int": 1, "float": 0.0, "bool": False, "str": ""}
+"""What a required config field no spec field names gets, by its annotation (a whole model's ``vocab_size``,
+``n_layer`` beside the attention's: happy-llm's ``ModelArgs``): ``check -v`` lists them."""
+
+
+def placeholders(cls: type, given: dict) -> dict:
+    """The required ``int``/``float``/``bool``/``str`` fields of ``cls`` that ``given`` lacks, with a placeholder."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if (f.init and f.name not in given and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING and kind in PLACEHOLDERS):
+            out[f.name] = PLACEHOLDERS[kind]
+    return out
 
 
 def aliases(spec: AttnSpec) -> dict:
@@ -118,6 +135,8 @@ def describe(cls: type, skip: tuple[str, ...] = ()) -> str:
             mapped.append(f"{f.name}={field}")
         elif f.default is not dataclasses.MISSING:
             kept.append(f"{f.name}={f.default!r}")
+        elif f.name in placeholders(cls, {}):
+            kept.append(f"{f.name}={placeholders(cls, {})[f.name]!r} (required, no spec field: a placeholder)")
         else:
             kept.append(f.name)
     return f"{cls.__name__}({', '.join(mapped)}; class defaults kept: {', '.join(kept) or 'none'})"

@@ -114,6 +114,7 @@ class ContextPlan:
     span_arg: str | None = None  # the end of a preallocated cache's filled part (SPAN_ARGS)
     nones: tuple[str, ...] = ()  # required arguments the class runs causally without: None (plugins.causal_probe)
     seq_lengths: tuple[str, ...] = ()  # (B,) lengths of the sequences (no padding): every key so far (causal_probe)
+    cache_default: bool = False  # the cache parameter defaults to a value of its own (an empty tensor): kept when empty
     window_arg: str | None = None  # a (left, right) window argument (WINDOW_ARGS)
     position_optional: bool = False  # the position defaults to None: None outside decoding may be what it expects
     position_none: bool = False  # None outside decoding (a class that reads a position as "use the cache"), by a probe
@@ -253,6 +254,8 @@ def plan_for(target) -> ContextPlan | None:
     return ContextPlan(name, x, mask=mask, tables=tables, position=position, cache=cache, use_cache="use_cache" in names,
                        probed=tuple(p.name for p in unknown), lengths=tuple(n for n in names if n in LENGTH_NAMES),
                        position_optional=any(p.name == position and p.default is None for p in rest),
+                       cache_default=any(p.name == cache and p.default is not p.empty and p.default is not None
+                                         for p in rest),
                        window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
                        span_arg=next((n for n in names if n in SPAN_ARGS), None), mask_required=mask in required)
 
@@ -338,7 +341,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     if plan.window_arg:
         left = -1 if spec.window is None else spec.window - 1
         kwargs[plan.window_arg] = (left, 0 if spec.causal else left)
-    if plan.cache:
+    if plan.cache and not (cache is None and plan.cache_default):  # CosyVoice's cache=torch.zeros((0, 0, 0, 0))
         kwargs[plan.cache] = cache
     if plan.use_cache:
         kwargs["use_cache"] = decoding

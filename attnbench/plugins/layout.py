@@ -420,8 +420,16 @@ def _claim_problems(claims: dict[str, list[str]], sources: dict[str, Source], pa
     covered = _covered(sources, spec)
     unclaimed = [n for n in params if n not in covered and n not in gain_params]
     if unclaimed and not had_problems and problems in ([], [NO_OUT]):
-        problems = [*problems, f"no canonical counterpart for {', '.join(unclaimed)}"]
+        norms = sorted({n.rpartition(".")[0] for n in unclaimed if NORM_OWNER.search(n.rpartition(".")[0])})
+        said = f" ({', '.join(norms)}: a norm of its own beyond q/k norms, so a sublayer with its norm (and residual), " \
+               "not a bare attention layer)" if norms else ""
+        problems = [*problems, f"no canonical counterpart for {', '.join(unclaimed)}{said}"]
     return problems
+
+
+NORM_OWNER = re.compile(r"(^|[._])(layer_?norm|norm|ln)(_?\w*)?$", re.IGNORECASE)
+"""A module path whose last part names a norm (``layer_norm``, ``norm``, ``ln_1``): its parameters unmapped mean a
+norm inside the class (FastSpeech2's and sgrvinod's sublayers: ``layer_norm(fc(out) + residual)``)."""
 
 
 def _held_and_missing(claims: dict[str, list[str]], spec: AttnSpec, has_qkv_bias: bool) -> tuple[set[str], tuple[str, ...]]:

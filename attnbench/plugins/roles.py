@@ -87,7 +87,7 @@ def _candidates(p: inspect.Parameter, taken: set[str]) -> list[str]:
         [*INT_ROLES, "dropout", "qkv_bias"] if ann is inspect.Parameter.empty else []
     roles += ["d_context"] if "d_in" in roles and _score(p, "d_context") else []
     roles += ["d_out"] if "d_in" in roles and _score(p, "d_out") else []
-    return sorted((r for r in roles if r not in taken), key=lambda r: -_score(p, r))
+    return sorted((r for r in roles if r not in taken or r in SHARED_ROLES), key=lambda r: -_score(p, r))
 
 
 def guess(p: inspect.Parameter, taken: set[str]) -> str | None:
@@ -152,7 +152,7 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
     for tries, combo in enumerate(itertools.product(*options)):
         if tries >= MAX_TRIES:
             break
-        if _repeats(combo) or ("d_context" in combo and "d_in" not in {*combo, *taken}):
+        if _repeats((*combo, *(r for r in taken if r in SHARED_ROLES))) or ("d_context" in combo and "d_in" not in {*combo, *taken}):
             continue
         params = tuple(zip((p.name for p in unknown), combo, strict=True))
         if "num_kv_heads" not in combo and "num_kv_heads" not in taken:
@@ -182,7 +182,8 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
 
 SHARED_ROLES = {"head_dim": 2}
 """Roles two parameters may take at once: the head size of the queries and keys and that of the values
-(``MultiHeadAttention(d_model, n_heads, d_queries, d_values, ...)``, ``d_k``/``d_v``), one head dim in the spec."""
+(``MultiHeadAttention(d_model, n_heads, d_queries, d_values, ...)``, ``d_k``/``d_v``), one head dim in the spec; also
+when one of the two is bound by its name (FastSpeech2's ``d_k``) and the other is not (``d_v``)."""
 
 
 def _repeats(combo: tuple[str, ...]) -> bool:
