@@ -101,13 +101,14 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
     return make
 
 
-PLACEHOLDERS = {"int": 1, "float": 0.0, "bool": False, "str": ""}
+PLACEHOLDERS = {"int": 1, "float": 0.0, "bool": False}
 """What a required config field no spec field names gets, by its annotation (a whole model's ``vocab_size``,
 ``n_layer`` beside the attention's: happy-llm's ``ModelArgs``): ``check -v`` lists them."""
 
 
 def placeholders(cls: type, given: dict) -> dict:
-    """The required ``int``/``float``/``bool``/``str`` fields of ``cls`` that ``given`` lacks, with a placeholder."""
+    """The required ``int``/``float``/``bool`` fields of ``cls`` that ``given`` lacks, with a placeholder (a ``str`` is a
+    choice: left for the refusal to name)."""
     out = {}
     for f in dataclasses.fields(cls):
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
