@@ -58,20 +58,28 @@ def as_channels_last(module: nn.Module, width: int) -> nn.Module:
                 linear.bias.copy_(conv.bias)
         setattr(parent, child, linear)
 
+    return transposed_io(module, width, (1, 2), "attnbench_channels_first")
+
+
+def transposed_io(module: nn.Module, width: int, dims: tuple[int, int], marker: str) -> nn.Module:
+    """``module`` whose forward gets every 3-D tensor argument whose last axis is ``width`` transposed on ``dims``, and
+    whose 3-D output (or a tuple's first element) is transposed back: a subclass made for the instance, whose forward
+    calls the class's (its code unchanged; ``marker`` set on it). Channels first ``(1, 2)``, time first
+    (:mod:`~attnbench.plugins.time_first`) ``(0, 1)``."""
     def flip(t):
-        return t.transpose(1, 2) if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[-1] == width else t
+        return t.transpose(*dims) if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[-1] == width else t
 
     cls = type(module)
 
     def forward(self, *args, **kwargs):
         out = cls.forward(self, *(flip(a) for a in args), **{k: flip(v) for k, v in kwargs.items()})
         if isinstance(out, torch.Tensor) and out.dim() == 3:
-            return out.transpose(1, 2)
+            return out.transpose(*dims)
         if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) and out[0].dim() == 3:
-            return (out[0].transpose(1, 2), *out[1:])
+            return (out[0].transpose(*dims), *out[1:])
         return out
 
     forward.__signature__ = inspect.signature(cls.forward)
     module.__class__ = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
-                                                   "__qualname__": cls.__qualname__, "attnbench_channels_first": True})
+                                                   "__qualname__": cls.__qualname__, marker: True})
     return module

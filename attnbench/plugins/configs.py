@@ -126,7 +126,7 @@ def aliases(spec: AttnSpec) -> dict:
 
 def describe(cls: type, skip: tuple[str, ...] = ()) -> str:
     """``GPTConfig(n_head=num_heads, n_embd=d_in; defaults kept: vocab_size=32768, ...)``."""
-    mapped, kept = [], []
+    mapped, kept, filled = [], [], placeholders(cls, {})
     for f in dataclasses.fields(cls):
         field = f.name if f.name == "rope_scaling" else "1.0 (all of the head)" if f.name in WHOLE_ROTARY else \
             _BY_NAME.get(f.name)
@@ -136,8 +136,8 @@ def describe(cls: type, skip: tuple[str, ...] = ()) -> str:
             mapped.append(f"{f.name}={field}")
         elif f.default is not dataclasses.MISSING:
             kept.append(f"{f.name}={f.default!r}")
-        elif f.name in placeholders(cls, {}):
-            kept.append(f"{f.name}={placeholders(cls, {})[f.name]!r} (required, no spec field: a placeholder)")
+        elif f.name in filled:
+            kept.append(f"{f.name}={filled[f.name]!r} (required, no spec field: a placeholder)")
         else:
             kept.append(f.name)
     return f"{cls.__name__}({', '.join(mapped)}; class defaults kept: {', '.join(kept) or 'none'})"

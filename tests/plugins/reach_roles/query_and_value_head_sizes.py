@@ -23,6 +23,9 @@ class SplitHeadSizesAttention(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, query_sequences, key_value_sequences):
+        return self.attend(query_sequences, key_value_sequences)
+
+    def attend(self, query_sequences, key_value_sequences, key_value_sequence_lengths=None):
         b, tq, _ = query_sequences.shape
         tk = key_value_sequences.shape[1]
         q = self.cast_queries(query_sequences)
@@ -31,6 +34,9 @@ class SplitHeadSizesAttention(nn.Module):
         k = k.view(b, tk, self.n_heads, self.d_queries).transpose(1, 2)
         v = v.view(b, tk, self.n_heads, self.d_values).transpose(1, 2)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_queries)
+        if key_value_sequence_lengths is not None:  # the padding after each key sequence's length
+            padding = torch.arange(tk, device=q.device)[None, :] >= key_value_sequence_lengths[:, None]  # (b, tk)
+            scores = scores.masked_fill(padding[:, None, None, :], float("-inf"))
         if self.in_decoder:
             hidden = torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1)
             scores = scores.masked_fill(hidden, float("-inf"))
@@ -42,18 +48,4 @@ class LengthsAttention(SplitHeadSizesAttention):
     """The tutorial's forward takes each key sequence's length ``(B,)`` and hides the padding after it."""
 
     def forward(self, query_sequences, key_value_sequences, key_value_sequence_lengths):
-        b, tq, _ = query_sequences.shape
-        tk = key_value_sequences.shape[1]
-        q = self.cast_queries(query_sequences)
-        k, v = self.cast_keys_values(key_value_sequences).split(self.n_heads * self.d_queries, dim=-1)
-        q = q.view(b, tq, self.n_heads, self.d_queries).transpose(1, 2)
-        k = k.view(b, tk, self.n_heads, self.d_queries).transpose(1, 2)
-        v = v.view(b, tk, self.n_heads, self.d_values).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_queries)
-        padding = torch.arange(tk, device=q.device)[None, :] >= key_value_sequence_lengths[:, None]  # (b, tk)
-        scores = scores.masked_fill(padding[:, None, None, :], float("-inf"))
-        if self.in_decoder:
-            hidden = torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1)
-            scores = scores.masked_fill(hidden, float("-inf"))
-        out = self.drop(scores.softmax(dim=-1)) @ v
-        return self.cast_output(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_values))
+        return self.attend(query_sequences, key_value_sequences, key_value_sequence_lengths)
