@@ -484,6 +484,16 @@ def test_a_time_first_forward_is_checked_transposed(repo_cwd, capsys):
     assert "bound key_padding_mask, incremental_state: None" in out
 
 
+def test_a_forward_that_needs_its_biases_is_checked_with_them_held_on(repo_cwd, capsys):
+    """ESM's fairseq copy concatenates its three biases on its fused path: built with ``bias=False`` no form of its
+    forward runs, so the switch is held True (zeros loaded where the case has no biases), and it is time first too."""
+    target = "tests/plugins/reach_roles/time_first_fairseq.py:FastPathMultiheadAttention"
+    code, out, err = run(["check", "-v", target, "--kind", "forward,backward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "bias=True always: with bias=False no form of its forward ran" in out
+    assert "time first: its forward takes (T, B, C)" in out
+
+
 @pytest.mark.parametrize("cls", ["ArgsConfigAttention", "EmptyCacheAttention"])
 def test_a_config_named_args_and_a_cache_with_a_default_of_its_own_pass(repo_cwd, capsys, cls):
     """happy-llm's ``(args: ModelArgs, is_causal=False)`` (placeholders for a whole model's required fields) and
@@ -502,3 +512,25 @@ def test_a_sublayer_with_its_own_norm_is_refused_naming_it(repo_cwd, capsys):
     code, _, err = run(["check", target], capsys)
     text = " ".join(err.split())
     assert code == 2 and "layer_norm: a norm of its own beyond q/k norms, so a sublayer with its norm" in text, err
+
+
+def test_a_required_window_gets_the_context_length_when_the_spec_has_none(repo_cwd, capsys, tmp_path):
+    """lucidrains' ``LocalMHA(*, dim, window_size, ...)`` divides its required window: with no window in the spec it is
+    built with one over every position (full causal attention), said by ``-v``; ``adapt`` writes the same."""
+    target = "tests/plugins/reach_roles/required_window.py:RequiredWindowLocal"
+    code, out, err = run(["check", "-v", target, "--kind", "forward,backward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "window_size: the context length when the spec has no window" in out
+    adapter = tmp_path / "window_adapter.py"
+    code, out, _ = run(["adapt", target, "-o", str(adapter)], capsys)
+    assert code == 0 and "0 TODO(s)" in out and "binds this class by itself" in adapter.read_text()
+    assert "window_size=spec.window if spec.window is not None else spec.context_length" in adapter.read_text()
+
+
+def test_adapt_does_not_say_a_class_that_cannot_be_built_binds_by_itself(repo_cwd, capsys, tmp_path):
+    """A class that registers but raises when built is refused in the adapter's docstring, with the exception."""
+    adapter = tmp_path / "broken_adapter.py"
+    code, _, _ = run(["adapt", R + "BrokenInit", "-o", str(adapter)], capsys)
+    assert code == 0
+    text = adapter.read_text()
+    assert "binds this class by itself" not in text and "attnbench refused the class" in text

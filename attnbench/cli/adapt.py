@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from attnbench.cli.app import cli, console
+from attnbench.errors import AttnbenchError
 
 
 @cli.command("adapt")
@@ -20,7 +21,7 @@ def adapt_cmd(target: str, out: Path | None, force: bool) -> None:
 
     Exit status: 0 written, 2 the class does not import or the file exists (without --force)."""
     from attnbench import registry
-    from attnbench.errors import AttnbenchError, PluginLoadError
+    from attnbench.errors import PluginLoadError
     from attnbench.plugins import import_file
     from attnbench.plugins.adapt import write_adapter
 
@@ -34,10 +35,24 @@ def adapt_cmd(target: str, out: Path | None, force: bool) -> None:
     if out.exists() and not force:
         raise PluginLoadError(f"{out} exists; pass --force to overwrite it, or -o to write elsewhere")
     try:
-        registry.get(target)
+        _builds(registry.get(target))
         why = "attnbench binds this class by itself; this adapter writes out what it solved, for you to change."
     except AttnbenchError as exc:
         why = "attnbench refused the class as it is:\n    " + str(exc).splitlines()[0][:600]
     write_adapter(path_text, cls_name, cls, out, why)
     todos = out.read_text().count("TODO(") - 1  # the helper's own definition
     console.print(f"wrote {out}: {todos} TODO(s) to complete; then `attnbench check {out}:Adapted`")
+
+
+def _builds(impl) -> None:
+    """Build ``impl`` at d_model 64 with 4 heads, as ``check``'s refusals do: a class that registers but cannot be built
+    (a required argument it got None for) raises here, so the adapter does not say it binds by itself."""
+    from attnbench.errors import PluginLoadError
+    from attnbench.spec import AttnSpec
+
+    try:
+        impl.factory(AttnSpec(64, 64, 16, 0.0, 4))
+    except AttnbenchError:
+        raise
+    except Exception as exc:  # the class's own error: what check reports as "cannot be built"
+        raise PluginLoadError(f"{impl.name} cannot be built: {type(exc).__name__}: {exc}") from exc

@@ -12,6 +12,8 @@ bug at the scores, named there as before.
 
 from __future__ import annotations
 
+import re
+
 from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, named
 from attnbench.correctness.localize_record import Record
 
@@ -44,6 +46,45 @@ def roles(ev: Evidence) -> dict[str, int] | None:
     return found
 
 
+def _scores_record(ev: Evidence) -> Record | None:
+    """The record of the call that computes the scores (or the whole attention), as :func:`roles` finds it."""
+    for rec in ev.records:
+        if rec.op in FUSED_ATTENTION and len(rec.args) >= 3 and None not in rec.args[:3]:
+            return rec
+    return next((r for r in ev.records if r.op in PRODUCTS and len(_fed(r, ev)) == 2), None)
+
+
+_NAME = r"((?:self\.)?[A-Za-z_]\w*)"
+OPERANDS = (
+    re.compile(rf"scaled_dot_product_attention\(\s*(?:query\s*=\s*)?{_NAME}[^,]*,\s*(?:key\s*=\s*)?{_NAME}"),
+    re.compile(rf"einsum\(\s*(?:'[^']*'|\"[^\"]*\")\s*,\s*{_NAME}[^,]*,\s*{_NAME}"),
+    re.compile(rf"(?:matmul|bmm)\(\s*{_NAME}[^,]*,\s*{_NAME}"),
+    re.compile(rf"{_NAME}\)?\s*@\s*\(?\s*{_NAME}"),
+)
+"""The first two operands of the scores' call as the line spells them (``q @ k.transpose(-2, -1)``,
+``torch.matmul(xq, xk.transpose(2, 3))``, ``einsum("...", q, k)``, ``scaled_dot_product_attention(q, k, v)``)."""
+
+
+def _named_as(name: str, role: str) -> bool:
+    """Whether a variable name reads as ``role`` (``q``: ``q``, ``xq``, ``query``, ``q_rot``, ``queries``, ...)."""
+    word = {"q": "query", "k": "key"}[role]
+    name = name.lower().rsplit(".", 1)[-1]
+    return (name in (role, f"x{role}", f"{role}s") or name.startswith((word, f"{role}_")) or name.endswith(f"_{role}")
+            or name == f"{word}s")
+
+
+def reads_in_order(rec: Record | None) -> bool:
+    """Whether the line that computes the scores spells its operands as the queries, then the keys: a swap of the two
+    tensors it takes was then made before it (``k, q, v = qkv.chunk(3)``), not by it (``k @ q.transpose``)."""
+    if rec is None:
+        return False
+    for pattern in OPERANDS:
+        found = pattern.search(rec.text)
+        if found is not None:
+            return _named_as(found.group(1), "q") and _named_as(found.group(2), "k")
+    return False
+
+
 def _fed(rec: Record, ev: Evidence) -> list[int]:
     """The records of a projection chain ``rec`` takes, in call order."""
     return [i for i in rec.args if i is not None and ev.chains(i)]
@@ -59,7 +100,8 @@ def swapped_roles(div, ev: Evidence) -> Localization | None:
             continue
         other = next(iter(held))
         owner = found.get(other)
-        if {role, other} == {"q", "k"} and owner is not None and ev.chains(owner) == {role}:
+        if ({role, other} == {"q", "k"} and owner is not None and ev.chains(owner) == {role}
+                and not reads_in_order(_scores_record(ev))):
             continue  # queries and keys swapped in the scores (k @ q.T): the bug is at the scores
         origin = _origin(ev, index, other)
         if owner is not None and _origin(ev, owner, other) is origin:

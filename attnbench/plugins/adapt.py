@@ -28,6 +28,8 @@ SPEC_EXPR = {"d_in": "spec.d_in", "d_out": "spec.d_out", "num_heads": "spec.num_
              "causal": "spec.causal", "window": "spec.window", "rope_theta": "spec.rope_theta",
              "residual_dropout": "0.0", "d_context": "spec.d_in"}
 """How the adapter writes each role as an expression of ``spec``."""
+MAYBE_NONE = {"rope_theta": "a spec without RoPE has no theta"}
+"""Spec fields that are ``None`` for some specs: a parameter the class requires gets them only when they are set."""
 SUPPLIED = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | set(CAUSAL_ARGS) | \
     {"use_cache"}
 
@@ -81,7 +83,12 @@ def _ctor_lines(target) -> list[str]:
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             continue
         field = solved.get(p.name) or _BY_NAME.get(p.name) or ("residual_dropout" if p.name in RESIDUAL_DROPOUT else None)
-        if field in SPEC_EXPR:
+        if field == "window" and p.default is p.empty:  # required: a window over every position when there is none
+            lines.append(f"{p.name}=spec.window if spec.window is not None else spec.context_length,  # by its name")
+        elif field in MAYBE_NONE and p.default is p.empty:  # required, and None for some specs: it needs a value
+            what = f"{p.name}: the class requires it and {MAYBE_NONE[field]}; give the value that makes it that"
+            lines.append(f"{p.name}={SPEC_EXPR[field]} if {SPEC_EXPR[field]} is not None else TODO({what!r}),")
+        elif field in SPEC_EXPR:
             lines.append(f"{p.name}={SPEC_EXPR[field]},  # by its name")
         elif p.name in INDEX_NAMES and p.default is p.empty:
             lines.append(f"{p.name}=0,  # one layer: index 0")

@@ -238,7 +238,13 @@ class Binding:
         for param, field in self.params:
             kwargs[param] = 0.0 if field == "residual_dropout" else width if field == "d_in" else \
                 self.make_config(spec) if field == "config" else values[field]
+            if field == "window" and kwargs[param] is None and param in self._required():
+                kwargs[param] = values["context_length"]  # required, no window: one over every position (causal)
         return self.target(**kwargs, **dict(self.extras), **projections(self.modules, values), **flags)
+
+    def _required(self) -> set[str]:
+        """The constructor's parameters without a default."""
+        return {p.name for p in _signature(self.target).parameters.values() if p.default is p.empty}
 
     def _takes_qkv_keyword(self) -> bool:
         params = _signature(self.target).parameters.values()
@@ -260,7 +266,10 @@ class Binding:
             return f"{name}({self.config_param}={config}{extras})"
         if self.style == "positional":
             return f"{name}({', '.join(_BOOK_ORDER)}) by position"
-        notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        windows = [p for p, f in self.params if f == "window" and p in self._required()]
+        notes = [*self.notes, *(f"{p}: the context length when the spec has no window (a window over every position)"
+                                for p in windows)]
+        notes = f" ({'; '.join(notes)})" if notes else ""
         extras += "".join(f", {p}=<{v} when causal, {not v} when not>" for p, v in self.causal_flags)
         return f"{name}({', '.join(f'{p}={f}' for p, f in self.params)}{extras}){notes}"
 

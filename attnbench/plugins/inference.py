@@ -285,16 +285,19 @@ def _norm_placement(binding: Binding, qk_norm: str | None) -> str | None:
     return gains[0].placement if gains else None
 
 
-def plan_with_probe(target, binding: Binding) -> ContextPlan | None:
+def plan_with_probe(target, binding: Binding, probe: bool = True) -> ContextPlan | None:
     """The context ``target.forward`` takes (:func:`~attnbench.plugins.context.plan_for`), its mask and table forms
-    decided on a probe; ``None`` for a ``forward(x)``."""
+    decided on a probe (``probe``; else as planned, for a context with nothing to choose); ``None`` for a
+    ``forward(x)``."""
     plan = plan_for(target)
     if plan is None:
         return None
     if plan.cache is None:
         attr = cache_attr(target)
         plan = replace(plan, attr_cache=attr, cache_builder=cache_builder(target) if attr else None)
-    plan = probe_mask(binding, plan, binding.probe)
+    if not probe and (plan.mask or plan.tables or plan.probed or plan.position or plan.causal_arg):
+        return None
+    plan = probe_mask(binding, plan, binding.probe) if probe else plan
     if plan.cache is not None and _returns_cache(binding, plan) is not None:
         kind = _cache_object_kind(target, binding, plan)
         plan = replace(plan, cache_object=kind) if kind else plan
@@ -455,16 +458,35 @@ def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
     try:
         plan = plan_with_probe(obj, binding)
     except PluginLoadError as exc:
-        time_first = _time_first(obj, binding)
-        if time_first is not None:
-            return time_first
+        retried = _time_first(obj, binding) or _bias_held(obj, binding, exc)
+        if retried is not None:
+            return retried
         if "not causal" not in str(exc):
             raise
         flagged = stages.causal_by_flag(binding, lambda b: plan_with_probe(obj, b) is not None)
-        if flagged is None:
+        if flagged is not None:
+            return flagged, plan_with_probe(obj, flagged)
+        plain = _nothing_to_choose(obj, binding)
+        if plain is None:
             raise
-        return flagged, plan_with_probe(obj, flagged)
+        return binding, plain
     return (binding if plan is not None else _forward_x_causal_stage(binding)), plan
+
+
+def _nothing_to_choose(obj, binding: Binding) -> ContextPlan | None:
+    """The plan of a forward whose context gives attnbench nothing to make it causal with (only a cache: no mask,
+    tables, position or flag) that runs but is not causal: left to the causal cases, as a ``forward(x)`` is (a class
+    that mixes tokens where it splits its heads fails them, and is localised); None otherwise."""
+    try:
+        plan = plan_with_probe(obj, binding, probe=False)
+        if plan is None:
+            return None
+        module = bind_context(binding(binding.probe).eval(), plan, binding.probe)
+        with torch.no_grad(), plugin_exits("a probe of its forward"):
+            module(torch.randn(1, 3, binding.probe.d_in))
+    except Exception:  # it does not run so: the refusal stands
+        return None
+    return plan
 
 
 def _time_first(obj, binding: Binding) -> tuple[Binding, ContextPlan | None] | None:
@@ -480,6 +502,26 @@ def _time_first(obj, binding: Binding) -> tuple[Binding, ContextPlan | None] | N
     except PluginLoadError:
         return None
     return (flipped, plan) if plan is not None and _mixes_tokens(flipped, plan) else None
+
+
+BIAS_HELD = ("{param}=True always: with {param}=False no form of its forward ran, with it True one does (decided by a "
+             "probe); the cases without q/k/v biases load zeros into them")
+
+
+def _bias_held(obj, binding: Binding, exc: PluginLoadError) -> tuple[Binding, ContextPlan | None] | None:
+    """``(binding, plan)`` with the constructor's q/k/v bias switch held ``True`` when no form of the forward ran
+    with it off and one does with it on (ESM's fairseq layer concatenates ``q_proj.bias``, ``k_proj.bias`` and
+    ``v_proj.bias`` on its fast path), as given or time first; None otherwise (the first refusal stands)."""
+    param = next((p for p, f in binding.params if f == "qkv_bias"), None)
+    if param is None or binding.style != "keywords" or "raises" not in str(exc):
+        return None
+    held = replace(binding, params=tuple(p for p in binding.params if p[0] != param), extras=(*binding.extras,
+                   (param, True)), notes=(*binding.notes, BIAS_HELD.format(param=param)))
+    try:
+        plan = plan_with_probe(obj, held)
+    except PluginLoadError:
+        return _time_first(obj, held)
+    return (held, plan) if plan is not None else None
 
 
 def _mixes_tokens(binding: Binding, plan: ContextPlan) -> bool:

@@ -827,3 +827,65 @@ class GrowingCache(nn.Module):
 class CacheMaskFromZero(GrowingCache):
     def hidden(self, start, T, L, device):
         return torch.arange(L, device=device)[None, :] > torch.arange(T, device=device)[:, None]  # PLANTED
+
+
+# --- round 14: a split or merge that mixes heads is named as that stage; q and k swapped where they are made -------
+
+
+class HeadsReshapedNotTransposed(FusedManual):
+    """The queries reshaped straight to ``(b, h, T, d)``: every head mixes tokens and features of the others."""
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = self.project(x)
+        q = q.reshape(b, self.num_heads, T, self.head_dim)  # PLANTED
+        k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in (k, v))
+        att = self.scale(q @ k.transpose(-2, -1))
+        att = att.masked_fill(self.keep[:T, :T] == 0, float("-inf"))
+        y = self.softmax(att) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, T, self.d_out))
+
+
+class KeysTiledValuesInterleaved(GroupedSteps):
+    def expand(self, k, v):
+        rep = self.nh // self.nkv
+        k = k[:, None].expand(-1, rep, -1, -1, -1).reshape(k.shape[0], self.nh, *k.shape[2:])  # PLANTED
+        v = v.repeat_interleave(rep, dim=1)
+        return k, v
+
+
+class PerHeadStackedMerge(PerHead):
+    def forward(self, x):
+        return self.proj(torch.stack([h(x) for h in self.heads], dim=-1).flatten(-2))  # PLANTED
+
+
+class FusedUnpackedKeysFirst(FusedManual):
+    def project(self, x):
+        k, q, v = self.qkv(x).split(self.d_out, dim=2)  # PLANTED
+        return q, k, v
+
+
+class PassedCacheHeadsViewed(nn.Module):
+    """``forward(x, cache=None)`` returning ``(out, (k, v))``, its heads split by a bare ``view`` to ``(b, h, T, d)``:
+    the split mixes tokens, so no form of its context is causal. Nothing attnbench supplies could make it so (no mask
+    argument): it is checked, not refused, and its causal cases fail at the split."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_model, n_head, bias=True):
+        super().__init__()
+        self.n_head, self.hd = n_head, d_model // n_head
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias) for _ in range(4))
+
+    def heads(self, t):
+        return t.view(t.shape[0], self.n_head, t.shape[1], self.hd)  # PLANTED
+
+    def forward(self, x, cache=None):
+        b, T, C = x.shape
+        q, k, v = self.heads(self.q_proj(x)), self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        S = k.shape[2]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        att = att.masked_fill(~torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T), float("-inf"))
+        return self.out_proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, T, C)), (k, v)

@@ -53,3 +53,27 @@ class MultiheadAttention(nn.Module):
         attn = self.out_proj(attn)
         weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len).mean(dim=0) if need_weights else None
         return attn, weights
+
+
+class FastPathMultiheadAttention(MultiheadAttention):
+    """ESM's copy of it (facebookresearch/esm ``esm/multihead_attention.py``): without incremental state its forward
+    takes PyTorch's fused path, which asserts ``key`` and ``value`` are given and concatenates the three biases
+    (``torch.cat((q_proj.bias, k_proj.bias, v_proj.bias))``), so it raises when built with ``bias=False``."""
+
+    def forward(self, query, key: Optional[Tensor], value: Optional[Tensor], key_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[dict[str, dict[str, Optional[Tensor]]]] = None, need_weights: bool = True,
+                static_kv: bool = False, attn_mask: Optional[Tensor] = None):
+        tgt_len, bsz, embed_dim = query.size()
+        assert embed_dim == self.embed_dim
+        if incremental_state is None and not static_kv:
+            assert key is not None and value is not None
+            return F.multi_head_attention_forward(
+                query, key, value, self.embed_dim, self.num_heads, torch.empty([0]),
+                torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)), None, None, False, self.dropout,
+                self.out_proj.weight, self.out_proj.bias, self.training, key_padding_mask, need_weights, attn_mask,
+                use_separate_proj_weight=True, q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight,
+                v_proj_weight=self.v_proj.weight)
+        if incremental_state is not None and "prev_key" in incremental_state:  # a dict of saved keys, by its names
+            raise NotImplementedError("this test class keeps no incremental state")
+        return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights, static_kv,
+                               attn_mask)
