@@ -512,6 +512,7 @@ def test_a_sublayer_with_its_own_norm_is_refused_naming_it(repo_cwd, capsys):
     code, _, err = run(["check", target], capsys)
     text = " ".join(err.split())
     assert code == 2 and "layer_norm: a norm of its own beyond q/k norms, so a sublayer with its norm" in text, err
+    assert err.startswith("error: ResidualNormSublayer is a sublayer with a norm of its own (layer_norm)"), err
 
 
 def test_a_required_window_gets_the_context_length_when_the_spec_has_none(repo_cwd, capsys, tmp_path):

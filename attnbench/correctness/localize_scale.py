@@ -63,7 +63,21 @@ def moved_scale(div, ev: Evidence) -> Localization | None:
             words = (f"the scores are scaled here, by {factor:.3g}, after {div.rec.where} (off by a factor of "
                      f"{div.fit.factor:.3g}); the score scale is {scale:.3g}")
             return named(div.name, rec, words, ev.matched)
-    return None
+    return _never_scaled(div, ev, scale)
+
+
+def _never_scaled(div, ev: Evidence, scale: float) -> Localization | None:
+    """The product that made the raw scores ``div`` was computed from, when no tensor of the class takes the score
+    scale: the scale belongs where the scores are made (``q @ k.T * scale``, the common form), not at the mask line
+    that first shows it missing."""
+    from attnbench.correctness.localize_roles import PRODUCTS
+
+    raw = ev.matched.get("scores")
+    if raw is None or raw.op not in PRODUCTS or "scaled q" in ev.matched or raw.index not in ev.ancestors(div.rec.index):
+        return None
+    words = (f"the scores made here are never scaled: no tensor of the class takes the score scale {scale:.3g} (they "
+             f"reach {div.rec.where} off by a factor of {div.fit.factor:.3g})")
+    return named("scaled scores", raw, words, ev.matched)
 
 
 def _factor(rec: Record, ev: Evidence) -> float:

@@ -33,14 +33,19 @@ def wrong_tables(div, ev: Evidence, made) -> Localization | None:
     if ref is None:
         return None
     queries = {i for i, names in ev.explained.items() if {"q heads", "normed q"} & set(names)}
+    turned = {i for i, names in ev.explained.items() if "rotate(q)" in names}  # what the sine multiplies
     aux, arg_ids, buffers, module, *_ = made
     T, hd = ref["cos"].shape
     for rec in ev.records:
-        if not queries & set(rec.inputs):
-            continue  # only a product with the queries themselves says which table stands where
+        if not (queries | turned) & set(rec.inputs):
+            continue  # only a product with the queries themselves (or their turn) says which table stands where
         for tid in arg_ids.get(rec.index, ()):
             table = _table(aux[tid].value if tid in aux else None, T, hd)
             if table is None:
+                continue
+            if not queries & set(rec.inputs):  # the turned queries times the sine: wrong when it is neither table
+                if not (_same(table, ref["sin"]) or _same(table, ref["cos"])):
+                    return _origin(div, ev, tid, aux, buffers, module, ref, T, hd)
                 continue
             if _same(table, ref["sin"]) and not _same(table, ref["cos"]):
                 at = replace(rec, path=rec.caller[0], line=rec.caller[1], text=rec.caller[2], caller=None) \
@@ -56,7 +61,7 @@ def wrong_tables(div, ev: Evidence, made) -> Localization | None:
 def _origin(div, ev: Evidence, tid: int, aux: dict, buffers: dict, module, ref: dict, T: int, hd: int):
     """The earliest wrong table ``tid`` was made from, or the buffer's registration, named."""
     origin = walk_back(tid, aux, buffers, lambda v: _part(v, T, hd) is not None and not _right(v, ref, T, hd),
-                       lambda name: True)
+                       lambda name: not _buffer_right(module, name, ref, T, hd))
     if isinstance(origin, str):
         found = _registered(module, origin)
         if found is None:
@@ -67,6 +72,20 @@ def _origin(div, ev: Evidence, tid: int, aux: dict, buffers: dict, module, ref: 
     rec = replace(div.rec, path=origin.path, line=origin.line, text=origin.text, caller=None)
     return named(div.name, rec, "the rotary table made here is not the reference's (its theta, positions or pairs "
                                 "differ)", ev.matched)
+
+
+def _buffer_right(module, name: str, ref: dict, T: int, hd: int) -> bool:
+    """Whether a table buffer, for more positions than the case's (``(max_positions, head_dim)``, axes of size 1
+    dropped), holds the reference's table at its first ``T`` positions: then a wrong slice of it is where it went
+    wrong (``sin_cached[1:T + 1]``), not the buffer."""
+    try:
+        value = module.get_buffer(name)
+    except AttributeError:
+        return False
+    value = value.reshape([n for n in value.shape if n != 1]) if value.numel() > 1 else value
+    if not value.is_floating_point() or value.dim() != 2 or value.shape[0] < T:
+        return False
+    return _right(value[:T], ref, T, hd)
 
 
 def _right(value, ref: dict, T: int, hd: int) -> bool:

@@ -421,12 +421,13 @@ def _claim_problems(claims: dict[str, list[str]], sources: dict[str, Source], pa
     unclaimed = [n for n in params if n not in covered and n not in gain_params]
     if unclaimed and not had_problems and problems in ([], [NO_OUT]):
         norms = sorted({n.rpartition(".")[0] for n in unclaimed if NORM_OWNER.search(n.rpartition(".")[0])})
-        said = f" ({', '.join(norms)}: a norm of its own beyond q/k norms, so a sublayer with its norm (and residual), " \
+        said = f" ({', '.join(norms)}: a norm of its own beyond q/k norms, so {SUBLAYER} (and residual), " \
                "not a bare attention layer)" if norms else ""
         problems = [*problems, f"no canonical counterpart for {', '.join(unclaimed)}{said}"]
     return problems
 
 
+SUBLAYER = "a sublayer with its norm"
 NORM_OWNER = re.compile(r"(^|[._])(layer_?norm|norm|ln)(_?\w*)?$", re.IGNORECASE)
 """A module path whose last part names a norm (``layer_norm``, ``norm``, ``ln_1``): its parameters unmapped mean a
 norm inside the class (FastSpeech2's and sgrvinod's sublayers: ``layer_norm(fc(out) + residual)``)."""
@@ -527,6 +528,12 @@ def _settle_square(sources: dict[str, Source], orient: dict[str, bool | None], p
 
 def _mapping_error(module: nn.Module, params, spec: AttnSpec, problems: list[str]) -> str:
     listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items()) or "none"
+    norms = sorted({n.rpartition(".")[0] for n in params if NORM_OWNER.search(n.rpartition(".")[0])})
+    if any(SUBLAYER in p for p in problems) and norms:  # the first true cause: a sublayer, not an unmapped name
+        return (f"{type(module).__name__} is a sublayer with a norm of its own ({', '.join(norms)}), not a bare "
+                f"attention layer: {'; '.join(problems)}. Its parameters at d_in={spec.d_in}, d_out={spec.d_out}, "
+                f"num_heads={spec.num_heads}: {listed}. Check the attention without its norm and residual: "
+                f"`attnbench adapt FILE:Class` writes an adapter to start from ({GUIDE})")
     first, first_shape = next(((n, tuple(p.shape)) for n, p in params.items() if p.dim() == 2), ("qkv.weight", ()))
     shapes = canonical_shapes(spec)
     fused = (sum(shapes[n][0] for n in ("W_q", "W_k", "W_v")), spec.d_in)

@@ -889,3 +889,27 @@ class PassedCacheHeadsViewed(nn.Module):
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
         att = att.masked_fill(~torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T), float("-inf"))
         return self.out_proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, T, C)), (k, v)
+
+
+class ScoresNeverScaled(FusedManual):
+    """Llama's ``scores = torch.matmul(xq, xk.transpose(2, 3)) / math.sqrt(self.head_dim)`` with the scale left out."""
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in self.project(x))
+        att = torch.matmul(q, k.transpose(2, 3))  # PLANTED
+        att = att.masked_fill(self.keep[:T, :T] == 0, float("-inf"))
+        y = self.softmax(att) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, T, self.d_out))
+
+
+class SineSliceShifted(HalfRotaryHelper):
+    """Right tables in the buffers, the sine sliced one position on (``sin[1:T + 1]``) where the forward reads it."""
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (p(x).view(b, T, -1, self.hd).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.theta is not None:
+            q, k = self.rotary(q, k, self.cos[:T].to(x.dtype), self.sin[1:T + 1].to(x.dtype))  # PLANTED
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
+        return self.o_proj(y.transpose(1, 2).reshape(b, T, -1))
