@@ -329,12 +329,12 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "the mask buffer 'keep' made here"),
     ("QueriesScaledForSDPA", ["QueriesScaledForSDPA"], ("forward", "gpt_like", "float64"), "scaled q",
      "scaled_dot_product_attention scales the scores again"),
-    ("SDPANotCausal", ["SDPANotCausal"], ("forward", "gpt_like", "float64"), "probabilities @ V",
+    ("SDPANotCausal", ["SDPANotCausal"], ("forward", "gpt_like", "float64"), "masked scores",
      "its first query sees later tokens"),
     ("ScaleAttributeByWidth", ["ScaleAttributeByWidth"], ("forward", "gpt_like", "float64"), "scaled scores",
      "self.scaling = "),
     ("CosineTableInterleaved", ["CosineTableInterleaved"], ("forward", "rope_half_theta500_gqa", "float64"),
-     "rotated q", "the rotary table buffer 'cos' registered here is not the reference's"),
+     "rotated q", "the rotary table 'cos' set here is not the reference's"),
     # round 13: what the development half of /work/planted47e found
     ("StableSoftmaxOverHeads", ["StableSoftmaxOverHeads"], ("forward", "gpt_like", "float64"), "probabilities",
      "; q, k, v and masked scores match up to"),
@@ -370,6 +370,18 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "the scores made here are never scaled"),
     ("SineSliceShifted", ["SineSliceShifted"], ("forward", "rope_half_theta500_gqa", "float64"), "rotated q",
      "the rotary table made here is not the reference's"),
+    ("DropoutAlwaysOn", ["DropoutAlwaysOn"], ("eval_deterministic", "props", "float64"), "probabilities",
+     "randomness, such as dropout, applied here in eval mode"),
+    ("MaskGrownOnDemand", ["MaskGrownOnDemand"], ("forward", "gpt_like", "float64"), "masked scores",
+     "the mask made here hides other positions"),
+    ("ComplexTableAttribute", ["ComplexTableAttribute"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated q", "the rotary table 'freqs_cis' set here is not the reference's"),
+    ("HeadLoopFirstValues", ["HeadLoopFirstValues"], ("forward", "gpt_like", "float64"), "v heads",
+     "computed from this line"),
+    ("EveryTwoSignFlipped", ["EveryTwoSignFlipped"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated q", "off by a factor of -1"),
+    ("ValuesAppendedToKeys", ["ValuesAppendedToKeys"], ("decode", "decode_mha", "float64"), "scores",
+     "(decoding: decoded token at position"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
@@ -477,3 +489,17 @@ def test_a_decode_call_reading_a_cache_written_wrong_earlier_names_no_line(repo_
     assert row.status == "fail", row.message
     found = localize.localize_case(target, case, tol=row.tolerance)
     assert found.stage is None and "the keys or values this call reads from its cache are not the reference's" in found.line
+
+
+def test_a_library_line_stands_for_the_class_line_that_called_it():
+    """A torch call inside an installed package the class calls (einops' ``rearrange`` reshapes in its own file) is
+    attributed to the class's line: the package's folder is a library unless the forward itself is in it (Hugging
+    Face's classes, checked inside ``transformers``)."""
+    import pandas
+
+    from attnbench.correctness.localize_record import library
+
+    inside = str(Path(pandas.__file__).parent / "core" / "frame.py")
+    assert library(inside, "/home/me/project/my_attention.py")
+    assert not library(inside, str(Path(pandas.__file__).parent / "io" / "x.py"))  # the forward is in it
+    assert not library("/home/me/project/helpers.py", "/home/me/project/my_attention.py")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnbench.correctness.localize_calls import helper_call
-from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, cannot_tell, named
+from attnbench.correctness.localize_finding import CHAIN, LAYOUT_OPS, Evidence, Localization, cannot_tell, named
 from attnbench.correctness.localize_layout import layout_stage
 from attnbench.correctness.localize_mask import mask_origin, sdpa_flag
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
@@ -172,6 +172,17 @@ def _factor_origin(div: Divergence, ev: Evidence) -> Divergence:
             if (alt is not None and alt.fit <= ev.tol and abs(alt.factor / fit.factor - 1) <= FACTOR_MATCH
                     and stage.name in ORDER):
                 return _factor_origin(Divergence(stage.name, rec, alt, True), ev)
+    return _moved_from(div, ev)
+
+
+def _moved_from(div: Divergence, ev: Evidence) -> Divergence:
+    """``div`` at the tensor its record only moved (``torch.stack((-x2, x1), -1).flatten(-2)``: the values, sign
+    included, were made at the ``stack``, not at the ``flatten``), followed back through calls that only move values."""
+    while div.rec.op in LAYOUT_OPS:
+        srcs = [ev.records[i] for i in div.rec.args if i is not None and i not in ev.sound]
+        if len(srcs) != 1 or srcs[0].value.numel() != div.rec.value.numel():
+            break
+        div = replace(div, rec=srcs[0])
     return div
 
 

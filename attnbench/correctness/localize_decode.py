@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, cannot_tell
-from attnbench.correctness.localize_record import Recorder
+from attnbench.correctness.localize_record import Recorder, module_tensors
 from attnbench.correctness.stages import FUSED, Stage, capture, staged
 
 
@@ -62,7 +62,7 @@ def _first_failing(d, steps, tol: float, locate) -> Localization | None:
         if rel_error(out.cpu(), ref[:, step.start:step.start + step.length]) <= tol:
             continue
         stages, full = _step_stages(built, x, step.start, step.start + step.length)
-        buffers = {id(b): n for n, b in built.module.named_buffers()}
+        buffers = module_tensors(built.module)
         made = (rec.aux, rec.arg_ids, buffers, built.module, full)  # full: a mask buffer is read against all rows
         found = locate(rec.records, stages, rec.index_of(out), made)
         if found.stage not in QUERY_SIDE and not _cache_read_right(rec.records, stages, tol):
@@ -98,7 +98,16 @@ def _step_stages(built, x: torch.Tensor, start: int, end: int) -> tuple[list[Sta
     stages = staged(notes, built.spec)
     masked = next((s.tensor for s in stages if s.name == "masked scores"), None)
     full = None if masked is None else masked.reshape(-1, *masked.shape[-2:])[0] <= MASKED
-    return [_cut(s, start, end) for s in stages], full
+    new = [_rows(s, start, end) for s in stages if CHAIN.get(s.name) in ("k", "v") and start > 0 and "t" in s.axes]
+    return [*new, *(_cut(s, start, end) for s in stages)], full
+
+
+def _rows(stage: Stage, start: int, end: int) -> Stage:
+    """A key or value stage at this call's tokens only, under a name of its own (no stage of the order): what the
+    call computes before appending it to its cache is right, so the line that appends it wrong is where it goes
+    wrong (``torch.cat([self.cache_k, values_new])``)."""
+    axis = stage.axes.index("t")
+    return replace(stage, name=f"{stage.name} (this call's tokens)", tensor=stage.tensor.narrow(axis, start, end - start))
 
 
 def _cut(stage: Stage, start: int, end: int) -> Stage:

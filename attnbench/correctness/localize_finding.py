@@ -29,6 +29,10 @@ LAYOUT_OPS = frozenset({
 """Calls that only move values: applied directly to tensors that are right, what they give is right."""
 
 
+TERMS = {"q * cos": "rotated q", "rotate(q)": "rotated q", "k * cos": "rotated k", "rotate(k)": "rotated k"}
+"""The terms of ``q cos + rotate(q) sin``, matched on lines of their own, are named as the rotation they are part of."""
+
+
 @dataclass
 class Localization:
     """Where a failing case first leaves the reference: ``line`` is what ``check`` prints (``first divergence: ...``);
@@ -113,7 +117,8 @@ def named(name: str, rec: Record | Failure, words: str, matched: dict[str, Recor
     else:
         path, lineno, text, where = rec.path, rec.line, rec.text, rec.where
         called_at, called_code = rec.called_at, rec.caller[2] if rec.caller is not None else None
-    line = f'first divergence: {name} at {where} "{text}"'
+    shown = TERMS.get(name, name)
+    line = f'first divergence: {shown} at {where} "{text}"'
     if called_at is not None:  # a line in a helper: where the class called it, which may be the wrong line
         line += f' (in {rec.caller[3]}(), called at {called_at} "{called_code}")'
     line += f": {words}"
@@ -128,5 +133,5 @@ def named(name: str, rec: Record | Failure, words: str, matched: dict[str, Recor
     else:
         line += "; nothing matches before it"
         at = None
-    return Localization(line, name, path, lineno, text, words, before[-1] if before else None, at, called_at,
+    return Localization(line, shown, path, lineno, text, words, before[-1] if before else None, at, called_at,
                         called_code)

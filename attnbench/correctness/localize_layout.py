@@ -29,8 +29,14 @@ MERGED_FROM = ("probabilities @ V", "merged heads")
 
 
 def layout_stage(div, ev: Evidence):
-    """``div`` renamed to the split or merge stage its line makes (see the module's doc), or ``div`` unchanged."""
+    """``div`` renamed to the split or merge stage its line makes (see the module's doc), or to the stage a dropout
+    at its line was given (dropout keeps its input's stage: eval-mode dropout on the probabilities is a bug of the
+    probabilities, seen first where they are applied to the values); else ``div`` unchanged."""
     rec = div.rec
+    if "dropout" in rec.op.lower():
+        given = [n for i in rec.inputs if i in ev.explained for n in ev.explained[i] if n in ORDER and n not in CHAIN]
+        earlier = [n for n in given if ORDER.index(n) < ORDER.index(div.name)]
+        return replace(div, name=max(earlier, key=ORDER.index)) if earlier else div
     if rec.op not in MOVES and rec.op not in GATHERS:
         return div
     if not rec.inputs or not set(rec.inputs) <= ev.sound or rec.index in ev.explained:

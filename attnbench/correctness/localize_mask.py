@@ -24,6 +24,7 @@ import torch
 
 from attnbench.correctness.localize_finding import Evidence, Localization, named
 from attnbench.correctness.localize_match import MASKED
+from attnbench.correctness.localize_record import held_tensor
 
 RIGHT, WRONG, UNKNOWN = "right", "wrong", "unknown"
 AFTER_MASK = ("masked scores", "capped scores", "probabilities", "probabilities @ V")
@@ -82,18 +83,20 @@ def walk_back(tid: int, aux: dict, buffers: dict, wrong, buffer_wrong):
             if pid in seen:
                 continue
             seen.add(pid)
+            if pid in aux:  # made by this forward (a buffer grown on demand: the line that made it, not its registration)
+                if wrong(aux[pid].value):
+                    nxt = aux[pid]
+                    break
+                continue
             if pid in buffers and buffer_wrong(buffers[pid]):
                 return buffers[pid]
-            if pid in aux and wrong(aux[pid].value):
-                nxt = aux[pid]
-                break
         if nxt is None:
             return cur
         cur = nxt
 
 
 def _buffer(module, name: str) -> torch.Tensor:
-    return module.get_buffer(name)
+    return held_tensor(module, name)
 
 
 def _pattern(value: torch.Tensor, hidden: torch.Tensor, full: torch.Tensor | None = None) -> str:
@@ -171,8 +174,9 @@ def sdpa_flag(div, ev: Evidence) -> Localization | None:
         text = linecache.getline(div.rec.path, line)
         if "is_causal" in text:
             rec = replace(div.rec, line=line, text=text.strip(), caller=None)
-            return named(div.name, rec, "its first query sees later tokens: the call is not causal (is_causal set "
-                                        "here, and no mask given)", ev.matched)
+            stage = "masked scores" if ev.stage("masked scores") is not None else div.name  # the mask is missing
+            return named(stage, rec, "its first query sees later tokens: the call is not causal (is_causal set "
+                                     "here, and no mask given)", ev.matched)
         if line > div.rec.line and text.rstrip().endswith(")") and text.count(")") > text.count("("):
             break
     return None

@@ -167,7 +167,37 @@ def matches(records: list, stages: list[Stage], tol: float) -> tuple[dict, dict[
     out = matched.get("output")
     if out is not None and any(r.index > out.index and r.index not in explained for r in records):
         del matched["output"]  # the class went on computing from its output: what it returns is a later tensor
+    for index, name in repeated_heads(records, stages, tol, explained):
+        explained[index].remove(name)
+        if not explained[index]:
+            del explained[index]
     return matched, explained
+
+
+def repeated_heads(records: list, stages: list[Stage], tol: float, explained: dict[int, list[str]]) -> list[tuple[int, str]]:
+    """``(record, stage)`` pairs of a per-head loop that makes one head of a stage again, from other tensors than the
+    first time, while another head of it is never made (every head reading the first head's values,
+    ``v_all[..., :hs]``): each such record equals a head of the stage, but not the head its iteration needed."""
+    found = []
+    for stage in stages:
+        if "h" not in stage.axes or stage.name not in ORDER:
+            continue
+        parts = head_slices(stage)
+        made: dict[int, set[int]] = {}  # head -> the records that made it (and those computed from them)
+        again = []
+        for rec in records:
+            if stage.name not in explained.get(rec.index, ()) or rec.value.numel() * len(parts) != stage.tensor.numel():
+                continue
+            heads = [h for h, part in enumerate(parts) if (fit := best_fit(part, rec.value, tol)) is not None
+                     and fit.error <= tol]
+            if len(heads) != 1:
+                continue
+            if heads[0] in made and not made[heads[0]] & set(rec.inputs):
+                again.append(rec.index)
+            made.setdefault(heads[0], set()).add(rec.index)
+        if again and len(made) < len(parts):
+            found += [(i, stage.name) for i in again]
+    return found
 
 
 def has_form(stage: Stage, value: torch.Tensor) -> bool:

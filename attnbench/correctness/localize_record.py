@@ -12,6 +12,8 @@ records fed it. A call of the class's code that raises is kept too (:class:`Fail
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import linecache
 import os
 import sys
@@ -23,6 +25,42 @@ from torch.utils._pytree import tree_flatten
 
 _SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["attnbench"]))
 """Frames in these folders are the machinery, never the class's line (the class's own file is anywhere else)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _library_dirs(imported: int) -> tuple[str, ...]:
+    """The folders of the imported packages that an installed distribution provides (einops, xformers, ...), for
+    ``imported`` modules loaded (a new import reads them again)."""
+    dirs = []
+    for top in importlib.metadata.packages_distributions():
+        module = sys.modules.get(top)
+        path = getattr(module, "__file__", None)
+        if path and os.path.basename(path) == "__init__.py":
+            dirs.append(os.path.dirname(path) + os.sep)
+    return tuple(dirs)
+
+
+def library(path: str, forward_path: str) -> bool:
+    """Whether ``path`` is in an installed package's folder that the class's forward (``forward_path``) is not in:
+    a library the class calls, whose line is never the class's."""
+    return any(path.startswith(d) and not forward_path.startswith(d) for d in _library_dirs(len(sys.modules)))
+
+
+def module_tensors(module) -> dict[int, str]:
+    """id -> name of every tensor ``module`` holds that is not a parameter: its buffers and the plain tensor attributes
+    of it and its submodules (``self.freqs_cis = precompute_freqs_cis(...)`` in ``__init__``, not registered)."""
+    held = {id(b): n for n, b in module.named_buffers()}
+    for prefix, sub in module.named_modules():
+        for attr, value in vars(sub).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and id(value) not in held:
+                held[id(value)] = f"{prefix}.{attr}" if prefix else attr
+    return held
+
+
+def held_tensor(module, name: str):
+    """The tensor :func:`module_tensors` calls ``name`` (a buffer, or a plain attribute of a submodule)."""
+    owner, _, leaf = name.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, leaf)
 
 
 @dataclass
@@ -189,12 +227,14 @@ class Recorder(TorchFunctionMode):
         ``function``: the path and first line of the innermost frame's function."""
         found = []
         frame = sys._getframe(2)
-        while frame is not None and id(frame) not in self._outer and len(found) < 2:
+        while frame is not None and id(frame) not in self._outer:
             code = frame.f_code
             if not code.co_filename.startswith(_SKIP_DIRS) and not code.co_filename.startswith("<"):
-                found.append((code.co_filename, frame.f_lineno, linecache.getline(code.co_filename, frame.f_lineno).strip(),
-                              code.co_name, code.co_firstlineno))
+                found.append((code.co_filename, frame.f_lineno, "", code.co_name, code.co_firstlineno))
             frame = frame.f_back
+        if found:  # a library's frames (einops' rearrange) stand for the class's line that called it
+            own = [f for f in found if not library(f[0], found[-1][0])]
+            found = [(p, n, linecache.getline(p, n).strip(), *rest) for p, n, _, *rest in (own or found)[:2]]
         if not found:
             return None
         caller = (*found[1][:3], found[0][3]) if len(found) > 1 else None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from attnbench.correctness.localize_record import Failure, Record, Recorder, ReturnLines
+from attnbench.correctness.localize_record import Failure, Record, Recorder, ReturnLines, module_tensors
 from attnbench.correctness.stages import Stage, capture, staged
 
 
@@ -107,7 +107,7 @@ def _replay(impl, built, x, dtype: str, device: str, grad: bool) -> Replay:
         if grad:
             g = torch.randn(*ref_out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
             backward = out, g.to(device=out.device, dtype=out.dtype), reference_grads(notes, ref_out, g)
-    buffers = {id(b): n for n, b in built.module.named_buffers()}
+    buffers = module_tensors(built.module)
     return Replay(rec.records, _detached(notes, built.spec), backward, rec.index_of(out), plus,
                   returned_at=lines.line_of(out), conventions=others,
                   made=(rec.aux, rec.arg_ids, buffers, built.module))

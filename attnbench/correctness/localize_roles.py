@@ -123,6 +123,6 @@ def _origin(ev: Evidence, index: int, chain: str) -> Record:
     rec = ev.records[index]
     while True:
         parents = [i for i in rec.inputs if chain in ev.chains(i)]
-        if not parents:
-            return rec
+        if not parents or (len(rec.args) > 1 and any(i is None or chain not in ev.chains(i) for i in rec.args)):
+            return rec  # made here, or joined here to what is not of the chain (a cache the values were appended to)
         rec = ev.records[parents[0]]

@@ -20,6 +20,7 @@ import torch
 
 from attnbench.correctness.localize_finding import Evidence, Localization, named
 from attnbench.correctness.localize_mask import _registered, walk_back
+from attnbench.correctness.localize_record import held_tensor
 
 STAGES = ("q * cos", "rotate(q)", "rotated q", "k * cos", "rotate(k)", "rotated k")
 CLOSE = 1e-5
@@ -55,6 +56,10 @@ def wrong_tables(div, ev: Evidence, made) -> Localization | None:
                              ev.matched)
             if not _same(table, ref["cos"]):
                 return _origin(div, ev, tid, aux, buffers, module, ref, T, hd)
+    for tid, made_here in aux.items():  # complex tables (freqs_cis) multiply complex views no stage is compared with
+        if made_here.value.is_complex() and _part(made_here.value, T, hd) is not None and not _right(
+                made_here.value, ref, T, hd):
+            return _origin(div, ev, tid, aux, buffers, module, ref, T, hd)
     return None
 
 
@@ -67,7 +72,7 @@ def _origin(div, ev: Evidence, tid: int, aux: dict, buffers: dict, module, ref: 
         if found is None:
             return None
         rec = replace(div.rec, path=found[0], line=found[1], text=found[2], caller=None)
-        return named(div.name, rec, f"the rotary table buffer {origin!r} registered here is not the reference's (its "
+        return named(div.name, rec, f"the rotary table {origin!r} set here is not the reference's (its "
                                     "theta, positions or pairs differ)", ev.matched)
     rec = replace(div.rec, path=origin.path, line=origin.line, text=origin.text, caller=None)
     return named(div.name, rec, "the rotary table made here is not the reference's (its theta, positions or pairs "
@@ -79,11 +84,11 @@ def _buffer_right(module, name: str, ref: dict, T: int, hd: int) -> bool:
     dropped), holds the reference's table at its first ``T`` positions: then a wrong slice of it is where it went
     wrong (``sin_cached[1:T + 1]``), not the buffer."""
     try:
-        value = module.get_buffer(name)
+        value = held_tensor(module, name)
     except AttributeError:
         return False
     value = value.reshape([n for n in value.shape if n != 1]) if value.numel() > 1 else value
-    if not value.is_floating_point() or value.dim() != 2 or value.shape[0] < T:
+    if not (value.is_floating_point() or value.is_complex()) or value.dim() != 2 or value.shape[0] < T:
         return False
     return _right(value[:T], ref, T, hd)
 
@@ -110,8 +115,10 @@ def _right(value, ref: dict, T: int, hd: int) -> bool:
 def _part(value, T: int, hd: int) -> torch.Tensor | None:
     """``value`` as what a rotary table is made of: ``(T, head_dim)`` or ``(T, head_dim/2)`` (axes of size 1
     dropped), or the ``(head_dim/2,)`` frequencies; None when it is none of these (or is complex)."""
-    if value is None or not value.is_floating_point():
+    if value is None or not (value.is_floating_point() or value.is_complex()):
         return None
+    if value.is_complex():  # Meta's freqs_cis, (T, head_dim/2) unit numbers: their angles
+        value = torch.angle(value)
     squeezed = value.reshape([n for n in value.shape if n != 1]) if value.numel() > 1 else value.reshape(-1)
     shape = tuple(squeezed.shape)
     if shape in ((T, hd), (T, hd // 2)) or (shape == (hd // 2,) and T != hd // 2):

@@ -913,3 +913,125 @@ class SineSliceShifted(HalfRotaryHelper):
             q, k = self.rotary(q, k, self.cos[:T].to(x.dtype), self.sin[1:T + 1].to(x.dtype))  # PLANTED
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
         return self.o_proj(y.transpose(1, 2).reshape(b, T, -1))
+
+
+# --- round 14, a development set's conventions: dropout's stage, masks grown on demand, complex tables held as
+# attributes, a head made twice in a loop, a rotation's sign, a value appended to the key cache ----------------
+
+
+class DropoutAlwaysOn(FusedManual):
+    """``F.dropout(p)`` with its default ``training=True``: dropout in eval mode, a bug of the probabilities."""
+
+    attnbench_capabilities = {}
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.p = dropout
+
+    def softmax(self, att):
+        return F.dropout(F.softmax(att, dim=-1), p=self.p)  # PLANTED
+
+
+class MaskGrownOnDemand(FusedManual):
+    """An additive mask buffer registered empty and grown in a helper when a longer sequence comes."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.register_buffer("additive", torch.zeros(0, 0), persistent=False)
+
+    def grown(self, T, device):
+        if self.additive.shape[0] < T:
+            self.additive = torch.triu(torch.full((T, T), float("-inf"), device=device), diagonal=2)  # PLANTED
+        return self.additive[:T, :T]
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q, k, v = (t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2) for t in self.project(x))
+        att = self.scale(q @ k.transpose(-2, -1)) + self.grown(T, x.device)
+        y = self.softmax(att) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, T, self.d_out))
+
+
+def freqs_by_half_width(dim, end, theta=10000.0):
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2).double() / (dim // 2)))  # the exponent over dim // 2
+    return torch.polar(torch.ones(end, dim // 2, dtype=torch.float64), torch.outer(torch.arange(end).double(), freqs))
+
+
+class ComplexTableAttribute(ComplexRope):
+    """Meta's tables made once in ``__init__`` and kept as a plain attribute (not a buffer), their exponent wrong."""
+
+    attnbench_capabilities = {"rope": ("interleaved",)}
+
+    def __init__(self, dim: int, n_heads: int, max_seq_len: int, rope_theta: float = 10000.0):
+        super().__init__(dim, n_heads, max_seq_len)
+        self.freqs_cis = freqs_by_half_width(self.head_dim, max_seq_len * 2, rope_theta)  # PLANTED
+
+    def forward(self, x: torch.Tensor):
+        return super().forward(x, self.freqs_cis[: x.shape[1]].to(torch.complex64))
+
+
+class HeadLoopFirstValues(nn.Module):
+    """Heads as column slices of whole projections in a Python loop, every head reading the first head's values."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.q, self.k, self.v = (nn.Linear(d_in, d_out, bias=qkv_bias) for _ in range(3))
+        self.out = nn.Linear(d_out, d_out)
+
+    def forward(self, x):
+        T = x.shape[1]
+        q_all, k_all, v_all = self.q(x), self.k(x), self.v(x)
+        outs = []
+        for h in range(self.nh):
+            cols = slice(h * self.hd, (h + 1) * self.hd)
+            q, k, v = q_all[..., cols], k_all[..., cols], v_all[..., : self.hd]  # PLANTED
+            w = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+            w = w.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+            outs.append(w.softmax(-1) @ v)
+        return self.out(torch.cat(outs, dim=-1))
+
+
+class EveryTwoSignFlipped(ComplexRope):
+    """GPT-J's ``rotate_every_two`` with real tables, the pair turned the other way."""
+
+    attnbench_capabilities = {"rope": ("interleaved",)}
+
+    def __init__(self, dim: int, n_heads: int, max_seq_len: int, rope_theta: float = 10000.0):
+        super().__init__(dim, n_heads, max_seq_len)
+        inv = 1.0 / rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv).repeat_interleave(2, dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    @staticmethod
+    def every_two(x):
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        x = torch.stack((x2, -x1), dim=-1)  # PLANTED
+        return x.flatten(-2)
+
+    def rotate(self, xq, xk, freqs_cis):
+        T = xq.shape[1]
+        cos, sin = self.cos[:T, None].to(xq.dtype), self.sin[:T, None].to(xq.dtype)
+        return xq * cos + self.every_two(xq) * sin, xk * cos + self.every_two(xk) * sin
+
+    def forward(self, x: torch.Tensor):
+        return super().forward(x, None)
+
+
+class ValuesAppendedToKeys(GrowingCache):
+    def forward(self, x, use_cache=False):
+        b, T, _ = x.shape
+        q, k, v = (w(x).view(b, T, self.nh, self.hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        start = self.start_pos if use_cache else 0
+        if use_cache:
+            if self.cache_k is not None:
+                k = torch.cat([self.cache_k, v], dim=2)  # PLANTED
+                v = torch.cat([self.cache_v, v], dim=2)
+            self.cache_k, self.cache_v = k, v
+            self.start_pos += T
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        s = s.masked_fill(self.hidden(start, T, k.shape[2], x.device), float("-inf"))
+        return self.wo((s.softmax(-1) @ v).transpose(1, 2).reshape(b, T, -1))
