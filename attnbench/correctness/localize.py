@@ -43,7 +43,7 @@ from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles
-from attnbench.correctness.localize_rope import discarded, paths_differ, unrotated
+from attnbench.correctness.localize_rope import discarded, never_rotated, paths_differ, unrotated
 from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
 from attnbench.correctness.localize_tables import wrong_tables
 from attnbench.correctness.stages import FUSED, OPTIONAL, ORDER, Stage
@@ -111,7 +111,7 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain
-    for refine in (swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, discarded):
+    for refine in (swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
         found = refine(div, ev)
         if found is not None:
             return found
@@ -201,10 +201,11 @@ def first_divergence(ev: Evidence) -> Divergence | Localization | None:
         div = _candidate(by_name[name], later, _after(name, ev.matched, pool, ev.records), ev)
         if div is None or (name in OPTIONAL and not div.exact):
             continue  # nothing of this stage's form (fused away), or an optional form nothing fits
-        if not ev.matched and not div.exact:  # no anchor at all: a tensor of the stage's form is no evidence of where
+        if not div.exact and (name in ("q", "k", "v") or not ev.matched):  # a projection off by a vector: its bias
             offset = _bias_offset(ev)
             if offset is not None:
                 return offset
+        if not ev.matched and not div.exact:  # no anchor at all: a tensor of the stage's form is no evidence of where
             return cannot_tell("no tensor of the class matches any stage of the reference, not even its projections "
                                "(another split of the heads?): the values cannot say where it diverges")
         return div

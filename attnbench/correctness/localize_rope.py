@@ -111,6 +111,26 @@ def unrotated(div, ev) -> Localization | None:
     return named(div.name, rec, words, ev.matched)
 
 
+def never_rotated(div, ev) -> Localization | None:
+    """One side never rotated at all (its rotation line deleted): when ``div`` is at that side's rotated stage, the
+    other side's rotated stage matched, and the scores take this side's heads as they came, the line that rotates the
+    other side is named: this side's rotation belongs beside it."""
+    from attnbench.correctness.localize_finding import named
+    from attnbench.correctness.localize_roles import PRODUCTS
+
+    side = {"rotated q": "q", "rotated k": "k"}.get(div.name)
+    other = {"q": "k", "k": "q"}.get(side)
+    rotated = ev.matched.get(f"rotated {other}") if side else None
+    if rotated is None:
+        return None
+    plain = {i for i, names in ev.explained.items() if {f"{side} heads", f"normed {side}"} & set(names)}
+    if not any(r.op in PRODUCTS and plain & set(r.args) and rotated.index in ev.ancestors(r.index) for r in ev.records):
+        return None
+    words = (f"the {other} side is rotated here, the {side} side never is: the scores take {side} as it came (its "
+             f"rotation belongs beside this line)")
+    return named(div.name, rotated, words, ev.matched)
+
+
 def paths_differ(div, ev) -> Localization | None:
     """Where one side's steps in a shared rotary helper first differ from the other's (its pairs formed another way:
     ``reshape(..., 2, -1)`` for q, ``reshape(..., -1, 2)`` for k), when ``div`` is at one rotated stage and the

@@ -1035,3 +1035,33 @@ class ValuesAppendedToKeys(GrowingCache):
         s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
         s = s.masked_fill(self.hidden(start, T, k.shape[2], x.device), float("-inf"))
         return self.wo((s.softmax(-1) @ v).transpose(1, 2).reshape(b, T, -1))
+
+
+class ValueBiasLeftOut(GroupedSteps):
+    """Qwen's separate projections with biases, the value's taken as ``F.linear`` of its weight alone (after the
+    queries and keys matched: the bias offset is looked for at any projection, not only when nothing matched; a key
+    bias alone would change nothing without RoPE: ``q . b`` is the same for every key)."""
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = self.wq(x).view(b, T, self.nh, self.hd).transpose(1, 2)
+        k = self.wk(x).view(b, T, self.nkv, self.hd).transpose(1, 2)
+        v = F.linear(x, self.wv.weight).view(b, T, self.nkv, self.hd).transpose(1, 2)  # PLANTED
+        k, v = self.expand(k, v)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        return self.wo((att.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, T, -1))
+
+
+class KeysNeverRotated(EveryTwoSignFlipped):
+    """The keys' rotation line deleted: the queries are rotated on their line, the keys reach the scores as they came."""
+
+    @staticmethod
+    def every_two(x):
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+    def rotate(self, xq, xk, freqs_cis):
+        T = xq.shape[1]
+        cos, sin = self.cos[:T, None].to(xq.dtype), self.sin[:T, None].to(xq.dtype)
+        xq = xq * cos + self.every_two(xq) * sin  # PLANTED
+        return xq, xk
