@@ -46,6 +46,7 @@ from attnbench.correctness.localize_roles import swapped_roles
 from attnbench.correctness.localize_rope import discarded, never_rotated, paths_differ, unrotated
 from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
 from attnbench.correctness.localize_tables import wrong_tables
+from attnbench.correctness.localize_weights import unnormalised
 from attnbench.correctness.stages import FUSED, OPTIONAL, ORDER, Stage
 
 __all__ = ["CHAIN", "Localization", "cannot_tell", "locate", "localize_case", "localize_failures", "matches",
@@ -111,7 +112,7 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain
-    for refine in (swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
+    for refine in (unnormalised, swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
         found = refine(div, ev)
         if found is not None:
             return found

@@ -39,6 +39,9 @@ POSITIONAL_SHAPES = [  # run where the implementation declares what they set
     Shape("qknorm_head_rope_mqa", 2, 9, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=1, rope_theta=100.0,
                                                    qk_norm="head")),
     Shape("qknorm_full_rope_window", 2, 11, AttnSpec(16, 16, 12, 0.0, 2, rope_theta=1000.0, qk_norm="full", window=4)),
+    # QK-norm without RoPE (round 14): a class that owns its norms but no rotary tables had no QK-norm case at all
+    Shape("qknorm_head_plain", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, qk_norm="head")),
+    Shape("qknorm_full_plain", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, qk_norm="full")),
     # another epsilon: run by the classes that take one (a class whose norms keep their own skips it, with the reason)
     Shape("qknorm_head_eps", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, rope_theta=100.0, qk_norm="head", norm_eps=1e-5)),
     # plain rotate-half RoPE (no scaling, no QK-norm): what a class owning unscaled tables (HF-style, the book's

@@ -474,19 +474,33 @@ def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
 
 
 def _nothing_to_choose(obj, binding: Binding) -> ContextPlan | None:
-    """The plan of a forward whose context gives attnbench nothing to make it causal with (only a cache: no mask,
-    tables, position or flag) that runs but is not causal: left to the causal cases, as a ``forward(x)`` is (a class
-    that mixes tokens where it splits its heads fails them, and is localised); None otherwise."""
+    """The plan of a forward that runs but is not causal, left to the causal cases as a ``forward(x)`` is (a class
+    that mixes tokens where it splits its heads fails them, and is localised): one whose context gives attnbench
+    nothing to make it causal with (only a cache: no mask, tables, position or flag), or one whose optional mask, left
+    at None, gives inf or nan (a softmax left out: ``-inf`` scores used as weights); None otherwise."""
     try:
         plan = plan_with_probe(obj, binding, probe=False)
+        finite_ok = plan is not None
         if plan is None:
-            return None
+            plan = _mask_left_out(obj)
+            if plan is None:
+                return None
         module = bind_context(binding(binding.probe).eval(), plan, binding.probe)
         with torch.no_grad(), plugin_exits("a probe of its forward"):
-            module(torch.randn(1, 3, binding.probe.d_in))
+            out = module(torch.randn(1, 3, binding.probe.d_in))
     except Exception:  # it does not run so: the refusal stands
         return None
-    return plan
+    out = out[0] if isinstance(out, tuple | list) else out
+    return plan if finite_ok or (isinstance(out, torch.Tensor) and not bool(out.isfinite().all())) else None
+
+
+def _mask_left_out(obj) -> ContextPlan | None:
+    """The plan of a forward whose only context is an optional mask (and an optional position), left at None."""
+    plan = plan_for(obj)
+    if (plan is None or not plan.mask or plan.mask_required or plan.tables or plan.probed
+            or (plan.position and not plan.position_optional)):
+        return None
+    return replace(plan, mask=None, unmasked=plan.mask, position_none=bool(plan.position))
 
 
 def _time_first(obj, binding: Binding) -> tuple[Binding, ContextPlan | None] | None:

@@ -1065,3 +1065,27 @@ class KeysNeverRotated(EveryTwoSignFlipped):
         cos, sin = self.cos[:T, None].to(xq.dtype), self.sin[:T, None].to(xq.dtype)
         xq = xq * cos + self.every_two(xq) * sin  # PLANTED
         return xq, xk
+
+
+class SoftmaxLeftOutOptionalMask(nn.Module):
+    """Hugging Face's ``forward(hidden_states, attention_mask=None)`` that makes its own additive ``finfo.min`` mask
+    when given none, the softmax left out: no mask form is causal (the weights overflow), so it is bound with its
+    mask left at None and checked, not refused."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, hidden_size, num_attention_heads):
+        super().__init__()
+        self.nh, self.hd = num_attention_heads, hidden_size // num_attention_heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(hidden_size, hidden_size) for _ in range(4))
+
+    def forward(self, hidden_states, attention_mask=None):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd)
+        if attention_mask is None:
+            attention_mask = torch.triu(torch.full((T, T), torch.finfo(w.dtype).min, dtype=w.dtype), diagonal=1)
+        w = w + attention_mask
+        w = w.to(q.dtype)  # PLANTED
+        return self.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, T, -1))
