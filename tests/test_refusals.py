@@ -213,6 +213,14 @@ def test_a_script_is_imported_with_its_own_path_as_sys_argv_0(repo_cwd, capsys):
     assert sys.argv == before
 
 
+def test_a_script_that_parses_its_arguments_at_import_does_not_read_attnbench_s(repo_cwd, capsys, monkeypatch):
+    """AI-Scientist's nanoGPT template calls ``parser.parse_args()`` at import: as ``python file.py`` (no arguments)."""
+    monkeypatch.setattr(sys, "argv", ["attnbench", "check", "-v", "--kind", "causality"])
+    code, out, err = cli(["check", R + "parses_args_at_import.py:ParsedArgsAttention", "--kind", "causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert sys.argv == ["attnbench", "check", "-v", "--kind", "causality"]
+
+
 def test_a_layer_around_an_inner_attention_its_caller_builds_is_refused_as_such(repo_cwd, capsys):
     """Informer's ``AttentionLayer(attention, d_model, n_heads)``: not "'int' object is not callable" after a probe."""
     text = " ".join(" ".join(refusal(capsys, "not_a_layer.py:AroundInner")).split())  # wrapped lines, one text

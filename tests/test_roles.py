@@ -535,3 +535,10 @@ def test_adapt_does_not_say_a_class_that_cannot_be_built_binds_by_itself(repo_cw
     assert code == 0
     text = adapter.read_text()
     assert "binds this class by itself" not in text and "attnbench refused the class" in text
+
+
+def test_q_and_k_norm_biases_are_named_not_a_sublayer(repo_cwd, capsys):
+    """uni2ts' ``q_norm``/``k_norm`` LayerNorms with biases: the refusal names the biases; ``q_norm`` is no sublayer norm."""
+    code, _, err = run(["check", "tests/plugins/reach_roles/qk_layernorm_bias.py:LayerNormQK"], capsys)
+    text = " ".join(err.split())
+    assert code == 2 and "biases of its q/k norms" in text and "sublayer" not in text, err

@@ -420,14 +420,24 @@ def _claim_problems(claims: dict[str, list[str]], sources: dict[str, Source], pa
     covered = _covered(sources, spec)
     unclaimed = [n for n in params if n not in covered and n not in gain_params]
     if unclaimed and not had_problems and problems in ([], [NO_OUT]):
-        norms = sorted({n.rpartition(".")[0] for n in unclaimed if NORM_OWNER.search(n.rpartition(".")[0])})
+        norms = _sublayer_norms(unclaimed)
         said = f" ({', '.join(norms)}: a norm of its own beyond q/k norms, so {SUBLAYER} (and residual), " \
                "not a bare attention layer)" if norms else ""
+        if not norms and any(QK_NORM.search(n.rpartition(".")[0]) and n.endswith(".bias") for n in unclaimed):
+            said = " (biases of its q/k norms: the reference's QK-norm has a gain and no bias)"
         problems = [*problems, f"no canonical counterpart for {', '.join(unclaimed)}{said}"]
     return problems
 
 
 SUBLAYER = "a sublayer with its norm"
+QK_NORM = re.compile(r"(^|[._])(q|k|query|key)_?(norm|ln|layer_?norm|rms_?norm)$", re.IGNORECASE)
+"""A module path whose last part names a query or key norm (``q_norm``, ``k_ln``): never a sublayer's norm."""
+
+
+def _sublayer_norms(names) -> list[str]:
+    """The norm modules (:data:`NORM_OWNER`) that hold ``names``, q/k norms (:data:`QK_NORM`) left out."""
+    owners = {n.rpartition(".")[0] for n in names}
+    return sorted(o for o in owners if NORM_OWNER.search(o) and not QK_NORM.search(o))
 NORM_OWNER = re.compile(r"(^|[._])(layer_?norm|norm|ln)(_?\w*)?$", re.IGNORECASE)
 """A module path whose last part names a norm (``layer_norm``, ``norm``, ``ln_1``): its parameters unmapped mean a
 norm inside the class (FastSpeech2's and sgrvinod's sublayers: ``layer_norm(fc(out) + residual)``)."""
@@ -528,7 +538,7 @@ def _settle_square(sources: dict[str, Source], orient: dict[str, bool | None], p
 
 def _mapping_error(module: nn.Module, params, spec: AttnSpec, problems: list[str]) -> str:
     listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items()) or "none"
-    norms = sorted({n.rpartition(".")[0] for n in params if NORM_OWNER.search(n.rpartition(".")[0])})
+    norms = _sublayer_norms(params)
     if any(SUBLAYER in p for p in problems) and norms:  # the first true cause: a sublayer, not an unmapped name
         return (f"{type(module).__name__} is a sublayer with a norm of its own ({', '.join(norms)}), not a bare "
                 f"attention layer: {'; '.join(problems)}. Its parameters at d_in={spec.d_in}, d_out={spec.d_out}, "

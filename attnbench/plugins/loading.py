@@ -125,10 +125,11 @@ def _import_script(path_text: str, resolved: Path, mod_name: str) -> ModuleType:
         raise PluginLoadError(f"cannot import {path_text!r} as Python; it must be a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    folder, argv0 = str(resolved.parent), sys.argv[0] if sys.argv else None
+    folder, argv = str(resolved.parent), list(sys.argv)
     sys.path.insert(0, folder)
-    if sys.argv:  # as `python file.py`: a script that reads the files beside sys.argv[0] (modded-nanogpt) finds them
-        sys.argv[0] = str(resolved)
+    # as `python file.py` with no arguments: a script that reads the files beside sys.argv[0] (modded-nanogpt) finds
+    # them, and one that parses its arguments at import (argparse) does not read attnbench's own
+    sys.argv[:] = [str(resolved)]
     try:
         _run(f"importing plug-in {path_text!r}", lambda: spec.loader.exec_module(module))
     except PluginLoadError:
@@ -136,8 +137,7 @@ def _import_script(path_text: str, resolved: Path, mod_name: str) -> ModuleType:
         raise
     finally:
         sys.path.remove(folder)  # the first occurrence: the one inserted above
-        if argv0 is not None:
-            sys.argv[0] = argv0
+        sys.argv[:] = argv
     IMPORTED[mod_name] = how_imported(path_text)
     return module
 
