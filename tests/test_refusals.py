@@ -221,6 +221,13 @@ def test_a_script_that_parses_its_arguments_at_import_does_not_read_attnbench_s(
     assert sys.argv == ["attnbench", "check", "-v", "--kind", "causality"]
 
 
+def test_a_config_field_no_spec_fills_is_the_first_cause_not_the_width(repo_cwd, capsys):
+    """LoRA's GPT-2: every assignment of ``nx`` that fits its sizes stops at ``config.lora_attn_alpha``."""
+    text = " ".join(" ".join(refusal(capsys, "config_field.py:LoraFieldAttention")).split())
+    assert "reads a field of its config that attnbench cannot fill" in text and "'lora_attn_alpha'" in text, text
+    assert "does not know what to pass" not in text
+
+
 def test_a_layer_around_an_inner_attention_its_caller_builds_is_refused_as_such(repo_cwd, capsys):
     """Informer's ``AttentionLayer(attention, d_model, n_heads)``: not "'int' object is not callable" after a probe."""
     text = " ".join(" ".join(refusal(capsys, "not_a_layer.py:AroundInner")).split())  # wrapped lines, one text

@@ -121,7 +121,7 @@ class SpecConfig(dict):
         if alias is not None:  # a config of several parts: lm_n_heads, vit_dropout, text_hidden_size
             self.__dict__.setdefault("_attnbench_suffixed", {})[name] = alias
             return self[alias]
-        raise AttributeError(f"the config attnbench passes has no field {name!r} (it has the aliases of d_in, "
+        raise AttributeError(f"{CONFIG_FIELD} {name!r} (it has the aliases of d_in, "
                              f"d_out, num_heads, context_length, dropout, qkv_bias and head_dim; {GUIDE})") from None
 
     def _suffix(self, name: str) -> str | None:
@@ -328,6 +328,11 @@ def bind(target: Callable) -> Binding:
     return Binding(target, "keywords", params=tuple(known), extras=extras, modules=modules)
 
 
+CONFIG_FIELD = "the config attnbench passes has no field"
+TRIED: dict = {}
+"""Constructor -> what each role assignment tried raised, when none built (for :func:`_refuse_unknown`)."""
+
+
 def _refuse_unknown(target, named, unknown) -> None:
     """One refusal naming the constructor parameters no role fits: those a probe cannot decide (a ``str``, a tuple, a
     module) when there are any, since nothing can be built without them; else every unknown one."""
@@ -340,6 +345,15 @@ def _refuse_unknown(target, named, unknown) -> None:
     why = "a probe cannot choose a value of its type" if blocking is not unknown else \
         "no name attnbench knows, and no assignment of width, heads, kv heads, head dim, context length, dropout or " \
         "bias built a class of multi-head attention's size"
+    raised = [e.split(": ", 1)[1] for e in TRIED.pop(target, []) if ": " in e]
+    fields = [e for e in raised if CONFIG_FIELD in e]
+    if blocking is unknown and fields:  # the assignments that fit its sizes stop at a config field: the first cause
+        raise PluginLoadError(f"{getattr(target, '__qualname__', target)}({shown}) reads a field of its config that "
+                              f"attnbench cannot fill: {len(fields)} of the {len(raised)} assignments of {what} tried "
+                              f"raised {fields[0]}; build it in an adapter with its own config (`attnbench adapt "
+                              "FILE:Class`)")
+    if blocking is unknown and raised and len(set(raised)) == 1:  # every assignment failed alike
+        why += f" (every assignment tried raised {raised[0]})"
     raise PluginLoadError(
         f"cannot call {getattr(target, '__qualname__', target)}({shown}): attnbench does not know what to pass for "
         f"{what}: {why}; give {'them defaults' if len(blocking) > 1 else 'it a default'}, or run `attnbench adapt "
@@ -377,9 +391,10 @@ def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
     def build_with(params):
         return Binding(target, "keywords", params=(*known, *params), extras=extras, modules=modules)
 
-    solved, _ = solve(build_with, target, list(unknown), {f for _, f in known})
+    solved, errors = solve(build_with, target, list(unknown), {f for _, f in known})
     if solved is None:
         _refuse_block(target)
+        TRIED[target] = errors
         return None
     BUILT.pop(target, None)  # kept only to tell a whole block from a class no role fits
     return Binding(target, "keywords", params=(*known, *solved.params), extras=extras, modules=modules,
