@@ -24,6 +24,7 @@ def adapt_cmd(target: str, out: Path | None, force: bool) -> None:
     from attnbench.errors import PluginLoadError
     from attnbench.plugins import import_file
     from attnbench.plugins.adapt import write_adapter
+    from attnbench.spec import AttnSpec
 
     path_text, _, cls_name = target.rpartition(":")
     if not path_text.endswith(".py") or not cls_name:
@@ -34,25 +35,13 @@ def adapt_cmd(target: str, out: Path | None, force: bool) -> None:
     out = out or Path(f"{cls_name.lower()}_adapter.py")
     if out.exists() and not force:
         raise PluginLoadError(f"{out} exists; pass --force to overwrite it, or -o to write elsewhere")
-    try:
-        _builds(registry.get(target))
+    try:  # built as check's refusals build it: a class that registers but cannot be built does not bind by itself
+        registry.get(target).factory(AttnSpec(64, 64, 16, 0.0, 4))
         why = "attnbench binds this class by itself; this adapter writes out what it solved, for you to change."
-    except AttnbenchError as exc:
-        why = "attnbench refused the class as it is:\n    " + str(exc).splitlines()[0][:600]
+    except Exception as exc:  # the refusal (construction failures come as one, from stages.raising_factory)
+        text = str(exc) if isinstance(exc, AttnbenchError) else f"{type(exc).__name__}: {exc}"
+        why = "attnbench refused the class as it is:\n    " + (text.splitlines() or [""])[0][:600]
     write_adapter(path_text, cls_name, cls, out, why)
     todos = out.read_text().count("TODO(") - 1  # the helper's own definition
     console.print(f"wrote {out}: {todos} TODO(s) to complete; then `attnbench check {out}:Adapted`")
 
-
-def _builds(impl) -> None:
-    """Build ``impl`` at d_model 64 with 4 heads, as ``check``'s refusals do: a class that registers but cannot be built
-    (a required argument it got None for) raises here, so the adapter does not say it binds by itself."""
-    from attnbench.errors import PluginLoadError
-    from attnbench.spec import AttnSpec
-
-    try:
-        impl.factory(AttnSpec(64, 64, 16, 0.0, 4))
-    except AttnbenchError:
-        raise
-    except Exception as exc:  # the class's own error: what check reports as "cannot be built"
-        raise PluginLoadError(f"{impl.name} cannot be built: {type(exc).__name__}: {exc}") from exc

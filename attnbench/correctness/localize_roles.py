@@ -30,12 +30,11 @@ def roles(ev: Evidence) -> dict[str, int] | None:
     product (:data:`PRODUCTS`) of two projection-chain records is the scores (the query first, then the key:
     ``q @ k.T``, ``einsum(..., q, k)``), and the value is what a later product takes beside something computed from
     the scores."""
-    for rec in ev.records:
-        if rec.op in FUSED_ATTENTION and len(rec.args) >= 3 and None not in rec.args[:3]:
-            return dict(zip("qkv", rec.args[:3], strict=True))
-    scores = next((r for r in ev.records if r.op in PRODUCTS and len(_fed(r, ev)) == 2), None)
+    scores = _scores_record(ev)
     if scores is None:
         return None
+    if scores.op in FUSED_ATTENTION:
+        return dict(zip("qkv", scores.args[:3], strict=True))
     found = dict(zip("qk", _fed(scores, ev), strict=True))
     later = ev.descendants(scores.index)
     for rec in ev.records[scores.index + 1:]:

@@ -479,19 +479,19 @@ def _nothing_to_choose(obj, binding: Binding) -> ContextPlan | None:
     nothing to make it causal with (only a cache: no mask, tables, position or flag), or one whose optional mask, left
     at None, gives inf or nan (a softmax left out: ``-inf`` scores used as weights); None otherwise."""
     try:
-        plan = plan_with_probe(obj, binding, probe=False)
-        finite_ok = plan is not None
+        cache_only = plan_with_probe(obj, binding, probe=False)
+        plan = cache_only or _mask_left_out(obj)
         if plan is None:
-            plan = _mask_left_out(obj)
-            if plan is None:
-                return None
+            return None
         module = bind_context(binding(binding.probe).eval(), plan, binding.probe)
         with torch.no_grad(), plugin_exits("a probe of its forward"):
             out = module(torch.randn(1, 3, binding.probe.d_in))
     except Exception:  # it does not run so: the refusal stands
         return None
+    if cache_only is not None:
+        return plan
     out = out[0] if isinstance(out, tuple | list) else out
-    return plan if finite_ok or (isinstance(out, torch.Tensor) and not bool(out.isfinite().all())) else None
+    return plan if isinstance(out, torch.Tensor) and not bool(out.isfinite().all()) else None
 
 
 def _mask_left_out(obj) -> ContextPlan | None:

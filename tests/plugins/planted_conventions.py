@@ -816,12 +816,15 @@ class GrowingCache(nn.Module):
         start = self.start_pos if use_cache else 0
         if use_cache:
             if self.cache_k is not None:
-                k, v = torch.cat([self.cache_k, k], dim=2), torch.cat([self.cache_v, v], dim=2)
+                k, v = self.append(k, v)
             self.cache_k, self.cache_v = k, v
             self.start_pos += T
         s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
         s = s.masked_fill(self.hidden(start, T, k.shape[2], x.device), float("-inf"))
         return self.wo((s.softmax(-1) @ v).transpose(1, 2).reshape(b, T, -1))
+
+    def append(self, k, v):
+        return torch.cat([self.cache_k, k], dim=2), torch.cat([self.cache_v, v], dim=2)
 
 
 class CacheMaskFromZero(GrowingCache):
@@ -1022,19 +1025,9 @@ class EveryTwoSignFlipped(ComplexRope):
 
 
 class ValuesAppendedToKeys(GrowingCache):
-    def forward(self, x, use_cache=False):
-        b, T, _ = x.shape
-        q, k, v = (w(x).view(b, T, self.nh, self.hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        start = self.start_pos if use_cache else 0
-        if use_cache:
-            if self.cache_k is not None:
-                k = torch.cat([self.cache_k, v], dim=2)  # PLANTED
-                v = torch.cat([self.cache_v, v], dim=2)
-            self.cache_k, self.cache_v = k, v
-            self.start_pos += T
-        s = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
-        s = s.masked_fill(self.hidden(start, T, k.shape[2], x.device), float("-inf"))
-        return self.wo((s.softmax(-1) @ v).transpose(1, 2).reshape(b, T, -1))
+    def append(self, k, v):
+        k = torch.cat([self.cache_k, v], dim=2)  # PLANTED
+        return k, torch.cat([self.cache_v, v], dim=2)
 
 
 class ValueBiasLeftOut(GroupedSteps):
