@@ -66,6 +66,7 @@ class Request:
     qk_norm: str | None = None
     scale: float | None = None
     softcap: float | None = None
+    rope_head_dim: int | None = None  # issue 46: RoPE over the first rope_head_dim dims of each head; None: all
     masks: tuple[str, ...] = ()  # issue 37: the kinds of attnbench.correctness.masks.KINDS asked for (alibi, prefix, ...)
     lengths: str | None = None  # issue 37: a cell's length distribution ("" = a rectangle); None: not known here
     batch_spec: str | None = None  # issue 48: a mixed serving step (attnbench.runner.mixed); "" / None: not one
@@ -251,6 +252,9 @@ def positional_missing(impl, spec) -> list[str]:
         missing.append(f"QK-norm over {'each head' if norm == 'head' else 'the whole projection'} (qk_norm={norm!r})")
     if getattr(spec, "scale", None) is not None and not getattr(impl, "score_scale", False):
         missing.append(f"a score scale other than head_dim ** -0.5 (scale={spec.scale:g})")
+    partial = getattr(spec, "rope_head_dim", None)
+    if theta is not None and partial is not None and not getattr(impl, "rope_partial", False):
+        missing.append(f"rotary embeddings over part of each head (rope_head_dim={partial})")
     if getattr(spec, "softcap", None) is not None and not getattr(impl, "softcap", False):
         missing.append(f"soft-capping of the scores (softcap={spec.softcap:g})")
     return missing
@@ -262,7 +266,8 @@ def variant_rule(impl, req: Request) -> str | None:
     heads = req.num_heads or 1
     asked = types.SimpleNamespace(num_heads=heads, kv_heads=req.num_kv_heads or heads, window=req.window,
                                   causal=req.causal, rope_theta=req.rope_theta, rope_style=req.rope_style,
-                                  qk_norm=req.qk_norm, scale=req.scale, softcap=req.softcap, mask_kinds=req.masks)
+                                  qk_norm=req.qk_norm, scale=req.scale, softcap=req.softcap, mask_kinds=req.masks,
+                                  rope_head_dim=req.rope_head_dim)
     return variant_skip_reason(impl, asked, req.mode or "inference")
 
 
@@ -302,7 +307,7 @@ _ERRORS = {sizes_rule: InvalidSpecError, kv_heads_rule: InvalidSpecError}
 # ---------------------------------------------------------------- resolve
 
 
-POSITIONAL_FIELDS = ("rope_theta", "rope_style", "qk_norm", "scale", "softcap")
+POSITIONAL_FIELDS = ("rope_theta", "rope_style", "qk_norm", "scale", "softcap", "rope_head_dim")
 """The positional fields a :class:`Request` carries from a spec or a cell (issue 26)."""
 
 

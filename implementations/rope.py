@@ -51,10 +51,12 @@ class RopeAttention(CachedAttention):
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, num_kv_heads=None,
                  window=None, causal=True, rope_theta=None, rope_style="half", rope_scaling=None, qk_norm=None,
-                 norm_eps=1e-6, scale=None, softcap=None):
+                 norm_eps=1e-6, scale=None, softcap=None, rope_head_dim=None):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, num_kv_heads, window, causal)
         self.spec = AttnSpec(d_in, d_out, context_length, dropout, num_heads, qkv_bias, num_kv_heads, window, causal,
-                             rope_theta, rope_style, rope_scaling, qk_norm, norm_eps, scale, softcap)
+                             rope_theta, rope_style, rope_scaling, qk_norm, norm_eps, scale, softcap,
+                             rope_head_dim=rope_head_dim)
+        self.rotated = rope_head_dim or self.head_dim  # partial rotary: the first rope_head_dim dims of each head
         if softcap is not None and self.use_sdpa:
             raise InvalidSpecError("scaled_dot_product_attention cannot soft-cap scores: use rope_math for softcap")
         width = {"head": (self.head_dim, self.head_dim), "full": (d_out, self.num_kv_heads * self.head_dim)}
@@ -63,13 +65,15 @@ class RopeAttention(CachedAttention):
             self.q_norm, self.k_norm = (nn.RMSNorm(n, eps=norm_eps) for n in width[qk_norm])
         if rope_theta is not None:
             angles = torch.outer(torch.arange(context_length, dtype=torch.float64),
-                                 inv_freq(self.head_dim, rope_theta, rope_scaling))  # (context_length, hd/2)
+                                 inv_freq(self.rotated, rope_theta, rope_scaling))  # (context_length, rotated/2)
             self.register_buffer("rope_cos", angles.cos(), persistent=False)  # cast with the module's .to(dtype)
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
 
     def rotate(self, t: torch.Tensor, start: int) -> torch.Tensor:
         """``t`` ``(b, h, T, hd)`` with each pair turned by its position's angles (positions ``start ..``)."""
         T = t.shape[-2]
+        if self.rotated != t.shape[-1]:  # partial rotary: the rest of each head passes unrotated
+            return torch.cat([self.rotate(t[..., :self.rotated], start), t[..., self.rotated:]], dim=-1)
         cos, sin = self.rope_cos[start:start + T].to(t.dtype), self.rope_sin[start:start + T].to(t.dtype)
         if self.spec.rope_style == "half":  # pair (j, j + hd/2)
             a, b = t.chunk(2, dim=-1)
@@ -151,7 +155,7 @@ def _factory(cls):
 
 
 FAMILY = dict(gqa=True, sliding_window=True, non_causal=True, kv_cache=True, rope=True, qk_norm=True,
-              score_scale=True)
+              score_scale=True, rope_partial=True)
 LAYER = "RMSNorm QK-norm, rotary tables of context_length (Llama-3 scaling), a cache of rotated keys"
 register("rope_sdpa", _factory(RopeSDPA), **FAMILY, min_torch="2.5",
          source=f"F.scaled_dot_product_attention(scale=, enable_gqa=True) after {LAYER}; {HOW}")

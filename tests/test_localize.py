@@ -388,13 +388,19 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "rotated k", "the k side never is"),
     ("ValueBiasLeftOut", ["ValueBiasLeftOut"], ("forward", "hd64_bias", "float64"), "v",
      "off by the same vector at every token"),
+    ("QueryChunksSoftmaxOverQueries", ["QueryChunksSoftmaxOverQueries"], ("forward", "gpt_like", "float64"),
+     "probabilities", "error"),
+    ("OnlineSoftmaxDiagonalHidden", ["OnlineSoftmaxDiagonalHidden"], ("forward", "gpt_like", "float64"),
+     "masked scores", "masked differently"),
+    ("MaskedMergeMixesTokens", ["MaskedMergeMixesTokens"], ("forward", "gpt_like", "float64"), "merged heads", "error"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
                     ("GroupedSteps", "gqa"), ("FusedSDPA", "gpt_like"), ("HalfRotaryHelper", "rope_half_theta500_gqa"),
                     ("CappedSteps", "softcap"), ("OwnSoftmaxGrad", "gpt_like"), ("QScaledFirst", "gpt_like"),
                     ("WholeProjectionNorm", "qknorm_full_rope_window"), ("InterleavedAngles", "rope_interleaved_theta100_bias"),
-                    ("MultiQuery", "mqa"), ("LogSumExpSoftmax", "gpt_like")]
+                    ("MultiQuery", "mqa"), ("LogSumExpSoftmax", "gpt_like"), ("QueryChunks", "gpt_like"),
+                    ("OnlineSoftmax", "gpt_like")]
 
 
 def _run(target: str, kind: str, shape: str, dtype: str):

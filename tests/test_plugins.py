@@ -168,10 +168,10 @@ def test_binding_positional_only_when_names_say_nothing():
 
 def test_binding_unknown_required_parameter_is_one_clear_error():
     class M(torch.nn.Module):
-        def __init__(self, d_model, n_heads, rotary_pct):
+        def __init__(self, d_model, n_heads, attn_layout: str):
             super().__init__()
 
-    with pytest.raises(PluginLoadError, match=r"'rotary_pct'.*attnbench adapt"):
+    with pytest.raises(PluginLoadError, match=r"'attn_layout'.*attnbench adapt"):
         bind(M)
 
 
@@ -181,8 +181,9 @@ def test_config_object_carries_every_codebase_s_names():
     assert (config.attn_pdrop, config.resid_pdrop) == (0.1, 0.0)  # residual dropout: 0 (README)
     assert (config.hidden_size, config.num_attention_heads, config["max_position_embeddings"]) == (32, 4, 16)
     assert config.attention_dropout == 0.1 and config.head_dim == 8 and getattr(config, "missing", None) is None
-    with pytest.raises(AttributeError, match="no field 'partial_rotary_factor'"):
-        config.partial_rotary_factor  # noqa: B018
+    assert config.partial_rotary_factor == 1.0 and config.rotary_dim == 8  # the whole head rotated (no rope_head_dim)
+    with pytest.raises(AttributeError, match="no field 'attn_kernel_type'"):  # guessed only for a class's build
+        config.attn_kernel_type  # noqa: B018
 
 
 def test_constructor_without_dropout_declares_none(repo_cwd):

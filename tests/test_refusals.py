@@ -221,11 +221,13 @@ def test_a_script_that_parses_its_arguments_at_import_does_not_read_attnbench_s(
     assert sys.argv == ["attnbench", "check", "-v", "--kind", "causality"]
 
 
-def test_a_config_field_no_spec_fills_is_the_first_cause_not_the_width(repo_cwd, capsys):
-    """LoRA's GPT-2: every assignment of ``nx`` that fits its sizes stops at ``config.lora_attn_alpha``."""
-    text = " ".join(" ".join(refusal(capsys, "config_field.py:LoraFieldAttention")).split())
-    assert "reads a field of its config that attnbench cannot fill" in text and "'lora_attn_alpha'" in text, text
-    assert "does not know what to pass" not in text
+def test_a_config_field_no_spec_fills_is_guessed_off_and_named(repo_cwd, capsys):
+    """LoRA's GPT-2: ``config.lora_attn_alpha`` sizes an add-on no spec field fills; guessed 0 (off), the width ``nx``
+    is then solved by a probe and the class passes, with the guess in ``-v``."""
+    code, out, err = cli(["check", "-v", R + "config_field.py:LoraFieldAttention", "--kind", "forward,causality"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "PASS" in text, out + err
+    assert "lora_attn_alpha (compared with no string in its source: 0, off" in text, text
 
 
 def test_a_layer_around_an_inner_attention_its_caller_builds_is_refused_as_such(repo_cwd, capsys):

@@ -27,14 +27,18 @@ def test_a_real_convention_passes_check_unchanged(repo_cwd, capsys, cls):
                                     "string_causal_mask.py:StringMaskAttention",
                                     "batched_mask.py:BatchedMaskAttention",
                                     "query_and_value_head_sizes.py:SplitHeadSizesAttention",
-                                    "query_and_value_head_sizes.py:LengthsAttention"])
+                                    "query_and_value_head_sizes.py:LengthsAttention",
+                                    "placement_and_config_guesses.py:PlacedAttention",
+                                    "placement_and_config_guesses.py:KernelTypeAttention",
+                                    "placement_and_config_guesses.py:NestedArgsAttention"])
 def test_reach_conventions_pass(repo_cwd, capsys, target):
     """Classes reproducing minimind (a **kwargs config, a padding mask left None), lit-llama (``rope``,
     ``max_seq_length``), Whisper (``n_state``; a mask whose content is ignored) and lingua (a constructor theta beside
     forward tables, rotation matrices), sooftware/attentions (a ``(B, T, T)`` mask: the causal probe runs two rows, so a
     form that works at batch 1 only is not bound), sgrvinod's tutorial (query and value head sizes, both the head dim;
     keys and values fused in an unnamed projection; causal by a flag; each key sequence's length ``(B,)`` given, by a
-    probe): tests/plugins/reach_roles."""
+    probe), shap-e (a required ``device`` and ``dtype``) and metavoice (``config.attn_kernel_type``, compared with
+    ``"torch_attn"``): tests/plugins/reach_roles."""
     code, out, err = run(["check", "tests/plugins/reach_roles/" + target, "--kind", "forward,backward,causality,decode"],
                          capsys)
     assert code == 0 and "PASS" in out, out + err
@@ -542,3 +546,75 @@ def test_q_and_k_norm_biases_are_named_not_a_sublayer(repo_cwd, capsys):
     code, _, err = run(["check", "tests/plugins/reach_roles/qk_layernorm_bias.py:LayerNormQK"], capsys)
     text = " ".join(err.split())
     assert code == 2 and "biases of its q/k norms" in text and "sublayer" not in text, err
+
+
+def test_a_config_field_compared_with_strings_gets_the_plain_one_and_verbose_says_so(repo_cwd, capsys):
+    code, out, err = run(["check", "-v", "tests/plugins/reach_roles/placement_and_config_guesses.py:KernelTypeAttention",
+                          "--kind", "causality"], capsys)
+    text = " ".join(out.split())
+    assert code == 0, out + err
+    assert "config fields attnbench lacks, guessed: attn_kernel_type='torch_attn' (its source compares it with " \
+           "'torch_attn', also 'flash_attn')" in text, text
+
+
+def test_required_device_and_dtype_get_the_case_s(repo_cwd, capsys):
+    code, out, err = run(["check", "-v", "tests/plugins/reach_roles/placement_and_config_guesses.py:PlacedAttention",
+                          "--kind", "forward", "--dtype", "float64"], capsys)
+    text = " ".join(out.split())
+    assert code == 0, out + err
+    assert "device=<the case's device>, dtype=<the case's dtype>" in text, text
+
+
+def test_a_config_field_a_guess_cannot_fill_is_named_in_the_construction_refusal(repo_cwd, capsys):
+    code, out, err = run(["check", "tests/plugins/reach_roles/placement_and_config_guesses.py:NormClassAttention"], capsys)
+    text = " ".join(err.split())
+    assert code == 2, out + err
+    assert "cannot be built" in text and "TypeError: 'GuessedZero' object is not callable" in text, text
+    assert "config fields attnbench lacks, guessed:" in text, text
+    assert "norm_class (compared with no string in its source: 0, off; read as a part, the config itself)" in text, text
+
+
+@pytest.mark.parametrize("cls", ["NeoXStyleAttention", "GroupedFusedAttention"])
+def test_fused_rows_held_per_head_are_measured_and_loaded_so(repo_cwd, capsys, cls):
+    """GPT-NeoX's ``(B, T, heads, 3 * head_dim)`` and Megatron's grouped ``(B, T, kv_heads, rep + 2, head_dim)``."""
+    code, out, err = run(["check", "-v", "tests/plugins/reach_roles/fused_rows_per_head.py:" + cls,
+                          "--kind", "forward,backward,causality"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "PASS" in text, out + err
+    assert "rows: its fused q/k/v rows are held per kv head" in text, text
+
+
+def test_fused_rows_in_blocks_are_not_reordered(repo_cwd):
+    """nanoGPT's ``c_attn`` (``split(C, dim=2)``): the reference's order, measured as such."""
+    from attnbench import registry
+
+    module = registry.get("tests/plugins/reach_roles/placement_and_config_guesses.py:KernelTypeAttention").factory(
+        __import__("attnbench.spec", fromlist=["AttnSpec"]).AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0,
+                                                                      num_heads=4))
+    assert not module.weight_adapter.layout.fused_rows
+
+
+@pytest.mark.parametrize(("cls", "shape"), [("NeoXPartialAttention", "rope_partial_half"),
+                                            ("GPTJPartialAttention", "rope_partial_interleaved")])
+def test_rotary_over_part_of_each_head_is_bound_by_its_fraction_or_width_and_checked(repo_cwd, capsys, cls, shape):
+    """GPT-NeoX's ``config.rotary_pct`` (its fused rows per head too) and GPT-J's ``rotary_dim`` with its own
+    interleaved tables: the partial-rotary shapes run and pass."""
+    target = "tests/plugins/reach_roles/partial_rotary.py:" + cls
+    code, out, err = run(["check", "-v", target, "--shape", shape], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "PASS (3 passed, 0 skipped)" in text, out + err
+    assert "inferred rope_partial: yes" in text, text
+
+
+def test_a_class_that_rotates_all_of_each_head_fails_the_partial_cases(repo_cwd, capsys, tmp_path):
+    """The same GPT-J class with its rotary width ignored (the whole head rotated) fails exactly the partial cases."""
+    source = Path("tests/plugins/reach_roles/partial_rotary.py").read_text()
+    planted = source.replace("self.heads, self.head_dim, self.rotary_dim = num_heads, embed_dim // num_heads, rotary_dim",
+                             "self.heads, self.head_dim, self.rotary_dim = num_heads, embed_dim // num_heads, "
+                             "embed_dim // num_heads")
+    assert planted != source
+    (tmp_path / "whole.py").write_text(planted)
+    code, out, err = run(["check", str(tmp_path / "whole.py") + ":GPTJPartialAttention", "--kind", "forward"], capsys)
+    assert code == 1, out + err
+    failed = {line.split()[3] for line in out.splitlines() if line.strip().startswith("FAIL")}
+    assert failed == {"rope_partial_interleaved"}, out

@@ -126,7 +126,7 @@ def best_fit(stage: Stage, value: torch.Tensor, tol: float, strict: bool = True)
     ``None`` when no layout has its shape. A tensor of one head's size is compared with each head of the stage
     (:func:`head_slices`: per-head modules, each computing its own head)."""
     best = None
-    for arranged in _arranged(stage, tuple(value.shape), strict, value.numel()):
+    for arranged in _arranged(stage, tuple(value.shape), strict, value.numel(), value):
         fit = compare(value, arranged)
         if best is None or (fit.error, fit.fit) < (best.error, best.fit):
             best = fit
@@ -135,13 +135,68 @@ def best_fit(stage: Stage, value: torch.Tensor, tol: float, strict: bool = True)
     return best
 
 
-def _arranged(stage: Stage, shape: tuple[int, ...], strict: bool, numel: int):
+def _arranged(stage: Stage, shape: tuple[int, ...], strict: bool, numel: int, value: torch.Tensor | None = None):
     """The layouts of ``stage`` with ``shape``, or of each of its heads when ``shape`` is one head's."""
     yield from layouts(stage, shape, strict)
     heads = stage.tensor.shape[stage.axes.index("h")] if "h" in stage.axes else 1
     if heads > 1 and numel * heads == stage.tensor.numel() and stage.name in ORDER:
         for part in head_slices(stage):
             yield from layouts(part, shape, strict)
+    if "i" in stage.axes and numel < stage.tensor.numel() and (strict or BLOCKED[0]):
+        for part in blocks(stage, shape, value):
+            yield from layouts(part, shape, strict)
+
+
+BLOCKED = [False]
+"""Whether the replay being localised computes blocks (set by :func:`matches`: some tensor equals a block of a stage
+exactly). Only then is a tensor of a block's shape a candidate for a stage nothing matched: elsewhere a slice of q
+(``x[..., ::2]``) has the shape of a few columns of the scores, and is no evidence of them."""
+MAX_BLOCKS = 24
+MAX_PLANE = 64 * 64
+"""Blocks are looked for in stages of at most this many query-key pairs (the matrix's small shapes; a long case's
+thousands of blocks would cost more than its localisation may)."""
+"""At most this many blocks of one stage are tried against one tensor whose first value anchors none."""
+
+
+def blocks(stage: Stage, shape: tuple[int, ...], value: torch.Tensor | None = None):
+    """``stage`` cut into the blocks a blocked computation makes one at a time: query chunks (rows ``s:s+c`` of the
+    scores, the probabilities or ``probabilities @ V``, with the keys a causal chunk reads, or all of them) and key
+    blocks (columns ``s:s+c`` of the scores: a flash-style online softmax), each as a stage of its own. Only a tensor
+    whose leading axes are the stage's batch and heads and whose last two are a block's rows and columns is cut for;
+    where its first value is found in the stage, the blocks start there, else at multiples of its sizes."""
+    axes, t = stage.axes, stage.tensor
+    i, j = axes.index("i"), (axes.index("j") if "j" in axes else None)
+    if axes[:2] != "bh" or len(shape) != len(axes) or tuple(shape[:2]) != tuple(t.shape[:2]):
+        return
+    r, c = shape[2], shape[3]
+    n_i, n_c = t.shape[i], t.shape[3]
+    if r > n_i or c > n_c or (r, c) == (n_i, n_c) or n_i * n_c > MAX_PLANE or (j is None and c != n_c):
+        return  # probabilities @ V is cut by its rows only: its last axis is the head's features
+    for start, col in _anchored(t, value, r, c) or _gridded(n_i, n_c, r, c, j is not None):
+        block = t.narrow(i, start, r)
+        yield Stage(stage.name, block.narrow(3, col, c), axes, stage.merged, stage.group)
+
+
+def _anchored(t: torch.Tensor, value: torch.Tensor | None, r: int, c: int) -> list[tuple[int, int]]:
+    """Where in ``t``'s first batch and head the first value of ``value`` (not a masked one) stands, as block starts."""
+    if value is None or value.dim() != 4 or not math.isfinite(float(value[0, 0, 0, 0])) or value[0, 0, 0, 0] <= MASKED:
+        return []
+    plane = t[0, 0].to(torch.float64)
+    v = float(value[0, 0, 0, 0])
+    hits = ((plane - v).abs() <= 1e-6 * max(1.0, abs(v))).nonzero().tolist()
+    return [(p, q) for p, q in hits if p + r <= plane.shape[0] and q + c <= plane.shape[1]][:MAX_BLOCKS]
+
+
+def _gridded(n_i: int, n_c: int, r: int, c: int, keys: bool) -> list[tuple[int, int]]:
+    """Block starts at multiples of the block's sizes (rows; columns from 0, or at multiples too for key blocks)."""
+    cols = sorted({0, *(range(0, n_c - c + 1, c) if keys else ())})
+    return [(s, q) for s in _starts(n_i, r) for q in cols][:MAX_BLOCKS]
+
+
+def _starts(n: int, c: int) -> list[int]:
+    """Where blocks of ``c`` start in ``n``: every multiple of ``c``, and the last block's start when ``c`` does not
+    divide ``n``."""
+    return sorted({*range(0, n - c + 1, c), n - c})
 
 
 def head_slices(stage: Stage) -> list[Stage]:
@@ -157,10 +212,12 @@ def matches(records: list, stages: list[Stage], tol: float) -> tuple[dict, dict[
     when nothing unexplained follows it), and record index -> the stages it equals (the explained records)."""
     matched: dict = {}
     explained: dict[int, list[str]] = {}
+    BLOCKED[0] = False
     for rec in records:
         for stage in stages:
             fit = best_fit(stage, rec.value, tol)
             if fit is not None and fit.error <= tol:
+                BLOCKED[0] |= "i" in stage.axes and _a_block(stage, rec.value)
                 explained.setdefault(rec.index, []).append(stage.name)
                 for name in (("q", "k", "v") if stage.name == FUSED else (stage.name,)):
                     matched.setdefault(name, rec)
@@ -172,6 +229,12 @@ def matches(records: list, stages: list[Stage], tol: float) -> tuple[dict, dict[
         if not explained[index]:
             del explained[index]
     return matched, explained
+
+
+def _a_block(stage: Stage, value: torch.Tensor) -> bool:
+    """Whether ``value`` (equal to a layout of ``stage``) holds less than the stage and not one head of it: a block."""
+    heads = stage.tensor.shape[stage.axes.index("h")] if "h" in stage.axes else 1
+    return value.numel() < stage.tensor.numel() and value.numel() * heads != stage.tensor.numel()
 
 
 def repeated_heads(records: list, stages: list[Stage], tol: float, explained: dict[int, list[str]]) -> list[tuple[int, str]]:

@@ -47,6 +47,11 @@ POSITIONAL_SHAPES = [  # run where the implementation declares what they set
     # plain rotate-half RoPE (no scaling, no QK-norm): what a class owning unscaled tables (HF-style, the book's
     # Llama 3.2 GQA) computes, so such a class is checked against RoPE too
     Shape("rope_half_theta500_gqa", 2, 10, AttnSpec(32, 32, 12, 0.0, 4, num_kv_heads=2, rope_theta=500.0)),
+    # partial rotary (issue 46): the first 8 of each head's 16 dims rotated, GPT-NeoX's (half pairs inside the slice)
+    # and GPT-J's (interleaved pairs); run by the classes that take the rotated part (rotary_dim, rotary_pct, ...)
+    Shape("rope_partial_half", 2, 10, AttnSpec(32, 32, 12, 0.0, 2, rope_theta=100.0, rope_head_dim=8)),
+    Shape("rope_partial_interleaved", 2, 9, AttnSpec(32, 32, 12, 0.0, 2, rope_theta=100.0, rope_style="interleaved",
+                                                       rope_head_dim=8)),
     Shape("score_scale", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, scale=0.9)),
     # a cap other than 1: at 1, ``tanh(s / cap)`` without its ``cap *`` is the right function (a planted set found it)
     Shape("softcap", 2, 8, AttnSpec(16, 16, 8, 0.0, 2, softcap=2.0)),

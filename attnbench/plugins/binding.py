@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import inspect
+import linecache
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -45,6 +47,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # issue 26: what a class that owns its RoPE, QK-norm, score scale or soft-capping is built with
     "rope_theta": ("rope_theta", "theta", "base", "rope_base", "rotary_base", "rotary_emb_base"),
     "rope_scaling": ("rope_scaling",),  # a keyword gets the spec's RopeScaling; a config the HF dict (hf_rope_scaling)
+    # partial rotary (GPT-J's rotary_dim, GPT-NeoX's rotary_ndims): the rotated width of each head, all of it by default
+    "rope_head_dim": ("rope_head_dim", "rotary_dim", "rotary_ndims", "rope_dim", "partial_rotary_dim"),
+    # ... or the rotated fraction of each head (GPT-NeoX's rotary_pct, Hugging Face's partial_rotary_factor)
+    "rope_fraction": ("partial_rotary_factor", "rotary_pct", "rotary_percentage", "rope_pct", "rotary_fraction"),
     "qk_norm": ("qk_norm", "use_qk_norm", "qk_layernorm"),
     "norm_eps": ("norm_eps", "rms_norm_eps", "qk_norm_eps"),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
@@ -78,7 +84,7 @@ CONFIG_NAMES = ("config", "cfg", "conf", "args", "hparams", "params", "model_arg
 _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias")
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
                     "min_torch", "gqa", "sliding_window", "non_causal", "kv_cache",
-                    "rope", "qk_norm", "score_scale", "softcap", "masks", "varlen", "qkv_bias")
+                    "rope", "qk_norm", "score_scale", "softcap", "rope_partial", "masks", "varlen", "qkv_bias")
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
 """Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""
@@ -98,8 +104,22 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     scale = getattr(spec, "scale", None)  # Gemma: scores * query_pre_attn_scalar ** -0.5
     values["query_pre_attn_scalar"] = scale ** -2 if scale is not None else spec.head_dim
     values["latent_dim"] = latent_dim(spec)
+    values["rope_head_dim"] = getattr(spec, "rope_head_dim", None) or spec.head_dim  # partial rotary: all of it unless set
+    values["rope_fraction"] = values["rope_head_dim"] / spec.head_dim
     values["d_context"] = spec.d_in  # the width of a second input (cross-attention's context): x's, for self-attention
     return values
+
+
+ADDON_WORDS = ("lora", "adapter", "adapters", "prompt", "ia3", "peft", "dora")
+"""First words of config fields that size a parameter-efficient add-on (LoRA's ``lora_attn_dim``, its rank): never read
+as the spec field their tail names; guessed 0, the add-on off (:mod:`~attnbench.plugins.config_guess`)."""
+
+
+def _asked_with_default(frame) -> bool:
+    """Whether the line that reads a config field reads it with a fallback (``getattr(config, "f", 1.0)``,
+    ``hasattr``): the class's own default then stands, and nothing is guessed."""
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    return "getattr(" in line or "hasattr(" in line
 
 
 class SpecConfig(dict):
@@ -121,12 +141,21 @@ class SpecConfig(dict):
         if alias is not None:  # a config of several parts: lm_n_heads, vit_dropout, text_hidden_size
             self.__dict__.setdefault("_attnbench_suffixed", {})[name] = alias
             return self[alias]
+        target = self.__dict__.get("_attnbench_target")
+        if target is not None and not _asked_with_default(sys._getframe(1)):
+            from attnbench.plugins import config_guess
+
+            value, why = config_guess.guess(target, name, self)
+            config_guess.GUESSED.setdefault(target, {})[name] = (value, why)
+            return value
         raise AttributeError(f"{CONFIG_FIELD} {name!r} (it has the aliases of d_in, "
                              f"d_out, num_heads, context_length, dropout, qkv_bias and head_dim; {GUIDE})") from None
 
     def _suffix(self, name: str) -> str | None:
         """The longest ``_``-separated tail of ``name`` (of two letters or more) that is a field here, or None."""
         parts = name.split("_")
+        if parts[0].lower() in ADDON_WORDS:  # lora_attn_dim is the adapter's rank, not the width: guessed off
+            return None
         for i in range(1, len(parts)):
             tail = "_".join(parts[i:])
             if len(tail) > 1 and dict.__contains__(self, tail):
@@ -185,7 +214,11 @@ class Binding:
 
     def make_config(self, spec: AttnSpec):
         """The config object the constructor receives for ``spec``."""
-        return self.config_factory(spec) if self.config_factory is not None else SpecConfig.for_spec(spec)
+        if self.config_factory is not None:
+            return self.config_factory(spec)
+        config = SpecConfig.for_spec(spec)
+        config.__dict__["_attnbench_target"] = self.target  # a field it lacks is guessed (plugins.config_guess)
+        return config
 
     @property
     def fields(self) -> set[str]:
@@ -228,7 +261,7 @@ class Binding:
         if self.style == "spec":
             return self.target(spec)
         if self.style == "config":
-            return self.target(**{self.config_param: self.make_config(spec)}, **dict(self.extras),
+            return self.target(**{self.config_param: self.make_config(spec)}, **fixed(self.extras),
                                **projections(self.modules, values), **flags)
         if self.style == "positional":
             args = [values[f] for f in _BOOK_ORDER]
@@ -240,7 +273,7 @@ class Binding:
                 self.make_config(spec) if field == "config" else values[field]
             if field == "window" and kwargs[param] is None and param in self._required():
                 kwargs[param] = values["context_length"]  # required, no window: one over every position (causal)
-        return self.target(**kwargs, **dict(self.extras), **projections(self.modules, values), **flags)
+        return self.target(**kwargs, **fixed(self.extras), **projections(self.modules, values), **flags)
 
     def _required(self) -> set[str]:
         """The constructor's parameters without a default."""
@@ -251,12 +284,19 @@ class Binding:
         return any(p.kind == p.VAR_KEYWORD or p.name == "qkv_bias" for p in params)
 
     def describe(self) -> str:
-        """``MHA(d_model=d_in, n_heads=num_heads, ...)``, for ``attnbench check -v``."""
+        """``MHA(d_model=d_in, n_heads=num_heads, ...)``, for ``attnbench check -v``, with the config fields guessed."""
+        from attnbench.plugins.config_guess import note
+
+        guessed = note(self.target)
+        return self._describe() + (f" ({guessed})" if guessed else "")
+
+    def _describe(self) -> str:
         name = getattr(self.target, "__qualname__", repr(self.target))
         if self.style == "spec":
             return f"{name}(spec)"
         extras = "".join(f", {p}={v!r}" for p, v in self.extras)
-        chosen = [p for p, v in self.extras if p not in INDEX_NAMES and not isinstance(v, bool)]  # a bool: a probe's, noted
+        chosen = [p for p, v in self.extras  # a bool: a probe's, noted; a float: held (roles); a placement: the case's
+                  if p not in INDEX_NAMES and not isinstance(v, (bool, float, Placement))]
         notes = (["one layer is built: its index is 0"] if any(p in INDEX_NAMES for p, _ in self.extras) else []) + \
             ([f"{', '.join(chosen)}: the first plain member of its choices"] if chosen else [])
         extras += f" ({'; '.join(notes)})" if notes else ""
@@ -293,6 +333,7 @@ def bind(target: Callable) -> Binding:
     named = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     extras = tuple((p.name, 0) for p in named if p.name in INDEX_NAMES and p.default is p.empty)
     extras += choice_extras(target, [p for p in named if p.default is p.empty and p.name not in _BY_NAME])
+    extras += tuple((p.name, PLACEMENT[_placement(p)]) for p in named if p.default is p.empty and _placement(p))
     modules = tuple((p.name, PROJECTIONS[p.name]) for p in named if p.name in PROJECTIONS and p.default is p.empty)
     named = [p for p in named if p.name not in dict(extras) and p.name not in dict(modules)]
     required = [p for p in named if p.default is p.empty]
@@ -386,7 +427,7 @@ def _builds(binding: Binding) -> bool:
 def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
     """A keywords binding with roles for the ``unknown`` parameters decided by probes (:mod:`attnbench.plugins.roles`),
     or None when no assignment fits."""
-    from attnbench.plugins.roles import BUILT, solve
+    from attnbench.plugins.roles import BUILT, solve, unhinted_dropouts
 
     def build_with(params):
         return Binding(target, "keywords", params=(*known, *params), extras=extras, modules=modules)
@@ -397,8 +438,9 @@ def _by_roles(target, unknown, known, extras, modules) -> Binding | None:
         TRIED[target] = errors
         return None
     BUILT.pop(target, None)  # kept only to tell a whole block from a class no role fits
-    return Binding(target, "keywords", params=(*known, *solved.params), extras=extras, modules=modules,
-                   notes=(solved.note,), one_width=solved.one_width)
+    params, held, note = unhinted_dropouts(build_with, solved.params, list(unknown), target)
+    return Binding(target, "keywords", params=(*known, *params), extras=(*extras, *held), modules=modules,
+                   notes=(solved.note, *([note] if note else [])), one_width=solved.one_width)
 
 
 PROJECTION_WORDS = {"q": "d_in, d_out, bias=qkv_bias", "kv": "d_in, num_kv_heads * head_dim, bias=qkv_bias",
@@ -415,6 +457,37 @@ def projections(modules: tuple[tuple[str, str], ...], values: dict) -> dict[str,
 
 VARIANT_WORDS = ("sliding", "local", "window", "chunk", "cross", "linear", "sparse", "swa")
 """Words that name a variant in a choice (``AttentionType.LOCAL_SLIDING``): the plain member is another."""
+
+
+class Placement(enum.Enum):
+    """A required ``device`` or ``dtype`` parameter (shap-e's ``MultiheadAttention(*, device, dtype, ...)``): it gets
+    where and in what the case builds, resolved when the class is built (``cpu``, the default dtype)."""
+
+    DEVICE = "device"
+    DTYPE = "dtype"
+
+    def resolve(self):
+        return torch.device("cpu") if self is Placement.DEVICE else torch.get_default_dtype()
+
+    def __repr__(self) -> str:
+        return f"<the case's {self.value}>"
+
+
+PLACEMENT = {"device": Placement.DEVICE, "dtype": Placement.DTYPE}
+
+
+def _placement(p: inspect.Parameter) -> str:
+    """``device`` or ``dtype`` for a parameter that names or is annotated as one, else ``""``."""
+    ann = p.annotation
+    kinds = {torch.device: "device", torch.dtype: "dtype", "torch.device": "device", "torch.dtype": "dtype"}
+    if isinstance(ann, (type, str)) and ann in kinds:
+        return kinds[ann]
+    return p.name if p.name in PLACEMENT and ann is p.empty else ""
+
+
+def fixed(extras) -> dict:
+    """``extras`` as keyword arguments, each :class:`Placement` resolved to the build's device or dtype."""
+    return {k: v.resolve() if isinstance(v, Placement) else v for k, v in extras}
 
 
 def choice_extras(target, params: list[inspect.Parameter]) -> tuple[tuple[str, object], ...]:

@@ -47,6 +47,7 @@ class Implementation:
     qk_norm: bool | tuple[str, ...] = False  # spec.qk_norm in these placements ("head", "full")
     score_scale: bool = False  # spec.scale (a score scale other than head_dim ** -0.5)
     softcap: bool = False  # spec.softcap (tanh soft-capping of the scores)
+    rope_partial: bool = False  # spec.rope_head_dim (RoPE over the first rope_head_dim dims of each head only)
     # Issue 37: the masks of attnbench.correctness.masks.KINDS it computes (alibi, prefix, document, sink); True = all of them
     masks: bool | tuple[str, ...] = ()
     min_torch: str = "2.0"

@@ -180,6 +180,29 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
     raise _refusal(build, plan, probe, outcomes)
 
 
+def checked_anyway(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:
+    """A plan for a class no form (and no constructor flag) made causal although its forward says it is
+    (:mod:`~attnbench.plugins.causal_intent`): an optional mask left at None (the class then makes its own), else the
+    form that leaks least, of the first assignment of its arguments under which it runs; None otherwise (the refusal
+    stands). Never for cross-attention."""
+    from attnbench.plugins.causal_intent import intent, least_leaking
+
+    said = intent(getattr(build, "target", None))
+    if not said or any(f == "d_context" for _, f in getattr(build, "params", ())):
+        return None
+    probe = replace(probe, window=None, causal=True, context_length=max(probe.context_length, 9))
+    variants = [v for v, _ in _variants(plan)]
+    for variant in sorted(variants, key=lambda v: not (v.mask is None and v.unmasked)):  # its own mask first
+        if variant.mask is None and variant.unmasked:  # an optional mask left at None: the class's own (causal) mask
+            forms = [variant]
+        else:
+            forms = [_masking(replace(variant, mask_form=form)) for form in (MASK_FORMS if variant.mask else (None,))]
+        found = least_leaking(build, forms, probe, bind_context, said)
+        if found is not None:
+            return found
+    return None
+
+
 def _attends_over(build, plan: ContextPlan, probe: AttnSpec, name: str) -> bool:
     """Is ``name`` (given ``x``) a sequence the class attends over? Changing it at the first position alone moves the
     outputs at later positions, as keys or values do; an elementwise factor (a temperature) moves only the first."""

@@ -23,8 +23,6 @@ from attnbench.plugins.binding import ALIASES, Binding, hf_rope_scaling, spec_va
 from attnbench.spec import AttnSpec
 
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
-WHOLE_ROTARY = ("rotary_percentage", "partial_rotary_factor", "rotary_pct")
-"""Fractions of the head rotated: the spec's RoPE rotates all of it (1.0)."""
 _CONFIG_SUFFIXES = ("Config", "Args", "Params", "Hparams", "Configuration")
 
 
@@ -49,8 +47,6 @@ def own_config_type(target, param: str) -> type | None:
 def _field_value(name: str, spec: AttnSpec, values: dict):
     if name == "rope_scaling":
         return hf_rope_scaling(spec)
-    if name in WHOLE_ROTARY:
-        return 1.0
     field = _BY_NAME.get(name)
     if field is None:
         return None
@@ -128,8 +124,7 @@ def describe(cls: type, skip: tuple[str, ...] = ()) -> str:
     """``GPTConfig(n_head=num_heads, n_embd=d_in; defaults kept: vocab_size=32768, ...)``."""
     mapped, kept, filled = [], [], placeholders(cls, {})
     for f in dataclasses.fields(cls):
-        field = f.name if f.name == "rope_scaling" else "1.0 (all of the head)" if f.name in WHOLE_ROTARY else \
-            _BY_NAME.get(f.name)
+        field = f.name if f.name == "rope_scaling" else _BY_NAME.get(f.name)
         if field in skip:
             kept.append(f"{f.name}={f.default!r} (the mask forward takes carries the {field})")
         elif field is not None and f.init:

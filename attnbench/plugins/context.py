@@ -129,6 +129,7 @@ class ContextPlan:
     unmasked: str | None = None  # an optional mask left at None: no form of it made the class causal, None did
     inputs: tuple[str, ...] = ()  # further required inputs: x again, for self-attention (plugins.causal_probe)
     probed: tuple[str, ...] = ()  # required arguments no name tells, their forms not yet decided (plugins.causal_probe)
+    leaky: str = ""  # no form made it causal, but its forward says it is: why it is checked (plugins.causal_intent)
 
     @property
     def rope_style(self) -> str:
@@ -182,9 +183,7 @@ class ContextPlan:
         if self.seq_lengths:
             lines.append(f"bound {', '.join(self.seq_lengths)}: each sequence's length (B,), every token so far (no "
                          "padding; by a probe)")
-        if self.unmasked:
-            lines.append(f"left {self.unmasked} at None: no mask form made the class causal, and without one it is "
-                         "(a padding mask, or a class that masks by itself): causal attention only")
+        lines += self._unmasked_lines()
         if self.lengths:
             lines.append(f"bound {', '.join(self.lengths)}: the spec's context_length")
         if self.window_arg:
@@ -204,6 +203,19 @@ class ContextPlan:
             lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
         return lines
+
+
+    def _unmasked_lines(self) -> list[str]:
+        """Why its mask is left at None, or why a class no form made causal is checked all the same."""
+        if self.leaky:
+            how = f"{self.unmasked} left at None (it makes its own mask)" if self.unmasked else \
+                "the form under which later tokens move earlier outputs least"
+            return [f"not causal with any mask form, but its forward says it is causal ({self.leaky}): checked with "
+                    f"{how}; its causal cases fail and are localised"]
+        if self.unmasked:
+            return [f"left {self.unmasked} at None: no mask form made the class causal, and without one it is "
+                    "(a padding mask, or a class that masks by itself): causal attention only"]
+        return []
 
 
 def plan_for(target) -> ContextPlan | None:

@@ -24,7 +24,7 @@ import torch
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures, stages
-from attnbench.plugins.binding import ALIASES, PROBE, SQUARE_PROBE, WINDOW_EVIDENCE, Binding, bind, capabilities
+from attnbench.plugins.binding import ALIASES, PROBE, SQUARE_PROBE, WINDOW_EVIDENCE, Binding, bind, capabilities, fixed
 from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.causal_probe import forward_is_causal, probe_mask
@@ -64,7 +64,7 @@ def config_fields_read(binding: Binding) -> list[str] | None:
     config = binding.make_config(replace(SQUARE_PROBE, num_kv_heads=2, rope_theta=10000.0))  # a class may need a theta
     config.__dict__["_attnbench_read"] = []
     try:
-        binding.target(**{binding.config_param: config}, **dict(binding.extras))
+        binding.target(**{binding.config_param: config}, **fixed(binding.extras))
     except Exception:  # refuses the probe: nothing inferred from its config (the cases show what it does)
         return None
     return list(config.__dict__["_attnbench_read"])
@@ -160,6 +160,11 @@ def infer_positional(binding: Binding, names: set[str], where: str, declared: di
         requires.append("rope_theta")
         lines.append(f"rope: half ({where} {theta[0]}: the class builds its own tables, with the theta the spec gives; "
                      "declare attnbench_capabilities = {'rope': ('interleaved',)} for GPT-J/Meta pairs)")
+        partial = [n for n in (*ALIASES["rope_head_dim"], *ALIASES["rope_fraction"]) if n in names]
+        if partial and "rope_partial" not in declared:
+            caps["rope_partial"] = True
+            lines.append(f"rope_partial: yes ({where} {partial[0]}: it rotates the part of each head the spec's "
+                         "rope_head_dim says, the rest unrotated)")
         if "rope_scaling" not in names:
             caps["refuses"] = ("rope_scaling",)
             lines.append("rope_scaling: no (nothing the class takes says it scales its tables)")
@@ -466,7 +471,7 @@ def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
         flagged = stages.causal_by_flag(binding, lambda b: plan_with_probe(obj, b) is not None)
         if flagged is not None:
             return flagged, plan_with_probe(obj, flagged)
-        plain = _nothing_to_choose(obj, binding)
+        plain = _nothing_to_choose(obj, binding) or _said_causal(obj, binding)
         if plain is None:
             raise
         return binding, plain
@@ -492,6 +497,15 @@ def _nothing_to_choose(obj, binding: Binding) -> ContextPlan | None:
         return plan
     out = out[0] if isinstance(out, tuple | list) else out
     return plan if isinstance(out, torch.Tensor) and not bool(out.isfinite().all()) else None
+
+
+def _said_causal(obj, binding: Binding) -> ContextPlan | None:
+    """The plan of a class no mask form makes causal though its forward says it is causal
+    (:mod:`~attnbench.plugins.causal_intent`): checked, its causal cases localised; None otherwise."""
+    from attnbench.plugins.causal_probe import checked_anyway
+
+    plan = plan_for(obj)
+    return None if plan is None else checked_anyway(binding, plan, binding.probe)
 
 
 def _mask_left_out(obj) -> ContextPlan | None:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
-from attnbench.plugins import by_shape, forms, heads
+from attnbench.plugins import by_shape, forms, fused_order, heads
 from attnbench.plugins.binding import PROBE, SQUARE_PROBE
 from attnbench.plugins.context import bind_context
 from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
@@ -117,6 +117,7 @@ class Layout:
     by_shape: tuple[str, ...] = ()  # issue 46: what names did not bind and shape did (plugins.by_shape)
     qkv_slots: tuple[str, ...] = ()  # three (or four) unnamed q/k/v(/o) weights, in registration order
     qkv_order: str = ""  # the roles plugins.by_shape.qkv_roles measured for them, in words (check -v)
+    fused_rows: str = ""  # "per kv head": fused q/k/v rows in GPT-NeoX's order (plugins.fused_order, measured)
 
     @property
     def composed(self) -> bool:
@@ -142,6 +143,7 @@ class Layout:
                 continue
             else:
                 t = torch.cat([_part(w, name) for name in s.canonical]) if len(s.canonical) > 1 else _part(w, s.canonical[0])
+                t = fused_order.to_class(t, spec) if self._per_kv_head(s) else t
                 t = t.t() if s.transposed else t
             state[s.param] = t
         for g in self.gains:
@@ -166,6 +168,7 @@ class Layout:
             n = heads_of(s.canonical[0], spec) if s.per_head else 1
             stored = [state[s.param.format(i=i)] for i in range(n)] if s.per_head else [state[s.param]]
             t = torch.cat([m.t() if s.transposed else m for m in stored])
+            t = fused_order.to_reference(t, spec) if self._per_kv_head(s) else t
             parts = t.split([shapes[n][0] for n in s.canonical]) if len(s.canonical) > 1 else (t,)
             for name, part in zip(s.canonical, parts, strict=True):
                 pieces[name].append(part)
@@ -190,6 +193,9 @@ class Layout:
             values["W_o"] = torch.eye(spec.d_out, dtype=next(iter(state.values())).dtype)
         w = CanonicalWeights(**{n: values.get(n) for n in NAMES}, **gains)
         return heads.reorder(w, spec, self.kv_groups, inverse=True)
+
+    def _per_kv_head(self, s: Source) -> bool:
+        return bool(self.fused_rows) and s.canonical in fused_order.FUSED
 
     def adapter(self) -> Adapter:
         """This layout as an :class:`~attnbench.weights.Adapter` (with ``held_at_zero``)."""
@@ -228,6 +234,7 @@ class Layout:
         lines += ["W_o = I (fixed: the module has no output projection at these sizes)"] if self.eye_out else []
         lines += [f"bound by shape (no name says their role): {note}" for note in self.by_shape]
         lines += [f"q, k, v order: {self.qkv_order}"] if self.qkv_slots else []
+        lines += [f"rows: {fused_order.NOTE}"] if self.fused_rows else []
         lines += ["query head h reads kv head h % kv_heads (measured): it holds canonical head (h % kv_heads) * "
                   "(num_heads // kv_heads) + h // kv_heads"] if self.kv_groups else []
         lines += [f"{n} = 0 (the module has no such parameter; the reference holds it at zero)" for n in sorted(self.held_at_zero)]
@@ -594,6 +601,8 @@ class PluginFactory:
         for f in self.requires:
             if getattr(spec, f, None) is None:
                 fill[f] = 10000.0 if f == "rope_theta" else (qk_norm or ("head",))[0]
+        if "rope_theta" in fill and "rope_style" in self.own:  # its own pairs (GPT-J's interleaved), measured
+            fill["rope_style"] = self.own["rope_style"]
         spec = replace(spec, **fill) if fill else spec
         if "norm_eps" in self.own and spec.qk_norm is not None and spec.norm_eps != self.own["norm_eps"]:
             spec = replace(spec, norm_eps=self.own["norm_eps"])
@@ -662,17 +671,20 @@ class PluginFactory:
         if key not in self._layouts:
             probe = replace(self.binding.probe, qkv_bias=spec.qkv_bias,
                             num_kv_heads=(self.own.get("kv_heads") or GQA_PROBE_KV_HEADS) if gqa else None,
-                            qk_norm=qk_norm, sinks=sinks)  # own kv_heads: multi-query by construction
+                            qk_norm=qk_norm, sinks=sinks,  # own kv_heads: multi-query by construction
+                            rope_theta=spec.rope_theta)  # a class that always rotates builds its tables with it
             try:
                 probe_module = self.binding(probe)
             except Exception:  # the class refuses the probe's sizes: read the layout off the module itself
                 return self._ordered(self._discover(module, spec))
             found = self._ordered(self._discover(probe_module, probe))  # never cached unordered: a refusal every time
+            found = self._fused_rows(found, probe)
             self._layouts[key] = self._grouped(found, probe) if gqa else found
         layout = self._layouts[key]
         params = dict(module.named_parameters())
-        if any(s.param not in params for s in layout.sources if not s.per_head and not s.constant):
-            layout = replace(self._ordered(self._discover(module, spec)), kv_groups=layout.kv_groups)  # another shape at these sizes
+        if any(s.param not in params for s in layout.sources if not s.per_head and not s.constant):  # another shape at these sizes
+            layout = replace(self._ordered(self._discover(module, spec)), kv_groups=layout.kv_groups,
+                             fused_rows=layout.fused_rows)
         if layout.same_width_reason and spec.d_in != spec.d_out:
             raise UnavailableError(f"{self.binding.describe()} needs d_in == d_out: {layout.same_width_reason}")
         if layout.square_only_problem and spec.d_in != spec.d_out:
@@ -709,6 +721,22 @@ class PluginFactory:
 
     def _grouped(self, layout: Layout, probe: AttnSpec) -> Layout:
         """``layout`` with the order in which the class's query heads read its kv heads (:mod:`~attnbench.plugins.heads`)."""
+        return replace(layout, kv_groups=heads.measure(self._runner(probe), layout.to_state, probe))
+
+    def _fused_rows(self, layout: Layout, probe: AttnSpec) -> Layout:
+        """``layout`` with its fused q/k/v rows per kv head when a probe measures them so (:mod:`~attnbench.plugins.fused_order`)."""
+        fused = [s for s in layout.sources if s.canonical == fused_order.FUSED[0] and not s.per_head]
+        if not fused:
+            return layout
+        rows = None
+        for plain in (replace(probe, qkv_bias=False), replace(probe, qkv_bias=False, rope_theta=10000.0)):  # tables' theta
+            rows = fused_order.measure(self._runner(plain), layout.to_state, plain, heads._probe_weights(plain))
+            if rows is not None:
+                break
+        return replace(layout, fused_rows=rows or "")
+
+    def _runner(self, probe: AttnSpec):
+        """``run(state, x)``: the class built at ``probe`` in eval mode, ``state`` loaded, its context bound, on ``x``."""
         def run(state, x):
             module = self.binding(probe).eval()
             params = dict(module.named_parameters())
@@ -716,7 +744,7 @@ class PluginFactory:
                 params[name].copy_(value)
             return (bind_context(module, self.context, probe) if self.context is not None else module)(x)
 
-        return replace(layout, kv_groups=heads.measure(run, layout.to_state, probe))
+        return run
 
     def _discover(self, module: nn.Module, spec: AttnSpec) -> Layout:
         layout = self._discover_weights(module, spec)

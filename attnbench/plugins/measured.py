@@ -283,10 +283,13 @@ def apply_measured(factory, caps: dict, declared: dict, obj=None) -> list[str]:
                 factory.own["rope_sign"] = -1
             style = {_HD // 2: "half", 1: "interleaved"}.get(partner)
             plan = getattr(factory, "context", None)
-            if style and plan is not None and _pairing_free(plan) and caps["rope"] != (style,):
-                lines.append(f"rope: {style}, not {caps['rope'][0]} as its tables' names suggest (measured below; its "
-                             "tables carry each frequency once, so the class decides the pairs)")
-                caps["rope"] = (style,)  # tables with each frequency once: the class pairs, as measured
+            owned = plan is None or not getattr(plan, "tables", None)  # it builds its own tables (GPT-J's sincos)
+            if style and (owned or _pairing_free(plan)) and caps["rope"] != (style,):
+                why = "it builds its own tables" if owned else "its tables carry each frequency once"
+                lines.append(f"rope: {style}, not {caps['rope'][0]} as its names suggest (measured below; {why}, so the "
+                             "class decides the pairs)")
+                caps["rope"] = (style,)  # the class pairs, as measured
+                factory.own["rope_style"] = style  # the style of the RoPE it always applies (layout.own_spec)
             lines.append(f"rope direction: {'+' if sign > 0 else '-'}theta, pairs {pairs} (measured: the token at "
                          "position 1 scores a key at position 0 by sin(+1 rad) or sin(-1 rad))"
                          + ("; the reference turns its pairs by -theta too (rope_sign=-1: the same function up to "

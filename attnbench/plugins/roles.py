@@ -41,9 +41,10 @@ for a name that hints at it, beside a parameter that takes ``d_in``. ``d_out`` (
 one that fits only where they are equal (VITS's queries are ``channels`` wide and its output ``out_channels``,
 g-mlp's output ``dim_out`` and its inner ``dim_inner``: the same function only when the widths are equal) is kept when
 no other fits, and the class is checked at one width."""
-PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4, num_kv_heads=2),
-          AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5))
-"""Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size."""
+PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4, num_kv_heads=2, rope_theta=10000.0),
+          AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5, rope_theta=10000.0))
+"""Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size. A theta
+is set, as the first build sets one (plugins.stages.construct): a constructor that takes a base builds its tables."""
 MAX_TRIES = 120
 PATH_WORDS = {"file", "path", "dir", "vocab", "tokenizer", "ckpt", "checkpoint", "url", "filename", "fname", "root"}
 """Words that make a parameter a path: no probe gives it an int."""
@@ -178,6 +179,39 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
                               "multi-head attention holds only where its input and output widths are equal, so it is "
                               f"checked at one width; {tries} other assignment(s) tried first", one_width=True), errors
     return None, errors
+
+
+def unhinted_dropouts(build_with, params: tuple[tuple[str, str], ...], unknown, target) -> tuple[tuple, tuple, str]:
+    """``(params, held, note)``: a float a probe made the dropout although its name says nothing of dropping (shap-e's
+    ``init_scale``) stays the dropout only when, at 0.5, the class's train-mode output differs from its eval-mode
+    one; otherwise it is held at 0.0, the value the probes built it with (``held``), and the class has no dropout."""
+    kept, held = [], []
+    by_name = {p.name: p for p in unknown}
+    for name, role in params:
+        if role == "dropout" and _score(by_name[name], "dropout") == 0 and not _drops(build_with(params), target):
+            held.append((name, 0.0))
+        else:
+            kept.append((name, role))
+    note = f"{', '.join(n for n, _ in held)}: 0.0, not the dropout (at 0.5 its train-mode output equals its eval-mode " \
+           "one)" if held else ""
+    return tuple(kept), tuple(held), note
+
+
+def _drops(binding, target) -> bool:
+    """Whether the class built with dropout 0.5 changes its output in train mode (True when a probe cannot tell)."""
+    if not _forward_only_x(target):
+        return True
+    spec = replace(PROBES[0], num_kv_heads=None, dropout=0.5)
+    x = torch.randn(1, 5, spec.d_in, generator=torch.Generator().manual_seed(46))
+    try:
+        module = binding(spec).float()
+        with torch.no_grad():
+            trained, evaluated = module.train()(x), module.eval()(x)
+    except Exception:  # noqa: BLE001 - cannot tell: it stays the dropout
+        return True
+    trained = trained[0] if isinstance(trained, tuple) else trained
+    evaluated = evaluated[0] if isinstance(evaluated, tuple) else evaluated
+    return not torch.equal(trained, evaluated)
 
 
 SHARED_ROLES = {"head_dim": 2}

@@ -1082,3 +1082,98 @@ class SoftmaxLeftOutOptionalMask(nn.Module):
         w = w + attention_mask
         w = w.to(q.dtype)  # PLANTED
         return self.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, T, -1))
+
+
+# --- round 15: blocked computations, their stages made one block at a time ----------------------------------------
+
+
+class QueryChunks(nn.Module):
+    """Queries in chunks of 8, each reading the keys up to its last row (memory-saving prefill): each chunk's scores,
+    masked scores and probabilities are rows of the reference's, and are matched as such."""
+
+    attnbench_capabilities = {"dropout": False}
+    chunk = 8
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.q, self.k, self.v = (nn.Linear(d_in, d_out, bias=qkv_bias) for _ in range(3))
+        self.o = nn.Linear(d_out, d_out)
+
+    def softmax(self, s):
+        return torch.softmax(s, dim=-1)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (p(x).view(b, n, self.nh, self.hd).transpose(1, 2) for p in (self.q, self.k, self.v))
+        outs = []
+        for s in range(0, n, self.chunk):
+            e = min(s + self.chunk, n)
+            scores = q[:, :, s:e] @ k[:, :, :e].transpose(-2, -1) / math.sqrt(self.hd)
+            rows, cols = torch.arange(s, e)[:, None], torch.arange(e)[None, :]
+            scores = scores.masked_fill(cols > rows, float("-inf"))
+            outs.append(self.softmax(scores) @ v[:, :, :e])
+        return self.o(torch.cat(outs, dim=2).transpose(1, 2).reshape(b, n, -1))
+
+
+class QueryChunksSoftmaxOverQueries(QueryChunks):
+    def softmax(self, s):
+        return torch.softmax(s, dim=-2)  # PLANTED
+
+
+class OnlineSoftmax(nn.Module):
+    """Flash-style: keys in blocks of 8, a running maximum and sum per query; each block's scores are columns of the
+    reference's."""
+
+    attnbench_capabilities = {"dropout": False}
+    block = 8
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.q, self.k, self.v = (nn.Linear(d_in, d_out, bias=qkv_bias) for _ in range(3))
+        self.o = nn.Linear(d_out, d_out)
+
+    def masked(self, s, k_pos, q_pos):
+        return s.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (p(x).view(b, n, self.nh, self.hd).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q_pos = torch.arange(n)
+        m = torch.full((b, self.nh, n, 1), float("-inf"), dtype=q.dtype)
+        total = torch.zeros(b, self.nh, n, 1, dtype=q.dtype)
+        acc = torch.zeros_like(q)
+        for start in range(0, n, self.block):
+            kb, vb = k[:, :, start:start + self.block], v[:, :, start:start + self.block]
+            s = (q @ kb.transpose(-1, -2)) / math.sqrt(self.hd)
+            s = self.masked(s, torch.arange(start, start + kb.shape[2]), q_pos)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            alpha = torch.exp(m - m_new)
+            total = total * alpha + p.sum(dim=-1, keepdim=True)
+            acc = acc * alpha + p @ vb
+            m = m_new
+        return self.o((acc / total).transpose(1, 2).reshape(b, n, -1))
+
+
+class OnlineSoftmaxDiagonalHidden(OnlineSoftmax):
+    def masked(self, s, k_pos, q_pos):
+        return s.masked_fill(k_pos[None, :] >= q_pos[:, None], float("-inf"))  # PLANTED
+
+
+class MaskedMergeMixesTokens(SoftmaxLeftOutOptionalMask):
+    """Hugging Face's ``forward(hidden_states, attention_mask=None)`` making its own causal mask when given none; the
+    merge planted without its transpose mixes tokens, so no mask form makes it causal. Its forward says it is causal
+    (``triu``): it is checked, not refused, and the merge is named."""
+
+    def forward(self, hidden_states, attention_mask=None):
+        b, T, _ = hidden_states.shape
+        heads = [p(hidden_states).unflatten(-1, (self.nh, self.hd)).transpose(1, 2)
+                 for p in (self.q_proj, self.k_proj, self.v_proj)]
+        w = heads[0] @ heads[1].transpose(2, 3) * self.hd ** -0.5
+        if attention_mask is None:
+            attention_mask = torch.full((T, T), float("-inf"), dtype=w.dtype).triu(1)
+        out = torch.softmax(w + attention_mask, dim=-1) @ heads[2]
+        out = out.reshape(b, T, -1)  # PLANTED
+        return self.o_proj(out)

@@ -1,6 +1,6 @@
 """Reproduces microsoft/LoRA's ``examples/NLG/src/model.py:Attention(nx, n_ctx, config, scale=False)``: GPT-2's
 attention whose constructor also reads LoRA fields of its config (``config.lora_attn_alpha``), which no spec field
-fills. The first cause is that config field, not the width ``nx`` no name tells. Our own code."""
+fills: guessed 0 (off), after which the width ``nx`` no name tells is solved by a probe. Our own code."""
 
 import math
 

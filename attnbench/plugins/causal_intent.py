@@ -1,0 +1,67 @@
+"""A class whose forward says it is causal, but that no mask form makes causal: checked, not refused (issue 47).
+
+A planted merge that mixes tokens (``out.reshape(B, T, C)`` without the transpose) or a mask built with the wrong
+diagonal makes a causal class non-causal under every mask form attnbench can give it, and binding used to refuse it
+as "not causal with any mask form": its user learned nothing of where the bug is. A real encoder that is never
+causal must still be refused as such (issue 46). What tells them apart is the class's own source: a forward that
+builds or asks for a causal mask (``tril``, ``triu``, ``is_causal``, ``causal``) means causal attention. Such a class
+is bound with the form under which later tokens move earlier outputs least (the right form leaves only the bug's
+leak; a wrong one adds unmasked attention to it), checked, and its causal cases fail and are localised. ``-v`` says so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from dataclasses import replace
+
+import torch
+
+INTENT = re.compile(r"\b(tril|triu|is_causal|causal\w*|LowerTriangular)\b")
+"""Words of a forward (or the helpers it names) that build or ask for a causal mask."""
+
+
+def intent(target) -> str:
+    """The first line of ``target``'s forward that says it is causal, as ``line N "text"``, or ``""``."""
+    forward = getattr(target, "forward", None)
+    try:
+        lines, start = inspect.getsourcelines(forward)
+    except (OSError, TypeError):
+        return ""
+    for i, line in enumerate(lines):
+        code = line.split("#", 1)[0]
+        if INTENT.search(code) and not code.strip().startswith(("def ", '"', "'")):
+            return f"line {start + i} {code.strip()[:60]!r}"
+    return ""
+
+
+def leak(build, plan, spec, bind) -> float | None:
+    """How much changing the last of 5 tokens moves the earlier outputs, relative to the outputs; None when the class
+    does not run so."""
+    try:
+        module = bind(build(spec).eval(), plan, spec)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2, 5, spec.d_in, generator=g)
+        y = x.clone()
+        y[:, -1] += torch.randn(spec.d_in, generator=g)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a, b = module(x), module(y)
+    except Exception:  # noqa: BLE001 - this form does not run: not a candidate
+        return None
+    a, b = (t[0] if isinstance(t, tuple | list) else t for t in (a, b))
+    if not isinstance(a, torch.Tensor) or a.shape[:2] != (2, 5) or not torch.isfinite(a).all():
+        return None
+    return float((a - b)[:, :-1].abs().max() / a.abs().max().clamp_min(1e-6))
+
+
+def least_leaking(build, candidates, spec, bind, why: str):
+    """The candidate plan (in order; ties keep the first) under which later tokens move earlier outputs least, marked
+    with ``why``; None when none runs."""
+    best = None
+    for plan in candidates:
+        found = leak(build, plan, spec, bind)
+        if found is not None and (best is None or found < 0.5 * best[0]):
+            best = (found, plan)
+    return None if best is None else replace(best[1], leaky=why)

@@ -1,0 +1,98 @@
+"""A config field no spec field fills, given the value its class's source says it takes.
+
+metavoice's ``SelfAttention(config)`` reads ``config.attn_kernel_type`` and later runs
+``if self.attn_kernel_type == "torch_attn": ... else: raise``; LoRA's GPT-2 ``Attention(nx, n_ctx, config, scale)``
+reads ``config.lora_attn_dim``, ``lora_attn_alpha`` and ``lora_dropout``, where 0 is no adapter. attnbench's
+:class:`~attnbench.plugins.binding.SpecConfig` carries every alias of every spec field; a field it does not carry gets
+
+- the first string its module compares it with (``== "torch_attn"``, ``in ("torch", "sdpa")``), directly or through
+  the attribute it is stored in (``self.attn_kernel_type = config.attn_kernel_type``), preferring one that names no
+  kernel or variant (``flash``, ``xformers``, ``sliding``...);
+- else ``0`` (``False`` as a switch: nothing added, nothing turned on), which read as a sub-config
+  (``config.model.n_embd``) is the config itself (:class:`GuessedZero`).
+
+Every guess is printed by ``check -v`` beside the constructor, and the correctness matrix decides: a class a guess
+changes into another function fails its cases with the guess named. A field that is read but must be something else
+(a tuple, a module) raises where it is used, and that construction failure is the refusal's first cause.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+
+GUESSED: dict = {}
+"""Constructor -> {field: (value, why)} of the fields guessed while it was built, for ``check -v``."""
+KERNEL_WORDS = ("flash", "fa2", "fa3", "xformers", "triton", "cuda", "fused", "apex", "sliding", "local", "sparse",
+                "linear", "window", "cross", "mem_eff", "npu", "tpu", "ring")
+"""Words that name a kernel or a variant in a literal: the plain choice is another (``torch_attn``, ``sdpa``, ``eager``)."""
+
+
+def _source(target) -> str:
+    try:
+        module = sys.modules.get(getattr(target, "__module__", ""), None)
+        return inspect.getsource(module) if module is not None else inspect.getsource(target)
+    except (OSError, TypeError):
+        return ""
+
+
+def compared_literals(target, name: str) -> list[str]:
+    """The strings the source of ``target``'s module compares field ``name`` with, in source order."""
+    text = _source(target)
+    if not text:
+        return []
+    stored = set(re.findall(rf"self\.(\w+)\s*=\s*\w+\.{re.escape(name)}\b", text))
+    names = "|".join(re.escape(n) for n in {name, *stored})
+    found: list[tuple[int, str]] = []
+    for m in re.finditer(rf"\.(?:{names})\b\s*(?:==|!=)\s*(['\"])([^'\"\n]+)\1", text):
+        found.append((m.start(), m.group(2)))
+    for m in re.finditer(rf"(['\"])([^'\"\n]+)\1\s*(?:==|!=)\s*[\w.]*\.(?:{names})\b", text):
+        found.append((m.start(), m.group(2)))
+    for m in re.finditer(rf"\.(?:{names})\b\s+in\s*[(\[{{]([^)\]}}\n]*)[)\]}}]", text):
+        found += [(m.start() + i, s) for i, (_, s) in enumerate(re.findall(r"(['\"])([^'\"\n]+)\1", m.group(1)))]
+    return list(dict.fromkeys(s for _, s in sorted(found)))
+
+
+class GuessedZero(int):
+    """The guess 0 that is also the config it was read from: ``config.model.n_embd`` (a sub-config attnbench does not
+    carry) reads ``n_embd`` of the config itself, while ``config.lora_dim`` is 0 in every arithmetic and test."""
+
+    def __new__(cls, config):
+        obj = super().__new__(cls, 0)
+        obj._config = config
+        return obj
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._config, name)
+
+    def __getitem__(self, name):
+        return self._config[name]
+
+    def __repr__(self) -> str:
+        return "0"
+
+
+def guess(target, name: str, config=None) -> tuple[object, str]:
+    """``(value, why)`` for config field ``name`` of ``target``'s ``config``."""
+    literals = compared_literals(target, name)
+    if literals:
+        plain = [s for s in literals if not any(w in s.lower() for w in KERNEL_WORDS)]
+        value = (plain or literals)[0]
+        others = [s for s in literals if s != value]
+        return value, f"its source compares it with {value!r}" + (f", also {', '.join(map(repr, others))}" if others else "")
+    zero = 0 if config is None else GuessedZero(config)
+    return zero, "compared with no string in its source: 0, off; read as a part, the config itself"
+
+
+def note(target) -> str:
+    """``config fields attnbench lacks, guessed: attn_kernel_type='torch_attn' (...)`` for ``check -v``, or ``""``."""
+    fields = GUESSED.get(target)
+    if not fields:
+        return ""
+    by_why: dict[str, list[str]] = {}
+    for k, (v, why) in fields.items():
+        by_why.setdefault(why, []).append(k if isinstance(v, int) else f"{k}={v!r}")
+    return "config fields attnbench lacks, guessed: " + "; ".join(f"{', '.join(ks)} ({why})" for why, ks in by_why.items())
