@@ -387,12 +387,6 @@ def _refuse_unknown(target, named, unknown) -> None:
         "no name attnbench knows, and no assignment of width, heads, kv heads, head dim, context length, dropout or " \
         "bias built a class of multi-head attention's size"
     raised = [e.split(": ", 1)[1] for e in TRIED.pop(target, []) if ": " in e]
-    fields = [e for e in raised if CONFIG_FIELD in e]
-    if blocking is unknown and fields:  # the assignments that fit its sizes stop at a config field: the first cause
-        raise PluginLoadError(f"{getattr(target, '__qualname__', target)}({shown}) reads a field of its config that "
-                              f"attnbench cannot fill: {len(fields)} of the {len(raised)} assignments of {what} tried "
-                              f"raised {fields[0]}; build it in an adapter with its own config (`attnbench adapt "
-                              "FILE:Class`)")
     if blocking is unknown and raised and len(set(raised)) == 1:  # every assignment failed alike
         why += f" (every assignment tried raised {raised[0]})"
     raise PluginLoadError(
