@@ -569,7 +569,7 @@ def test_a_config_field_a_guess_cannot_fill_is_named_in_the_construction_refusal
     code, out, err = run(["check", "tests/plugins/reach_roles/placement_and_config_guesses.py:NormClassAttention"], capsys)
     text = " ".join(err.split())
     assert code == 2, out + err
-    assert "cannot be built" in text and "TypeError: 'GuessedZero' object is not callable" in text, text
+    assert "cannot be built" in text and "TypeError: 'GuessedInt' object is not callable" in text, text
     assert "config fields attnbench lacks, guessed:" in text, text
     assert "norm_class (compared with no string in its source: 0, off; read as a part, the config itself)" in text, text
 
@@ -618,3 +618,29 @@ def test_a_class_that_rotates_all_of_each_head_fails_the_partial_cases(repo_cwd,
     assert code == 1, out + err
     failed = {line.split()[3] for line in out.splitlines() if line.strip().startswith("FAIL")}
     assert failed == {"rope_partial_interleaved"}, out
+
+
+@pytest.mark.parametrize("cls", ["SplitHeadSizes", "KeyedConfig", "SizeCheckedMask", "CausalNeedsLength"])
+def test_seventh_corpus_conventions_pass(repo_cwd, capsys, cls):
+    """FMS's four ints (roles ranked by their hints, three head dims), ParlAI's ``config["embedding_size"]`` (a key
+    guessed by its name's role), Hugging Face's eager ``(bsz, 1, q_len, kv_len)`` mask check, MONAI's causal flag that
+    needs ``sequence_length``: tests/plugins/reach_roles/hinted_roles_and_masks.py."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/hinted_roles_and_masks.py:" + cls,
+                          "--kind", "forward,backward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_config_key_no_spec_field_fills_gets_the_role_its_name_says(repo_cwd, capsys):
+    code, out, err = run(["check", "-v", "tests/plugins/reach_roles/hinted_roles_and_masks.py:KeyedConfig",
+                          "--kind", "causality"], capsys)
+    assert code == 0, out + err
+    assert "embedding_size (its name says d_in; read as a part, the config itself)" in " ".join(out.split()), out
+
+
+def test_a_bare_assert_in_a_constructor_is_named_by_its_line(repo_cwd, tmp_path, capsys):
+    (tmp_path / "asserts.py").write_text("import torch\n\n\nclass Asserts(torch.nn.Module):\n"
+                                         "    def __init__(self, config):\n        super().__init__()\n"
+                                         "        assert config.n_head > 99\n")
+    code, out, err = run(["check", str(tmp_path / "asserts.py") + ":Asserts"], capsys)
+    text = " ".join(err.split())
+    assert code == 2 and "raised AssertionError: at " in text and "asserts.py:7 'assert config.n_head > 99'" in text, text

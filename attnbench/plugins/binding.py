@@ -31,11 +31,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_heads": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_head"),
     # num_kv_groups: the book's (chapter 4) name for the number of key/value heads
     # n_local_heads (gpt-fast), n_query_groups (litgpt): the number of key/value heads under another name
-    "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "kv_heads", "num_kv_groups",
+    "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "n_key_value_heads", "kv_heads",
+                     "num_kv_groups",
                      "n_local_heads", "n_query_groups"),
     "context_length": ("context_length", "block_size", "max_seq_len", "max_position_embeddings", "max_len",
                        "max_seq_length", "seq_len", "context_len", "n_ctx", "n_positions", "max_length",
-                       "sequence_len"),
+                       "sequence_len", "sequence_length"),
     "dropout": ("dropout", "attn_pdrop", "attention_dropout", "p", "attn_dropout", "dropout_p", "attn_drop",
                 "attention_probs_dropout_prob", "dropout_rate", "attn_dropout_rate", "dropout_prob"),
     "qkv_bias": ("qkv_bias", "bias", "use_bias", "attention_bias", "add_bias", "use_qkv_bias"),
@@ -141,13 +142,8 @@ class SpecConfig(dict):
         if alias is not None:  # a config of several parts: lm_n_heads, vit_dropout, text_hidden_size
             self.__dict__.setdefault("_attnbench_suffixed", {})[name] = alias
             return self[alias]
-        target = self.__dict__.get("_attnbench_target")
-        if target is not None and not _asked_with_default(sys._getframe(1)):
-            from attnbench.plugins import config_guess
-
-            value, why = config_guess.guess(target, name, self)
-            config_guess.GUESSED.setdefault(target, {})[name] = (value, why)
-            return value
+        if self.__dict__.get("_attnbench_target") is not None and not _asked_with_default(sys._getframe(1)):
+            return self._guess(name)
         raise AttributeError(f"{CONFIG_FIELD} {name!r} (it has the aliases of d_in, "
                              f"d_out, num_heads, context_length, dropout, qkv_bias and head_dim; {GUIDE})") from None
 
@@ -169,7 +165,18 @@ class SpecConfig(dict):
         read = self.__dict__.get("_attnbench_read")
         if read is not None and name not in read:
             read.append(name)  # what the class reads is what it supports (plugins.inference)
+        if not dict.__contains__(self, name) and self.__dict__.get("_attnbench_target") is not None:
+            return self._guess(name)  # config["embedding_size"], a key no spec field fills
         return super().__getitem__(name)
+
+    def _guess(self, name: str):
+        """A field no spec field fills, guessed from its class's source (:mod:`~attnbench.plugins.config_guess`)."""
+        from attnbench.plugins import config_guess
+
+        target = self.__dict__["_attnbench_target"]
+        value, why = config_guess.guess(target, name, self)
+        config_guess.GUESSED.setdefault(target, {})[name] = (value, why)
+        return value
 
     def get(self, name, default=None):
         return self[name] if name in self else default

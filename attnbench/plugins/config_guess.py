@@ -9,7 +9,7 @@ reads ``config.lora_attn_dim``, ``lora_attn_alpha`` and ``lora_dropout``, where 
   the attribute it is stored in (``self.attn_kernel_type = config.attn_kernel_type``), preferring one that names no
   kernel or variant (``flash``, ``xformers``, ``sliding``...);
 - else ``0`` (``False`` as a switch: nothing added, nothing turned on), which read as a sub-config
-  (``config.model.n_embd``) is the config itself (:class:`GuessedZero`).
+  (``config.model.n_embd``) is the config itself (:class:`GuessedInt`).
 
 Every guess is printed by ``check -v`` beside the constructor, and the correctness matrix decides: a class a guess
 changes into another function fails its cases with the guess named. A field that is read but must be something else
@@ -54,12 +54,12 @@ def compared_literals(target, name: str) -> list[str]:
     return list(dict.fromkeys(s for _, s in sorted(found)))
 
 
-class GuessedZero(int):
-    """The guess 0 that is also the config it was read from: ``config.model.n_embd`` (a sub-config attnbench does not
+class GuessedInt(int):
+    """A guessed int that is also the config it was read from: ``config.model.n_embd`` (a sub-config attnbench does not
     carry) reads ``n_embd`` of the config itself, while ``config.lora_dim`` is 0 in every arithmetic and test."""
 
-    def __new__(cls, config):
-        obj = super().__new__(cls, 0)
+    def __new__(cls, config, value: int = 0):
+        obj = super().__new__(cls, value)
         obj._config = config
         return obj
 
@@ -72,19 +72,44 @@ class GuessedZero(int):
         return self._config[name]
 
     def __repr__(self) -> str:
-        return "0"
+        return str(int(self))
 
 
 def guess(target, name: str, config=None) -> tuple[object, str]:
     """``(value, why)`` for config field ``name`` of ``target``'s ``config``."""
     literals = compared_literals(target, name)
+    role = hinted_role(name) if config is not None and not literals else None
+    if role is not None:
+        from attnbench.plugins.binding import ALIASES
+
+        return GuessedInt(config, config[ALIASES[role][0]]), f"its name says {role}; read as a part, the config itself"
     if literals:
         plain = [s for s in literals if not any(w in s.lower() for w in KERNEL_WORDS)]
         value = (plain or literals)[0]
         others = [s for s in literals if s != value]
         return value, f"its source compares it with {value!r}" + (f", also {', '.join(map(repr, others))}" if others else "")
-    zero = 0 if config is None else GuessedZero(config)
+    zero = 0 if config is None else GuessedInt(config)
     return zero, "compared with no string in its source: 0, off; read as a part, the config itself"
+
+
+def hinted_role(name: str) -> str | None:
+    """The one int role (width, heads, kv heads, head dim, context length) whose hints a field's name matches best
+    (:data:`~attnbench.plugins.roles.HINTS`: ``embedding_size`` is the width), or None when none or two tie."""
+    from attnbench.plugins.binding import ADDON_WORDS
+    from attnbench.plugins.roles import INT_ROLES, PATH_WORDS, score_name
+
+    words = set(name.lower().split("_"))
+    if name.split("_")[0].lower() in ADDON_WORDS or words & (PATH_WORDS | NOT_A_ROLE):
+        return None
+    scores = sorted(((score_name(name, r), r) for r in INT_ROLES), reverse=True)
+    best, second = scores[0], scores[1]
+    return best[1] if best[0] >= 3 and best[0] > second[0] else None
+
+
+
+NOT_A_ROLE = {"layer", "layers", "eps", "std", "init", "range", "epsilon", "seed", "batch", "type", "name", "ff", "ffn", "mlp",
+              "intermediate", "inner", "expert", "experts"}
+"""Words of fields that name no attention size (a model's depth, a norm's epsilon, an init scale)."""
 
 
 def note(target) -> str:

@@ -80,6 +80,8 @@ class MaskForm:
             torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(hidden, float("-inf"))
         if self.dims == BATCHED:  # one per batch row, a real copy: such a class may view or repeat it
             return m[None].repeat(batch, 1, 1)
+        if self.dims == BATCHED_HEADS:  # Hugging Face's (bsz, 1, q_len, kv_len), checked by its size
+            return m[None, None].repeat(batch, 1, 1, 1)
         return m[None, None] if self.dims == 4 else m[None] if self.dims == 3 else m
 
     def describe(self) -> str:
@@ -91,9 +93,11 @@ class MaskForm:
 BATCHED = -3
 """``MaskForm.dims`` of a ``(B, T_new, T_total)`` mask, one per batch row (sooftware/attentions, diffusers: a class that
 repeats or views it per head and refuses to broadcast)."""
+BATCHED_HEADS = -4
+"""``MaskForm.dims`` of a ``(B, 1, T_new, T_total)`` mask (Hugging Face's eager attention checks that size)."""
 SHAPES = {2: "(T_new, T_total)", 3: "(1, T_new, T_total), broadcast over the batch", 4: "(1, 1, T_new, T_total)",
-          BATCHED: "(B, T_new, T_total), one per batch row"}
-MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3, BATCHED) for k in ("hidden", "keep", "additive"))
+          BATCHED: "(B, T_new, T_total), one per batch row", BATCHED_HEADS: "(B, 1, T_new, T_total), one per batch row"}
+MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3, BATCHED, BATCHED_HEADS) for k in ("hidden", "keep", "additive"))
 
 
 @dataclass(frozen=True)

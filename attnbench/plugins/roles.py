@@ -76,9 +76,21 @@ def solvable(p: inspect.Parameter) -> bool:
 
 
 def _score(p: inspect.Parameter, role: str) -> int:
-    words = [w for w in re.split(r"[_\d]+", p.name.lower()) if w] or [p.name.lower()]
-    frags = HINTS[role]
-    return sum(3 if w in frags else 1 if any(f in w for f in frags if len(f) > 2) else 0 for w in words)
+    return score_name(p.name, role)
+
+
+def score_name(name: str, role: str) -> int:
+    """How strongly the words of ``name`` hint at ``role`` (:data:`HINTS`): 3 per whole word, 1 per fragment."""
+    words = [w for w in re.split(r"[_\d]+", name.lower()) if w] or [name.lower()]
+    return sum(_hint(w, HINTS[role]) for w in words)
+
+
+def _hint(word: str, frags: tuple[str, ...]) -> int:
+    """3 when ``word`` is a hint, 1 when it holds one (a two-letter hint only at its start: ``kvheads``), else 0."""
+    if word in frags:
+        return 3
+    inside = any(f in word for f in frags if len(f) > 2) or any(word.startswith(f) for f in frags if len(f) == 2)
+    return 1 if inside else 0
 
 
 def _candidates(p: inspect.Parameter, taken: set[str]) -> list[str]:
@@ -150,11 +162,10 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
     only_x = _forward_only_x(target)
     errors: list[str] = []
     one_width = None
-    for tries, combo in enumerate(itertools.product(*options)):
-        if tries >= MAX_TRIES:
-            break
-        if _repeats((*combo, *(r for r in taken if r in SHARED_ROLES))) or ("d_context" in combo and "d_in" not in {*combo, *taken}):
-            continue
+    shared = tuple(r for r in taken if r in SHARED_ROLES)
+    allowed = (c for c in _by_hints(unknown, options)
+               if not _repeats((*c, *shared)) and ("d_context" not in c or "d_in" in {*c, *taken}))
+    for tries, combo in enumerate(itertools.islice(allowed, MAX_TRIES)):
         params = tuple(zip((p.name for p in unknown), combo, strict=True))
         if "num_kv_heads" not in combo and "num_kv_heads" not in taken:
             probes = tuple(replace(s, num_kv_heads=None) for s in PROBES)
@@ -179,6 +190,18 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
                               "multi-head attention holds only where its input and output widths are equal, so it is "
                               f"checked at one width; {tries} other assignment(s) tried first", one_width=True), errors
     return None, errors
+
+
+MAX_COMBOS = 50_000
+"""At most this many assignments are ranked by their hints (six unknown parameters of seven roles: 117,649)."""
+
+
+def _by_hints(unknown: list[inspect.Parameter], options: list[list[str]]) -> list[tuple[str, ...]]:
+    """Every assignment of ``options`` to ``unknown``, the ones whose names hint at their roles most first (ties in the
+    order each parameter's own candidates come): FMS's ``(emb_dim, emb_kq, emb_v, nheads, kvheads)`` puts its heads
+    and kv heads before any assignment that gives a head count to ``emb_kq``."""
+    combos = list(itertools.islice(itertools.product(*options), MAX_COMBOS))
+    return sorted(combos, key=lambda c: -sum(_score(p, r) for p, r in zip(unknown, c, strict=True)))
 
 
 def unhinted_dropouts(build_with, params: tuple[tuple[str, str], ...], unknown, target) -> tuple[tuple, tuple, str]:
@@ -214,10 +237,11 @@ def _drops(binding, target) -> bool:
     return not torch.equal(trained, evaluated)
 
 
-SHARED_ROLES = {"head_dim": 2}
-"""Roles two parameters may take at once: the head size of the queries and keys and that of the values
+SHARED_ROLES = {"head_dim": 3}
+"""Roles several parameters may take at once: the head size of the queries and keys and that of the values
 (``MultiHeadAttention(d_model, n_heads, d_queries, d_values, ...)``, ``d_k``/``d_v``), one head dim in the spec; also
-when one of the two is bound by its name (FastSpeech2's ``d_k``) and the other is not (``d_v``)."""
+when one of them is bound by its name (FastSpeech2's ``d_k``; FMS's optional ``head_dim`` beside its ``emb_kq`` and
+``emb_v``) and the others are not."""
 
 
 def _repeats(combo: tuple[str, ...]) -> bool:

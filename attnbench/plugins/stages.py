@@ -105,7 +105,15 @@ def with_channels_first(binding: Binding, module) -> Binding:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says; for a bare ``assert`` (no message), the failing line and its text."""
     text = str(exc).strip()
+    if not text and exc.__traceback__ is not None:
+        import linecache
+        import traceback
+
+        frame, line = list(traceback.walk_tb(exc.__traceback__))[-1]
+        source = linecache.getline(frame.f_code.co_filename, line).strip()
+        return f"at {frame.f_code.co_filename}:{line} {source!r}"[:200]
     return (text.splitlines()[0] if text else "")[:200]
 
 
