@@ -644,3 +644,15 @@ def test_a_bare_assert_in_a_constructor_is_named_by_its_line(repo_cwd, tmp_path,
     code, out, err = run(["check", str(tmp_path / "asserts.py") + ":Asserts"], capsys)
     text = " ".join(err.split())
     assert code == 2 and "raised AssertionError: at " in text and "asserts.py:7 'assert config.n_head > 99'" in text, text
+
+
+def test_every_role_assignment_stopping_at_a_distributed_assert_names_that_setup(repo_cwd, tmp_path, capsys):
+    """FMS's ``TPMultiHeadAttention``: four ints no name tells, and a constructor that first asserts
+    ``torch.distributed.is_initialized()``: the setup is the first cause, not the ints."""
+    (tmp_path / "tp.py").write_text("import torch\n\n\nclass TP(torch.nn.Module):\n"
+                                    "    def __init__(self, emb_dim, emb_kq, emb_v, nheads, kvheads):\n"
+                                    "        assert torch.distributed.is_initialized()\n        super().__init__()\n")
+    code, out, err = run(["check", str(tmp_path / "tp.py") + ":TP"], capsys)
+    text = " ".join(err.split())
+    assert code == 2 and "TP cannot be built on this machine: it needs a distributed/model-parallel setup" in text, text
+    assert "'assert torch.distributed.is_initialized()'" in text, text

@@ -394,12 +394,30 @@ def _refuse_unknown(target, named, unknown) -> None:
         "no name attnbench knows, and no assignment of width, heads, kv heads, head dim, context length, dropout or " \
         "bias built a class of multi-head attention's size"
     raised = [e.split(": ", 1)[1] for e in TRIED.pop(target, []) if ": " in e]
+    setup = _needs_setup(raised)
+    if blocking is unknown and setup:  # every assignment stopped at the same missing setup: that is the first cause
+        raise PluginLoadError(f"{getattr(target, '__qualname__', target)} cannot be built on this machine: it needs "
+                              f"{setup} (every assignment of {what} tried raised {raised[0]}); run it where that is "
+                              "available, or point --impl at a factory that builds it for one process")
     if blocking is unknown and raised and len(set(raised)) == 1:  # every assignment failed alike
         why += f" (every assignment tried raised {raised[0]})"
     raise PluginLoadError(
         f"cannot call {getattr(target, '__qualname__', target)}({shown}): attnbench does not know what to pass for "
         f"{what}: {why}; give {'them defaults' if len(blocking) > 1 else 'it a default'}, or run `attnbench adapt "
         f"FILE:Class`, which writes an adapter with a TODO for each ({GUIDE})")
+
+
+def _needs_setup(raised: list[str]) -> str:
+    """``a distributed/model-parallel setup`` or ``CUDA`` when every try raised alike and says so, else ``""``."""
+    if not raised or len(set(raised)) != 1:
+        return ""
+    from attnbench.plugins.inference import _CUDA_WORDS, _DISTRIBUTED_WORDS
+
+    text = raised[0].lower()
+    if any(w in text for w in _DISTRIBUTED_WORDS):
+        return "a distributed/model-parallel setup that is not initialised in this process"
+    return "CUDA, which this machine does not have" if any(w in text for w in _CUDA_WORDS) and \
+        not torch.cuda.is_available() else ""
 
 
 def _refuse_block(target) -> None:

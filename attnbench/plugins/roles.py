@@ -250,8 +250,10 @@ def _repeats(combo: tuple[str, ...]) -> bool:
 
 
 def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else "")[:160]
+    """What ``exc`` says in one line (a bare ``assert``: its line and text, :func:`plugins.stages._first_line`)."""
+    from attnbench.plugins.stages import _first_line
+
+    return _first_line(exc)[:160]
 
 
 def whole_block(module, spec: AttnSpec) -> str | None:
