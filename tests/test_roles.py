@@ -620,7 +620,7 @@ def test_a_class_that_rotates_all_of_each_head_fails_the_partial_cases(repo_cwd,
     assert failed == {"rope_partial_interleaved"}, out
 
 
-@pytest.mark.parametrize("cls", ["SplitHeadSizes", "KeyedConfig", "SizeCheckedMask", "CausalNeedsLength"])
+@pytest.mark.parametrize("cls", ["SplitHeadSizes", "KeyedConfig", "SizeCheckedMask", "CausalNeedsLength", "BiasNamedMask"])
 def test_seventh_corpus_conventions_pass(repo_cwd, capsys, cls):
     """FMS's four ints (roles ranked by their hints, three head dims), ParlAI's ``config["embedding_size"]`` (a key
     guessed by its name's role), Hugging Face's eager ``(bsz, 1, q_len, kv_len)`` mask check, MONAI's causal flag that
@@ -656,3 +656,15 @@ def test_every_role_assignment_stopping_at_a_distributed_assert_names_that_setup
     text = " ".join(err.split())
     assert code == 2 and "TP cannot be built on this machine: it needs a distributed/model-parallel setup" in text, text
     assert "'assert torch.distributed.is_initialized()'" in text, text
+
+
+def test_a_guessed_int_reads_as_the_config_and_copies_as_a_plain_int():
+    import copy
+
+    from attnbench.plugins.binding import SpecConfig
+    from attnbench.plugins.config_guess import GuessedInt
+
+    config = SpecConfig.for_spec(__import__("attnbench").AttnSpec(24, 24, 9, 0.0, 4))
+    guessed = GuessedInt(config, 24)
+    assert guessed == 24 and guessed.n_head == 4  # config.model.n_head: the part is the config itself
+    assert type(copy.deepcopy(guessed)) is int and copy.deepcopy(guessed) == 24  # a deep-copied module keeps 24

@@ -21,6 +21,7 @@ from torch import nn
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures
+from attnbench.plugins.config_guess import ADDON_WORDS
 from attnbench.plugins.mla import latent_dim
 from attnbench.spec import AttnSpec
 
@@ -111,11 +112,6 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     return values
 
 
-ADDON_WORDS = ("lora", "adapter", "adapters", "prompt", "ia3", "peft", "dora")
-"""First words of config fields that size a parameter-efficient add-on (LoRA's ``lora_attn_dim``, its rank): never read
-as the spec field their tail names; guessed 0, the add-on off (:mod:`~attnbench.plugins.config_guess`)."""
-
-
 def _asked_with_default(frame) -> bool:
     """Whether the line that reads a config field reads it with a fallback (``getattr(config, "f", 1.0)``,
     ``hasattr``): the class's own default then stands, and nothing is guessed."""
@@ -168,6 +164,10 @@ class SpecConfig(dict):
         if not dict.__contains__(self, name) and self.__dict__.get("_attnbench_target") is not None:
             return self._guess(name)  # config["embedding_size"], a key no spec field fills
         return super().__getitem__(name)
+
+    def role_value(self, role: str):
+        """The value of spec field ``role`` this config carries (under its first alias)."""
+        return self[ALIASES[role][0]]
 
     def _guess(self, name: str):
         """A field no spec field fills, guessed from its class's source (:mod:`~attnbench.plugins.config_guess`)."""
@@ -407,16 +407,20 @@ def _refuse_unknown(target, named, unknown) -> None:
         f"FILE:Class`, which writes an adapter with a TODO for each ({GUIDE})")
 
 
+CUDA_WORDS = ("cuda", "nvidia driver", "nccl")
+DISTRIBUTED_WORDS = ("model parallel", "model_parallel", "process group", "process_group", "torch.distributed",
+                     "init_process_group")
+"""Words of an error that say a constructor needs CUDA, or a distributed setup (plugins.inference too)."""
+
+
 def _needs_setup(raised: list[str]) -> str:
     """``a distributed/model-parallel setup`` or ``CUDA`` when every try raised alike and says so, else ``""``."""
     if not raised or len(set(raised)) != 1:
         return ""
-    from attnbench.plugins.inference import _CUDA_WORDS, _DISTRIBUTED_WORDS
-
     text = raised[0].lower()
-    if any(w in text for w in _DISTRIBUTED_WORDS):
+    if any(w in text for w in DISTRIBUTED_WORDS):
         return "a distributed/model-parallel setup that is not initialised in this process"
-    return "CUDA, which this machine does not have" if any(w in text for w in _CUDA_WORDS) and \
+    return "CUDA, which this machine does not have" if any(w in text for w in CUDA_WORDS) and \
         not torch.cuda.is_available() else ""
 
 

@@ -28,7 +28,7 @@ from attnbench.plugins.context import GUIDE, MASK_FORMS, PAIR_NAMES, SUPPLIED, T
 from attnbench.spec import AttnSpec
 
 ARG_FORMS = {"none": "None", "x": "x again", "ids": "the step's position ids (T,)", "table": "rotary tables",
-             "lengths": "each sequence's length (B,)"}
+             "lengths": "each sequence's length (B,)", "mask": "the causal mask"}
 """How a required argument no name tells may be given, in the order tried (:func:`_given`)."""
 MAX_VARIANTS = 64
 """At most this many assignments of :data:`ARG_FORMS` to such arguments are tried (the plainest first)."""
@@ -132,15 +132,19 @@ def _given(plan: ContextPlan, name: str, how: str) -> ContextPlan:
         return replace(plan, position=name)
     if how == "lengths":
         return replace(plan, seq_lengths=(*plan.seq_lengths, name))
+    if how == "mask":
+        return replace(plan, mask=name, mask_required=True)
     return replace(plan, tables=(*plan.tables, name))
 
 
 def _variants(plan: ContextPlan) -> list[tuple[ContextPlan, str]]:
     """``plan`` with each assignment of :data:`ARG_FORMS` to its arguments no name tells (``plan`` alone when it has
     none), and the assignment in words."""
-    forms = [[f for f in ARG_FORMS if (f != "ids" or plan.position is None) and (f != "lengths" or "len" in name.lower())]
+    forms = [[f for f in ARG_FORMS if (f != "ids" or plan.position is None) and (f != "lengths" or "len" in name.lower())
+              and (f != "mask" or plan.mask is None)]  # a mask under a name of its own (THUMT's bias): its forms probed
              for name in plan.probed]  # lengths only for a name that says so (seq_lens, key_value_sequence_lengths)
-    combos = [c for c in itertools.islice(itertools.product(*forms), MAX_COMBOS) if list(c).count("ids") <= 1]
+    combos = [c for c in itertools.islice(itertools.product(*forms), MAX_COMBOS)
+              if list(c).count("ids") <= 1 and list(c).count("mask") <= 1]
     # the plainest first (None or x for every argument: fairseq's key, value, key_padding_mask, incremental_state),
     # so that four arguments' plain assignments are all tried within MAX_VARIANTS
     combos.sort(key=lambda c: sum(f not in ("none", "x") for f in c))

@@ -22,6 +22,9 @@ import inspect
 import re
 import sys
 
+ADDON_WORDS = ("lora", "adapter", "adapters", "prompt", "ia3", "peft", "dora")
+"""First words of config fields that size a parameter-efficient add-on (LoRA's ``lora_attn_dim``, its rank): never read
+as the spec field their tail names, nor given a role; guessed 0, the add-on off."""
 GUESSED: dict = {}
 """Constructor -> {field: (value, why)} of the fields guessed while it was built, for ``check -v``."""
 KERNEL_WORDS = ("flash", "fa2", "fa3", "xformers", "triton", "cuda", "fused", "apex", "sliding", "local", "sparse",
@@ -74,15 +77,16 @@ class GuessedInt(int):
     def __repr__(self) -> str:
         return str(int(self))
 
+    def __reduce__(self):  # a copied module (deepcopy, pickle) keeps the plain int
+        return int, (int(self),)
+
 
 def guess(target, name: str, config=None) -> tuple[object, str]:
     """``(value, why)`` for config field ``name`` of ``target``'s ``config``."""
     literals = compared_literals(target, name)
     role = hinted_role(name) if config is not None and not literals else None
-    if role is not None:
-        from attnbench.plugins.binding import ALIASES
-
-        return GuessedInt(config, config[ALIASES[role][0]]), f"its name says {role}; read as a part, the config itself"
+    if role is not None:  # the config's value of that spec field (SpecConfig.role_value)
+        return GuessedInt(config, config.role_value(role)), f"its name says {role}; read as a part, the config itself"
     if literals:
         plain = [s for s in literals if not any(w in s.lower() for w in KERNEL_WORDS)]
         value = (plain or literals)[0]
@@ -95,7 +99,6 @@ def guess(target, name: str, config=None) -> tuple[object, str]:
 def hinted_role(name: str) -> str | None:
     """The one int role (width, heads, kv heads, head dim, context length) whose hints a field's name matches best
     (:data:`~attnbench.plugins.roles.HINTS`: ``embedding_size`` is the width), or None when none or two tie."""
-    from attnbench.plugins.binding import ADDON_WORDS
     from attnbench.plugins.roles import INT_ROLES, PATH_WORDS, score_name
 
     words = set(name.lower().split("_"))

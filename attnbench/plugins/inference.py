@@ -24,7 +24,18 @@ import torch
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures, stages
-from attnbench.plugins.binding import ALIASES, PROBE, SQUARE_PROBE, WINDOW_EVIDENCE, Binding, bind, capabilities, fixed
+from attnbench.plugins.binding import (
+    ALIASES,
+    CUDA_WORDS,
+    DISTRIBUTED_WORDS,
+    PROBE,
+    SQUARE_PROBE,
+    WINDOW_EVIDENCE,
+    Binding,
+    bind,
+    capabilities,
+    fixed,
+)
 from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.causal_probe import forward_is_causal, probe_mask
@@ -437,9 +448,6 @@ def _confirm_kv(binding: Binding, name: str, param: str) -> str:
     return f"confirmed: with {probe.num_kv_heads} kv heads of {probe.head_dim} its key/value projections are {probe.kv_dim} wide"
 
 
-_CUDA_WORDS = ("cuda", "nvidia driver", "nccl")
-_DISTRIBUTED_WORDS = ("model parallel", "model_parallel", "process group", "process_group", "torch.distributed",
-                      "init_process_group")
 
 
 def environment_cause(exc: BaseException) -> str | None:
@@ -449,9 +457,9 @@ def environment_cause(exc: BaseException) -> str | None:
         return import_failure("it imports at build time and", exc).removeprefix("it imports at build time and failed: ")
     text = f"{type(exc).__name__}: {first_line(exc)}"
     lowered = text.lower()
-    if any(w in lowered for w in _CUDA_WORDS) and not torch.cuda.is_available():
+    if any(w in lowered for w in CUDA_WORDS) and not torch.cuda.is_available():
         return f"it needs CUDA, which this machine does not have ({text})"
-    if any(w in lowered for w in _DISTRIBUTED_WORDS):
+    if any(w in lowered for w in DISTRIBUTED_WORDS):
         return f"it needs a distributed/model-parallel setup that is not initialised in this process ({text})"
     return None
 

@@ -53,7 +53,7 @@ _ROLE_OF_CORE = {core: role for role, cores in _CORES.items() for core in cores}
 _PREFIXES = ("", "w", "c", "to", "b", "bias", "linear", "lin", "proj", "layer", "fc", "weight", "attn", "attention", "self",
              "mat")
 _SUFFIXES = ("", "proj", "projection", "linear", "lin", "layer", "weight", "weights", "w", "bias", "b", "mat",
-             "matrix", "fc", "dense", "net", "param")
+             "matrix", "fc", "dense", "net", "param", "transform", "affine", "map")
 _CANONICAL = {"q": ("W_q",), "k": ("W_k",), "v": ("W_v",), "qkv": ("W_q", "W_k", "W_v"), "kv": ("W_k", "W_v"),
               "o": ("W_o",)}
 

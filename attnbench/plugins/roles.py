@@ -250,10 +250,20 @@ def _repeats(combo: tuple[str, ...]) -> bool:
 
 
 def _first(exc: BaseException) -> str:
-    """What ``exc`` says in one line (a bare ``assert``: its line and text, :func:`plugins.stages._first_line`)."""
-    from attnbench.plugins.stages import _first_line
+    return first_line(exc)[:160]
 
-    return _first_line(exc)[:160]
+
+def first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says; for a bare ``assert`` (no message), the failing line and its text."""
+    text = str(exc).strip()
+    if not text and exc.__traceback__ is not None:
+        import linecache
+        import traceback
+
+        frame, line = list(traceback.walk_tb(exc.__traceback__))[-1]
+        source = linecache.getline(frame.f_code.co_filename, line).strip()
+        return f"at {frame.f_code.co_filename}:{line} {source!r}"[:200]
+    return (text.splitlines()[0] if text else "")[:200]
 
 
 def whole_block(module, spec: AttnSpec) -> str | None:

@@ -21,7 +21,7 @@ from torch import nn
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import Binding
 from attnbench.plugins.inner_modules import inner_module, no_weights
-from attnbench.plugins.roles import weight_elements, whole_block
+from attnbench.plugins.roles import first_line, weight_elements, whole_block
 from attnbench.plugins.signatures import signature
 from attnbench.spec import AttnSpec
 
@@ -104,17 +104,7 @@ def with_channels_first(binding: Binding, module) -> Binding:
     return replace(binding, channels_first=True, notes=(*binding.notes, NOTE.format(names=", ".join(names))))
 
 
-def _first_line(exc: BaseException) -> str:
-    """The first line of what ``exc`` says; for a bare ``assert`` (no message), the failing line and its text."""
-    text = str(exc).strip()
-    if not text and exc.__traceback__ is not None:
-        import linecache
-        import traceback
-
-        frame, line = list(traceback.walk_tb(exc.__traceback__))[-1]
-        source = linecache.getline(frame.f_code.co_filename, line).strip()
-        return f"at {frame.f_code.co_filename}:{line} {source!r}"[:200]
-    return (text.splitlines()[0] if text else "")[:200]
+_first_line = first_line
 
 
 def with_dtype(binding: Binding, module) -> Binding:

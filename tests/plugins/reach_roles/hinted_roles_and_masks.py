@@ -87,3 +87,23 @@ class CausalNeedsLength(nn.Module):
         q, k, v = (s.view(b, t, self.heads, -1).transpose(1, 2) for s in self.qkv(x).chunk(3, dim=-1))
         mask = self.causal_mask[:t, :t] if self.causal else None
         return self.out_proj(_attend(q, k, v, mask).transpose(1, 2).reshape(b, t, c))
+
+
+class BiasNamedMask(nn.Module):
+    """THUMT's ``forward(query, bias, memory=None, kv=None)``: the additive causal mask is a required ``bias`` (a name
+    no mask list holds: its mask forms are probed like any unknown input's), projections ``q_transform`` ...
+    ``o_transform``, the query scaled before the product."""
+
+    def __init__(self, hidden_size, num_heads, dropout=0.0):
+        super().__init__()
+        self.num_heads, self.dropout = num_heads, dropout
+        self.q_transform, self.k_transform, self.v_transform, self.o_transform = (
+            nn.Linear(hidden_size, hidden_size) for _ in range(4))
+
+    def forward(self, query, bias, memory=None, kv=None):
+        b, t, c = query.shape
+        q, k, v = (p(query).view(b, t, self.num_heads, -1).transpose(1, 2)
+                   for p in (self.q_transform, self.k_transform, self.v_transform))
+        logits = torch.matmul(q * (c // self.num_heads) ** -0.5, k.transpose(-2, -1)) + bias
+        weights = F.dropout(torch.softmax(logits, dim=-1), p=self.dropout, training=self.training)
+        return self.o_transform(torch.matmul(weights, v).transpose(1, 2).reshape(b, t, c))
