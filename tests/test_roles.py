@@ -668,3 +668,21 @@ def test_a_guessed_int_reads_as_the_config_and_copies_as_a_plain_int():
     guessed = GuessedInt(config, 24)
     assert guessed == 24 and guessed.n_head == 4  # config.model.n_head: the part is the config itself
     assert type(copy.deepcopy(guessed)) is int and copy.deepcopy(guessed) == 24  # a deep-copied module keeps 24
+
+
+def test_causal_intent_is_read_from_the_forward_and_an_encoder_s_is_causal_false_is_not_it():
+    from torch import nn
+
+    from attnbench.plugins.causal_intent import intent
+
+    class Encoder(nn.Module):
+        def forward(self, x, mask):
+            return nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask, is_causal=False)
+
+    class Decoder(nn.Module):
+        def forward(self, x, mask):
+            keep = x.new_ones(x.shape[1], x.shape[1]).tril()
+            return x * keep.sum()
+
+    assert intent(Encoder) == ""
+    assert intent(Decoder).endswith("'keep = x.new_ones(x.shape[1], x.shape[1]).tril()'")

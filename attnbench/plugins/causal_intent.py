@@ -20,6 +20,8 @@ import torch
 
 INTENT = re.compile(r"\b(tril|triu|is_causal|causal\w*|LowerTriangular)\b")
 """Words of a forward (or the helpers it names) that build or ask for a causal mask."""
+NOT_CAUSAL = re.compile(r"\b\w*causal\w*\s*(=|==|:\s*bool\s*=)\s*False\b|\bnot\s+(self\.)?\w*causal")
+"""What says the opposite: ``is_causal=False`` (an encoder's SDPA call), ``if not self.causal``."""
 
 
 def intent(target) -> str:
@@ -30,7 +32,7 @@ def intent(target) -> str:
     except (OSError, TypeError):
         return ""
     for i, line in enumerate(lines):
-        code = line.split("#", 1)[0]
+        code = NOT_CAUSAL.sub("", line.split("#", 1)[0])
         if INTENT.search(code) and not code.strip().startswith(("def ", '"', "'")):
             return f"line {start + i} {code.strip()[:60]!r}"
     return ""
