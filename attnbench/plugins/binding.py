@@ -130,10 +130,8 @@ class SpecConfig(dict):
     """
 
     def __getattr__(self, name: str):
-        try:
+        if dict.__contains__(self, name):
             return self[name]
-        except KeyError:
-            pass
         alias = self._suffix(name)
         if alias is not None:  # a config of several parts: lm_n_heads, vit_dropout, text_hidden_size
             self.__dict__.setdefault("_attnbench_suffixed", {})[name] = alias
@@ -162,7 +160,8 @@ class SpecConfig(dict):
         if read is not None and name not in read:
             read.append(name)  # what the class reads is what it supports (plugins.inference)
         if not dict.__contains__(self, name) and self.__dict__.get("_attnbench_target") is not None:
-            return self._guess(name)  # config["embedding_size"], a key no spec field fills
+            alias = self._suffix(name)  # cfg["lm_n_heads"]: the alias its longest tail names, as an attribute's
+            return self[alias] if alias is not None else self._guess(name)  # a key no spec field fills
         return super().__getitem__(name)
 
     def role_value(self, role: str):

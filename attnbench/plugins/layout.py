@@ -729,7 +729,7 @@ class PluginFactory:
         if not fused:
             return layout
         rows = None
-        for plain in (replace(probe, qkv_bias=False), replace(probe, qkv_bias=False, rope_theta=10000.0)):  # tables' theta
+        for plain in (probe, replace(probe, rope_theta=10000.0)):  # zero biases (the probe's weights); the tables' theta
             rows = fused_order.measure(self._runner(plain), layout.to_state, plain, heads._probe_weights(plain))
             if rows is not None:
                 break
