@@ -729,8 +729,8 @@ class PluginFactory:
         if not fused:
             return layout
         rows = None
-        for plain in (probe, replace(probe, rope_theta=10000.0)):  # zero biases (the probe's weights); the tables' theta
-            rows = fused_order.measure(self._runner(plain), layout.to_state, plain, heads._probe_weights(plain))
+        for spec in (probe, replace(probe, rope_theta=10000.0)):  # zero biases (the probe weights); the tables' theta
+            rows = fused_order.measure(self._runner(spec), layout.to_state, spec, heads._probe_weights(spec))
             if rows is not None:
                 break
         return replace(layout, fused_rows=rows or "")

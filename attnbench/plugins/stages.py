@@ -65,7 +65,7 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
                 raise PluginLoadError(f"{_name(binding)} cannot be built on this machine: {cause}; run it where that is "
                                       "available, or point --impl at a factory that builds it for one process on this "
                                       "device") from None
-            failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
+            failures.append(f"{type(exc).__name__}: {first_line(exc)}")
     if built is None:
         raise ConstructionError(f"{_name(binding)} cannot be built: {binding.describe()} raised {failures[0]} (and at "
                               f"d_model 64, 4 heads: {failures[-1]}); {ADAPT_HINT}") from None
@@ -104,7 +104,6 @@ def with_channels_first(binding: Binding, module) -> Binding:
     return replace(binding, channels_first=True, notes=(*binding.notes, NOTE.format(names=", ".join(names))))
 
 
-_first_line = first_line
 
 
 def with_dtype(binding: Binding, module) -> Binding:
