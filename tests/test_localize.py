@@ -393,6 +393,13 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
     ("OnlineSoftmaxDiagonalHidden", ["OnlineSoftmaxDiagonalHidden"], ("forward", "gpt_like", "float64"),
      "masked scores", "masked differently"),
     ("MaskedMergeMixesTokens", ["MaskedMergeMixesTokens"], ("forward", "gpt_like", "float64"), "merged heads", "error"),
+    # round 16: what planted47h (read after its held-out run) found misnamed or refused
+    ("MergeAxesMisordered", ["MergeAxesMisordered"], ("forward", "gpt_like", "float64"), "merged heads",
+     "(in merge(), called at"),
+    ("SoftmaxLineDeleted", ["SoftmaxLineDeleted"], ("forward", "gpt_like", "float64"), "probabilities",
+     "are applied to the values here as they are"),
+    ("BufferMaskWhereSwapped", ["BufferMaskWhereSwapped"], ("forward", "gpt_like", "float64"), "masked scores",
+     "(in _attn(), called at"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),

@@ -686,3 +686,44 @@ def test_causal_intent_is_read_from_the_forward_and_an_encoder_s_is_causal_false
 
     assert intent(Encoder) == ""
     assert intent(Decoder).endswith("'keep = x.new_ones(x.shape[1], x.shape[1]).tril()'")
+
+
+R16 = "tests/plugins/reach_roles/round16_conventions.py:"
+
+
+@pytest.mark.parametrize("cls", ["ListConfig", "ListReturned", "OptionalSizes", "HeadAxes", "FloatKeepMask",
+                                 "AffineProjections", "ScoresReturned"])
+def test_round16_conventions_pass(repo_cwd, capsys, cls):
+    """modalities (a guessed list field iterates as empty; one tested against None is None), the old GPT-2
+    ``Attention`` (returns a list), sockeye (optional sizes under unknown names; a weightless attention child),
+    TransformerLens (heads-axis parameters left uninitialised), bert4torch (a float keep-mask), THUMT (square weights
+    whose orientation its ``Affine`` module shows) and Whisper (its scores returned beside its output, not a cache):
+    each refused or failing before round 16."""
+    code, out, err = run(["check", R16 + cls, "--kind", "forward,backward,causality,decode"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_feed_forward_width_makes_a_whole_block(repo_cwd, capsys):
+    """STORM's ``AttentionBlock(feat_dim, hidden_dim, num_heads, dropout)``: ``hidden_dim`` is the MLP's width, so the
+    class is refused as a block, not for an unknown argument."""
+    code, out, err = run(["check", R16 + "FeedForwardBlock"], capsys)
+    assert code == 2 and "is a whole block, not an attention layer" in err and "slf_attn" in err, out + err
+
+
+def test_how_the_round16_conventions_were_bound_is_said(repo_cwd, capsys):
+    code, out, err = run(["check", "-v", R16 + "HeadAxes", "--kind", "forward"], capsys)
+    assert code == 0, out + err
+    assert "left uninitialised by its constructor" in out and "W_q <- W_Q viewed (heads, cols, head_dim)" in out
+    assert "b_q <- b_Q viewed (heads, head_dim)" in out
+    code, out, err = run(["check", "-v", R16 + "AffineProjections", "--kind", "forward"], capsys)
+    assert code == 0 and "stored (out, in): its module adds x @ W.T, measured" in out, out + err
+    code, out, err = run(["check", "-v", R16 + "FloatKeepMask", "--kind", "forward"], capsys)
+    assert code == 0 and "float, 1 = attend, 0 = hidden" in out, out + err
+    code, out, err = run(["check", "-v", R16 + "ListConfig", "--kind", "forward"], capsys)
+    assert code == 0 and "qk_norm_config=None (its source tests it against None" in out, out + err
+
+
+def test_returned_scores_are_not_a_cache(repo_cwd, capsys):
+    """Whisper's ``(out, qk)``: ``-v`` says the class keeps no cache of its own, and its decode cases are not run."""
+    code, out, err = run(["check", "-v", R16 + "ScoresReturned", "--kind", "forward,decode"], capsys)
+    assert code == 0 and "kv_cache: no (forward takes kv_cache, but a probe step returned no next cache" in out, out + err

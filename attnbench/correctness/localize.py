@@ -36,7 +36,7 @@ import torch
 
 from attnbench.correctness.localize_calls import helper_call
 from attnbench.correctness.localize_finding import CHAIN, LAYOUT_OPS, Evidence, Localization, cannot_tell, named
-from attnbench.correctness.localize_layout import layout_stage
+from attnbench.correctness.localize_layout import layout_stage, misordered_merge
 from attnbench.correctness.localize_mask import mask_origin, sdpa_flag
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
 from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
@@ -108,7 +108,7 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
         return div
     if div is None:
         return _missing_steps(ev, returned, returned_at) or _nothing_diverges(ev)
-    div = layout_stage(_normed_before_split(div, ev), ev)
+    div = misordered_merge(layout_stage(_normed_before_split(div, ev), ev), ev)
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain

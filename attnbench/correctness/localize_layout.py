@@ -28,6 +28,31 @@ MERGED_FROM = ("probabilities @ V", "merged heads")
 """Stages whose values, moved, are the merged heads."""
 
 
+RESHAPES = frozenset({"Tensor.view", "Tensor.reshape", "reshape", "Tensor.flatten", "flatten"})
+PERMUTES = frozenset({"Tensor.transpose", "transpose", "Tensor.permute", "permute", "Tensor.movedim", "movedim",
+                      "Tensor.swapaxes", "Tensor.mT", "Tensor.t", "Tensor.T"})
+PASSES = frozenset({"Tensor.contiguous", "Tensor.clone", "clone"})
+
+
+def misordered_merge(div, ev: Evidence):
+    """``div`` moved to the axis permutation that put the attention's per-head results in an order its merge does not
+    read: ``x.permute(0, 2, 3, 1)`` (head_dim before the heads) on one line, ``x.reshape(B, T, H * D)`` on the next.
+    The values the permutation gives are right (the reference's, moved), so the reshape is where they first go wrong;
+    but a reshape reads its input as laid out, and what is wrong is that layout. ``div`` unchanged otherwise."""
+    rec = div.rec
+    if div.name != "merged heads" or rec.op not in RESHAPES or not rec.inputs:
+        return div
+    src = ev.records[rec.inputs[0]] if rec.inputs[0] is not None else None
+    while src is not None and src.op in PASSES and src.inputs and src.inputs[0] is not None:
+        src = ev.records[src.inputs[0]]
+    if src is None or src.op not in PERMUTES or (src.path, src.line) == (rec.path, rec.line):
+        return div
+    names = ev.explained.get(src.index, ())
+    if not any(n in MERGED_FROM for n in names):
+        return div
+    return replace(div, rec=src)
+
+
 def layout_stage(div, ev: Evidence):
     """``div`` renamed to the split or merge stage its line makes (see the module's doc), or to the stage a dropout
     at its line was given (dropout keeps its input's stage: eval-mode dropout on the probabilities is a bug of the

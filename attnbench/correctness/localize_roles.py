@@ -7,7 +7,8 @@ tensor. The roles are read off how the class uses its tensors: the key is what t
 attention weights are applied to. When the key holds the reference's values **and** the value holds its keys, the
 two were swapped where they were made: the line named is where the tensor used as the key was first produced (the
 split, the unpacking, the projection). A key that holds the values while the values are right (``q @ v.T``) is a
-bug at the scores, named there as before.
+bug at the scores, named there as before. A tensor rotated before the scores is judged by what it was made from
+(round 16): keys sliced from the value's slot of a fused projection, then rotated, hold the reference's values.
 """
 
 from __future__ import annotations
@@ -31,26 +32,28 @@ def roles(ev: Evidence) -> dict[str, int] | None:
     ``q @ k.T``, ``einsum(..., q, k)``), and the value is what a later product takes beside something computed from
     the scores."""
     scores = _scores_record(ev)
+    near = scores is None  # no product of two chain tensors: one of them made from a chain tensor, then
+    scores = _scores_record(ev, near) if near else scores
     if scores is None:
         return None
     if scores.op in FUSED_ATTENTION:
         return dict(zip("qkv", scores.args[:3], strict=True))
-    found = dict(zip("qk", _fed(scores, ev), strict=True))
+    found = dict(zip("qk", _fed(scores, ev, near), strict=True))
     later = ev.descendants(scores.index)
     for rec in ev.records[scores.index + 1:]:
-        fed = [i for i in _fed(rec, ev) if i not in later]
+        fed = [i for i in _fed(rec, ev, near) if i not in later]
         if rec.op in PRODUCTS and fed and any(i in later for i in rec.inputs):
             found["v"] = fed[0]
             break
-    return found
+    return None if near and len(found) < 3 else found  # read from what they were made of: all three, or none
 
 
-def _scores_record(ev: Evidence) -> Record | None:
+def _scores_record(ev: Evidence, near: bool = False) -> Record | None:
     """The record of the call that computes the scores (or the whole attention), as :func:`roles` finds it."""
     for rec in ev.records:
         if rec.op in FUSED_ATTENTION and len(rec.args) >= 3 and None not in rec.args[:3]:
             return rec
-    return next((r for r in ev.records if r.op in PRODUCTS and len(_fed(r, ev)) == 2), None)
+    return next((r for r in ev.records if r.op in PRODUCTS and len(_fed(r, ev, near)) == 2), None)
 
 
 _NAME = r"((?:self\.)?[A-Za-z_]\w*)"
@@ -84,9 +87,10 @@ def reads_in_order(rec: Record | None) -> bool:
     return False
 
 
-def _fed(rec: Record, ev: Evidence) -> list[int]:
-    """The records of a projection chain ``rec`` takes, in call order."""
-    return [i for i in rec.args if i is not None and ev.chains(i)]
+def _fed(rec: Record, ev: Evidence, near: bool = False) -> list[int]:
+    """The records of a projection chain ``rec`` takes, in call order; ``near``: or made from one (a tensor rotated
+    from a wrong slot matches no stage, but what it was made from does)."""
+    return [i for i in rec.args if i is not None and ev.chains(_nearest_held(ev, i) if near else i)]
 
 
 def swapped_roles(div, ev: Evidence) -> Localization | None:
@@ -94,6 +98,7 @@ def swapped_roles(div, ev: Evidence) -> Localization | None:
     holds its own."""
     found = roles(ev) or {}
     for role, index in found.items():
+        index = _nearest_held(ev, index)
         held = ev.chains(index)
         if len(held) != 1 or held == {role}:
             continue
@@ -117,11 +122,23 @@ def swapped_roles(div, ev: Evidence) -> Localization | None:
     return None
 
 
+def _nearest_held(ev: Evidence, index: int) -> int:
+    """``index`` when it equals a projection chain's stage, else the latest record it was made from that does (the
+    keys a rotation took, when the rotated keys match nothing: NeoX's ``key = qkv[:, :, 2]``, the value's slot)."""
+    if ev.chains(index):
+        return index
+    held = [i for i in ev.ancestors(index) if i != index and ev.chains(i)]
+    return max(held) if held else index
+
+
 def _origin(ev: Evidence, index: int, chain: str) -> Record:
     """The first record of ``chain`` that record ``index`` was made from (following inputs of that chain back)."""
     rec = ev.records[index]
     while True:
         parents = [i for i in rec.inputs if chain in ev.chains(i)]
-        if not parents or (len(rec.args) > 1 and any(i is None or chain not in ev.chains(i) for i in rec.args)):
-            return rec  # made here, or joined here to what is not of the chain (a cache the values were appended to)
-        rec = ev.records[parents[0]]
+        if not parents:
+            return rec  # made here
+        joined = len(rec.args) > 1 and any(i is None or chain not in ev.chains(i) for i in rec.args)
+        if joined and tuple(rec.value.shape) != tuple(ev.records[parents[0]].value.shape):
+            return rec  # joined here to what is not of the chain (a cache the values were appended to)
+        rec = ev.records[parents[0]]  # or only scaled by it (``k * cos``: rotary tables, a gain)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import inspect
 import linecache
+import re
 import sys
 import typing
 from collections.abc import Callable
@@ -109,6 +110,7 @@ def spec_values(spec: AttnSpec) -> dict[str, object]:
     values["rope_head_dim"] = getattr(spec, "rope_head_dim", None) or spec.head_dim  # partial rotary: all of it unless set
     values["rope_fraction"] = values["rope_head_dim"] / spec.head_dim
     values["d_context"] = spec.d_in  # the width of a second input (cross-attention's context): x's, for self-attention
+    values["d_ff"] = 4 * spec.d_in  # a feed-forward width: only a whole block takes one (plugins.roles)
     return values
 
 
@@ -156,6 +158,8 @@ class SpecConfig(dict):
         self[name] = value
 
     def __getitem__(self, name):
+        if not isinstance(name, str):
+            raise KeyError(name)
         read = self.__dict__.get("_attnbench_read")
         if read is not None and name not in read:
             read.append(name)  # what the class reads is what it supports (plugins.inference)
@@ -249,6 +253,8 @@ class Binding:
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
         module = self._build(spec)
+        if isinstance(module, nn.Module):
+            initialised(module, self.target)
         if self.cast and isinstance(module, nn.Module):  # built in bfloat16 (a class attribute, .half()): as a whole
             module = module.to(torch.get_default_dtype())
         if self.channels_first and isinstance(module, nn.Module):
@@ -294,6 +300,9 @@ class Binding:
         from attnbench.plugins.config_guess import note
 
         guessed = note(self.target)
+        empty = sorted(UNINITIALISED.get(self.target, ()))
+        guessed += ("; " if guessed and empty else "") + (f"left uninitialised by its constructor, given random values "
+                                                         f"for the probes: {', '.join(empty)}" if empty else "")
         return self._describe() + (f" ({guessed})" if guessed else "")
 
     def _describe(self) -> str:
@@ -318,6 +327,30 @@ class Binding:
         notes = f" ({'; '.join(notes)})" if notes else ""
         extras += "".join(f", {p}=<{v} when causal, {not v} when not>" for p, v in self.causal_flags)
         return f"{name}({', '.join(f'{p}={f}' for p, f in self.params)}{extras}){notes}"
+
+
+UNINITIALISED: dict = {}
+"""Constructor -> the weight matrices it left uninitialised (``torch.empty``), for ``check -v``."""
+
+
+def initialised(module: nn.Module, target) -> None:
+    """Give random values to the weight matrices ``module``'s constructor left uninitialised (TransformerLens's
+    ``nn.Parameter(torch.empty(...))``, initialised by the whole model): non-finite or huge, and then also those all
+    zero (biases aside). Probes read
+    outputs, and garbage weights give none; every case loads its own weights. Nothing is touched in a class whose
+    weights are all finite and moderate."""
+    matrices = {n: p for n, p in module.named_parameters()
+                if p.dim() >= 2 and p.dtype.is_floating_point and p.device.type != "meta"}
+    with torch.no_grad():
+        garbage = {n for n, p in matrices.items() if not bool(torch.isfinite(p).all()) or float(p.abs().max()) > 1e6}
+        if not garbage:
+            return
+        empty = {n for n, p in matrices.items() if not p.any() and not re.search(r"(^|[._])(b|bias)(_|$)", n)}
+        g = torch.Generator().manual_seed(0)
+        for name in sorted(garbage | empty):  # torch.empty gives zeros too, where the memory was fresh
+            p = matrices[name]
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) / max(p.shape[-2:]) ** 0.5)
+    UNINITIALISED.setdefault(target, set()).update(garbage | empty)
 
 
 def _signature(target) -> inspect.Signature:
@@ -372,7 +405,20 @@ def bind(target: Callable) -> Binding:
         if solved is not None:
             return solved
         _refuse_unknown(target, named, unknown)
-    return Binding(target, "keywords", params=tuple(known), extras=extras, modules=modules)
+    plain = Binding(target, "keywords", params=tuple(known), extras=extras, modules=modules)
+    return _optional_sizes(plain, [p for p in named if p.name not in dict(known)]) or plain
+
+
+def _optional_sizes(plain: Binding, optional: list[inspect.Parameter]) -> Binding | None:
+    """Roles for optional parameters with int defaults whose names attnbench does not know (sockeye's
+    ``MultiHeadSelfAttention(depth_att=512, heads=8, depth_out=512, ...)``), decided by probes, when the class built
+    with its known names alone does not hold multi-head attention's weights at the probes' sizes; None otherwise."""
+    from attnbench.plugins.roles import fits_probes
+
+    sizes = [p for p in optional if type(p.default) is int and p.default > 1]
+    if not sizes or fits_probes(plain):
+        return None
+    return _by_roles(plain.target, sizes, list(plain.params), plain.extras, plain.modules)
 
 
 CONFIG_FIELD = "the config attnbench passes has no field"

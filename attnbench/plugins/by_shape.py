@@ -70,6 +70,12 @@ def bind(params, modules, taken: set[str], missing: list[str], shapes: dict[str,
         if len(ins) == 1 and rows[0] == sum(shapes[n][0] for n in QKV):
             found.append(Found(_with_bias(params, ins[0], QKV), f"W_q, W_k, W_v <- {ins[0]}: the one unnamed nn.Linear "
                                                                 "of their fused shape, in q, k, v order"))
+        elif square and len(ins) == 2 and sorted(rows) == sorted([sum(shapes[n][0] for n in QKV), shapes["W_o"][0]]):
+            fused = ins[rows.index(sum(shapes[n][0] for n in QKV))]  # sockeye's ff_in beside ff_out, d_in == d_out
+            out = next(o for o in ins if o != fused)
+            found.append(Found(_with_bias(params, fused, QKV) + _with_bias(params, out, ("W_o",)),
+                               f"W_q, W_k, W_v <- {fused}, W_o <- {out}: unnamed nn.Linear of the fused shape (in q, "
+                               "k, v order) and of the output's"))
         elif square and len(ins) == 4 and rows == [shapes[n][0] for n in QKVO]:
             claims = tuple(c for o, n in zip(ins, QKVO, strict=True) for c in _with_bias(params, o, (n,)))
             found.append(Found(claims, f"W_q, W_k, W_v, W_o <- {', '.join(ins)}: four unnamed nn.Linear of their "

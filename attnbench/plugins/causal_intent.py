@@ -1,12 +1,19 @@
-"""A class whose forward says it is causal, but that no mask form makes causal: checked, not refused (issue 47).
+"""A class meant to be causal, but that no mask form makes causal: checked, not refused (issue 47).
 
 A planted merge that mixes tokens (``out.reshape(B, T, C)`` without the transpose) or a mask built with the wrong
 diagonal makes a causal class non-causal under every mask form attnbench can give it, and binding used to refuse it
-as "not causal with any mask form": its user learned nothing of where the bug is. A real encoder that is never
-causal must still be refused as such (issue 46). What tells them apart is the class's own source: a forward that
-builds or asks for a causal mask (``tril``, ``triu``, ``is_causal``, ``causal``) means causal attention. Such a class
-is bound with the form under which later tokens move earlier outputs least (the right form leaves only the bug's
-leak; a wrong one adds unmasked attention to it), checked, and its causal cases fail and are localised. ``-v`` says so.
+as "not causal with any mask form": its user learned nothing of where the bug is. What says a class is meant to be
+causal is its own source:
+
+its forward builds or asks for a causal mask (``tril``, ``triu``, ``is_causal``, ``causal``; not
+``is_causal=False``), or its ``__init__`` does (GPT-NeoX's ``bias`` buffer). A forward that only takes a mask its
+caller makes says nothing: an encoder (a key-padding mask, dinov2's ``attn_bias`` ignored without xformers) is refused
+as not causal with any mask form, its true cause. (Round 16 tried checking such classes too: on the development set
+the two planted classes it reached were localised to wrong lines, and it turned true refusals into failures.)
+
+Such a class is bound with its optional mask left at None, else with the form under which later tokens move earlier
+outputs least (the right form leaves only the bug's leak; a wrong one adds unmasked attention to it), checked, and
+its causal cases fail and are localised. ``-v`` says so.
 """
 
 from __future__ import annotations
@@ -25,10 +32,18 @@ NOT_CAUSAL = re.compile(r"\b\w*causal\w*\s*(=|==|:\s*bool\s*=)\s*False\b|\bnot\s
 
 
 def intent(target) -> str:
-    """The first line of ``target``'s forward that says it is causal, as ``line N "text"``, or ``""``."""
-    forward = getattr(target, "forward", None)
+    """Why ``target`` is meant to be causal: the first line of its forward (else of its ``__init__``, a causal mask
+    buffer) that says so, as ``line N "text"``; or ``""``."""
+    for method in ("forward", "__init__"):
+        said = _first_saying(getattr(target, method, None))
+        if said:
+            return said
+    return ""
+
+
+def _first_saying(function) -> str:
     try:
-        lines, start = inspect.getsourcelines(forward)
+        lines, start = inspect.getsourcelines(function)
     except (OSError, TypeError):
         return ""
     for i, line in enumerate(lines):

@@ -104,19 +104,39 @@ def _shapes(plan: ContextPlan) -> list[tuple]:
 def _first_causal(build, plan: ContextPlan, probe: AttnSpec) -> tuple[ContextPlan | None, list[str], bool]:
     """The first choice of forms under which the class is causal (None when none is), what each try gave in words,
     and whether the class ran under any of them."""
-    tried, ran = [], False
+    tried, ran, flat = [], False, None
     for pairs, dims, *none in _shapes(plan):
         plan = replace(plan, position_none=bool(none))
         for full in (True, False) if plan.position and plan.tables else (False,):
             for form in (MASK_FORMS if plan.mask else (None,)):
                 chosen = replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
                 verdict = _moves(build, _masking(chosen), probe, form, full)
-                if verdict is True:
+                if verdict is True and form is not None and not _scores_matter(build, _masking(chosen), probe):
+                    flat = flat or chosen  # causal, but the scores drowned (BERT's (1 - mask) * min given -inf)
+                elif verdict is True:
                     return _with_flag(build, chosen, probe), tried, True
                 ran = ran or verdict is False
                 tables = [f"{t} as {_TABLE_WORDS[pairs]}" for t in plan.tables if plan.cis(t)]
                 tried.append(f"{', '.join([*tables, form.describe() if form else 'no mask'])}: {verdict or 'not causal'}")
-    return None, tried, ran
+    return (None, tried, ran) if flat is None else (_with_flag(build, flat, probe), tried, True)
+
+
+def _scores_matter(build, plan: ContextPlan, spec: AttnSpec) -> bool:
+    """Do the scores move the output under ``plan``'s mask form? Not when the output is linear in ``x`` (doubling
+    ``x`` doubles what ``x`` adds to it): every visible position weighted alike, as a keep-mask's ``(1 - mask) * min``
+    made of an additive ``-inf`` mask does. A form under which they do is preferred; True when a probe cannot tell."""
+    try:
+        module = bind_context(build(spec).eval(), plan, spec)
+        x = torch.randn(2, 5, spec.d_in, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a, b, c = (module(t) for t in (x, 2 * x, torch.zeros_like(x)))
+    except Exception:  # noqa: BLE001 - cannot tell: the form stands
+        return True
+    a, b, c = (t[0] if isinstance(t, tuple | list) else t for t in (a, b, c))
+    if not all(isinstance(t, torch.Tensor) and bool(t.isfinite().all()) for t in (a, b, c)):
+        return True
+    return bool((b - 2 * a + c).abs().max() > 1e-4 * (a - c).abs().max().clamp_min(1e-6))
 
 
 _TABLE_WORDS = {"complex": "complex tables", "real": "real (..., 2) tables", "matrix": "rotation matrices"}

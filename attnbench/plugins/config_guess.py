@@ -8,6 +8,7 @@ reads ``config.lora_attn_dim``, ``lora_attn_alpha`` and ``lora_dropout``, where 
 - the first string its module compares it with (``== "torch_attn"``, ``in ("torch", "sdpa")``), directly or through
   the attribute it is stored in (``self.attn_kernel_type = config.attn_kernel_type``), preferring one that names no
   kernel or variant (``flash``, ``xformers``, ``sliding``...);
+- ``None`` when its module tests it against None (``if cfg.qk_norm_config is not None:``): the part is absent;
 - else ``0`` (``False`` as a switch: nothing added, nothing turned on), which read as a sub-config
   (``config.model.n_embd``) is the config itself (:class:`GuessedInt`).
 
@@ -74,6 +75,9 @@ class GuessedInt(int):
     def __getitem__(self, name):
         return self._config[name]
 
+    def __iter__(self):  # a list field (modalities' ``attention_config.qkv_transforms``): none, as 0 is none
+        return iter(())
+
     def __repr__(self) -> str:
         return str(int(self))
 
@@ -81,8 +85,15 @@ class GuessedInt(int):
         return int, (int(self),)
 
 
+def tested_for_none(target, name: str) -> bool:
+    """Does the source of ``target``'s module test field ``name`` against None (``cfg.qk_norm_config is not None``)?"""
+    return bool(re.search(rf"\.{re.escape(name)}\b\s+is\s+(?:not\s+)?None\b", _source(target)))
+
+
 def guess(target, name: str, config=None) -> tuple[object, str]:
     """``(value, why)`` for config field ``name`` of ``target``'s ``config``."""
+    if tested_for_none(target, name):  # an optional part (modalities' qk_norm_config): absent
+        return None, "its source tests it against None: None, absent"
     literals = compared_literals(target, name)
     role = hinted_role(name) if config is not None and not literals else None
     if role is not None:  # the config's value of that spec field (SpecConfig.role_value)

@@ -53,16 +53,17 @@ def _field_value(name: str, spec: AttnSpec, values: dict):
     return values["d_in"] if field == "d_in" else values[field]
 
 
-def _tracking(cls: type) -> type:
-    """A subclass of ``cls`` that records which of its fields are read (what a class reads is what it supports)."""
-    names = {f.name for f in dataclasses.fields(cls)}
+def _tracking(cls: type, names: set[str] | None = None) -> type:
+    """A subclass of ``cls`` that records which of its fields (``names``, else its dataclass fields) are read (what a
+    class reads is what it supports)."""
+    names = {f.name for f in dataclasses.fields(cls)} if names is None else names
 
     def __getattribute__(self, name):
         if name in names:
             read = object.__getattribute__(self, "__dict__").get("_attnbench_read")
             if read is not None and name not in read:
                 read.append(name)
-        return object.__getattribute__(self, name)
+        return cls.__getattribute__(self, name)  # the class's own (a PreTrainedConfig maps aliases in it)
 
     return type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
                                         "__qualname__": cls.__qualname__})
@@ -77,7 +78,7 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
     except (TypeError, ValueError):
         takes_kwargs = False
     # a subclass of a config whose __init__ is its own (it reads **kwargs) may get a generated one instead (a
-    # PreTrainedConfig subclass is re-made a dataclass): such a config is built as it is, its reads not tracked
+    # PreTrainedConfig subclass is re-made a dataclass): such a config is built as it is, and then tracked
     tracked = cls if takes_kwargs else _tracking(cls)
 
     def make(spec: AttnSpec):
@@ -90,11 +91,28 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
         kwargs.update(placeholders(cls, kwargs))
         if takes_kwargs:  # a config that reads its fields from **kwargs (a PreTrainedConfig subclass): every alias
             kwargs.update({a: v for a, v in aliases(spec).items() if a not in kwargs and v is not None})
-        config = tracked(**kwargs)
+        config = _built(tracked, kwargs, takes_kwargs)
+        if takes_kwargs:  # built as it is, then tracked: its class swapped for one that records what is read
+            try:
+                config.__class__ = _tracking(cls, {k for k in vars(config) if not k.startswith("_")})
+            except TypeError:  # a layout that cannot take a subclass: reads untracked
+                pass
         config.__dict__["_attnbench_read"] = None
         return config
 
     return make
+
+
+def _built(cls: type, kwargs: dict, takes_kwargs: bool):
+    """``cls(**kwargs)``; a kwargs config that raises on the ``rope_scaling`` alias it was given among every alias
+    (Hugging Face standardises it before a subclass has set ``max_position_embeddings``: minimind's config) is built
+    without it: a class handed its tables scales nothing itself, and one that builds its own reads no scaling."""
+    try:
+        return cls(**kwargs)
+    except Exception:
+        if not takes_kwargs or kwargs.get("rope_scaling") is None:
+            raise
+        return cls(**{k: v for k, v in kwargs.items() if k != "rope_scaling"})
 
 
 PLACEHOLDERS = {"int": 1, "float": 0.0, "bool": False}

@@ -69,7 +69,8 @@ another type) is refused with this list."""
 @dataclass(frozen=True)
 class MaskForm:
     """How a class reads its mask: ``hidden`` (bool, True = hidden), ``keep`` (bool, True = attend) or
-    ``additive`` (float, 0 or -inf); ``dims`` 2 for ``(T_new, T_total)``, 4 for ``(1, 1, T_new, T_total)``, 3 for
+    ``additive`` (float, 0 or -inf), ``keep_float`` (float, 1 = attend, 0 = hidden: BERT's ``attention_mask``, which
+    the class turns into ``(1 - mask) * min`` itself); ``dims`` 2 for ``(T_new, T_total)``, 4 for ``(1, 1, T_new, T_total)``, 3 for
     ``(1, T_new, T_total)``, :data:`BATCHED` for ``(B, T_new, T_total)``."""
 
     kind: str
@@ -77,6 +78,7 @@ class MaskForm:
 
     def make(self, hidden: torch.Tensor, dtype: torch.dtype, batch: int = 1) -> torch.Tensor:
         m = hidden if self.kind == "hidden" else ~hidden if self.kind == "keep" else \
+            (~hidden).to(dtype) if self.kind == "keep_float" else \
             torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(hidden, float("-inf"))
         if self.dims == BATCHED:  # one per batch row, a real copy: such a class may view or repeat it
             return m[None].repeat(batch, 1, 1)
@@ -86,7 +88,7 @@ class MaskForm:
 
     def describe(self) -> str:
         words = {"hidden": "bool, True = hidden (the book's)", "keep": "bool, True = attend",
-                 "additive": "additive float, -inf = hidden"}[self.kind]
+                 "additive": "additive float, -inf = hidden", "keep_float": "float, 1 = attend, 0 = hidden"}[self.kind]
         return f"{words}, {SHAPES[self.dims]}"
 
 
@@ -97,7 +99,8 @@ BATCHED_HEADS = -4
 """``MaskForm.dims`` of a ``(B, 1, T_new, T_total)`` mask (Hugging Face's eager attention checks that size)."""
 SHAPES = {2: "(T_new, T_total)", 3: "(1, T_new, T_total), broadcast over the batch", 4: "(1, 1, T_new, T_total)",
           BATCHED: "(B, T_new, T_total), one per batch row", BATCHED_HEADS: "(B, 1, T_new, T_total), one per batch row"}
-MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3, BATCHED, BATCHED_HEADS) for k in ("hidden", "keep", "additive"))
+MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3, BATCHED, BATCHED_HEADS) for k in ("hidden", "keep", "additive",
+                                                                                         "keep_float"))
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,8 @@ class ContextPlan:
             lines.append(f"bound {self.cache}: None outside decoding; while decoding one cache object made at the first "
                          f"step ({made}), advanced after each step unless the forward advanced it")
         elif self.cache:
-            lines.append(f"bound {self.cache}: the cache the previous step returned (forward returns (out, next_cache))"
+            lines.append(f"bound {self.cache}: the cache the previous step returned beside its output (out, next_cache); "
+                         "None at the first step, and always when what it returns are scores or probabilities"
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
         return lines
 
@@ -380,13 +384,21 @@ def _shaped(table: torch.Tensor, dims: str) -> torch.Tensor:
     return table[None] if dims == "3d" else table[None, None] if dims == "4d" else table  # "" and "2d": (T, head_dim)
 
 
-def _split(result, plan: ContextPlan, t_new: int):
-    """``(out, next_cache)`` of a call of ``t_new`` tokens (``next_cache`` None when the class returns no cache: Hugging
-    Face layers return ``(out, attention weights)``, their cache an object passed in)."""
+def _split(result, plan: ContextPlan, t_new: int, total: int | None = None, head_dim: int | None = None):
+    """``(out, next_cache)`` of a call of ``t_new`` tokens, ``total`` with those before it (``next_cache`` None when the
+    class returns no cache: Hugging Face layers return ``(out, attention weights)``, their cache an object passed in;
+    Whisper returns ``(out, qk)``, its scores, its cache filled by hooks of the whole model)."""
     if isinstance(result, tuple | list) and result and isinstance(result[0], torch.Tensor):
         second = result[1] if plan.cache and len(result) > 1 else None
-        return result[0], None if _weights(second, t_new) else second
+        return result[0], None if _weights(second, t_new) or _scores(second, t_new, total, head_dim) else second
     return result, None
+
+
+def _scores(t, t_new: int, total: int | None, head_dim: int | None) -> bool:
+    """Whether ``t`` is attention scores of ``t_new`` queries over ``total`` keys, ``(..., t_new, total)``; a cache
+    holds ``(..., total, head_dim)``, so a step whose ``total`` is the head dim cannot tell (a cache then)."""
+    return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 3 and total is not None
+            and tuple(t.shape[-2:]) == (t_new, total) and total != head_dim)
 
 
 def _weights(t, t_new: int) -> bool:
@@ -420,7 +432,8 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
             if not use_cache:
                 setattr(self, plan.attr_cache, None)
                 self._attnbench_installed = False
-        out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan, x.shape[1])
+        out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan, x.shape[1],
+                                 start + x.shape[1], spec.head_dim)
         if use_cache:
             self._attnbench_pos = start + x.shape[1]
             self._attnbench_cache = next_cache

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError, UnavailableError
-from attnbench.plugins import by_shape, forms, fused_order, heads
+from attnbench.plugins import by_shape, forms, fused_order, head_shaped, heads
 from attnbench.plugins.binding import PROBE, SQUARE_PROBE
 from attnbench.plugins.context import bind_context
 from attnbench.plugins.mla import LowRank, find_low_rank, latent_dim
@@ -98,6 +98,7 @@ class Source:
     constant: str | None = None
     shape: tuple[str | int, ...] = ()
     note: str = ""
+    heads_axis: str = ""  # stored with a heads axis of its own (plugins.head_shaped: TransformerLens's W_Q, b_Q)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class Layout:
                 t = torch.cat([_part(w, name) for name in s.canonical]) if len(s.canonical) > 1 else _part(w, s.canonical[0])
                 t = fused_order.to_class(t, spec) if self._per_kv_head(s) else t
                 t = t.t() if s.transposed else t
+                t = head_shaped.to_class(t, heads_of(s.canonical[0], spec), s.heads_axis) if s.heads_axis else t
             state[s.param] = t
         for g in self.gains:
             gain = getattr(w, g.canonical, None)
@@ -167,6 +169,7 @@ class Layout:
                 continue
             n = heads_of(s.canonical[0], spec) if s.per_head else 1
             stored = [state[s.param.format(i=i)] for i in range(n)] if s.per_head else [state[s.param]]
+            stored = [head_shaped.to_reference(m, s.heads_axis) for m in stored] if s.heads_axis else stored
             t = torch.cat([m.t() if s.transposed else m for m in stored])
             t = fused_order.to_reference(t, spec) if self._per_kv_head(s) else t
             parts = t.split([shapes[n][0] for n in s.canonical]) if len(s.canonical) > 1 else (t,)
@@ -222,10 +225,11 @@ class Layout:
             for name in s.canonical:
                 rows = shapes[name][0]
                 if len(s.canonical) == 1:
-                    where = f"{s.param}.T" if s.transposed else s.param
+                    where = f"{s.param}{head_shaped.describe(s.heads_axis) if s.heads_axis else ''}"
+                    where = f"{where}.T" if s.transposed else where
                 else:
                     where = f"{s.param}[:, {start}:{start + rows}].T" if s.transposed else f"{s.param}[{start}:{start + rows}]"
-                lines.append(f"{name} <- {where}")
+                lines.append(f"{name} <- {where}" + (f" ({s.note})" if s.note and name.startswith("W") else ""))
                 start += rows
         lines += [g.describe() for g in self.gains]
         if self.fixed_gain is not None:
@@ -324,6 +328,7 @@ def discover(module: nn.Module, spec: AttnSpec, has_qkv_bias: bool = True, shape
     _hold_inner_out_proj(mha_outs, claims, sources)
     shaped = _claim_by_shape(params, modules, sources, claims, gain_params, spec, shapes, claim) \
         if shape and not problems else ()
+    _measure_square(modules, sources, orient)
     _settle_square(sources, orient, problems)
     more = _claim_problems(claims, sources, params, gain_params, spec, bool(problems))
     eye_out = not problems and more == [NO_OUT]  # every parameter claimed, and no output projection: W_o = I
@@ -379,6 +384,8 @@ def _claim_group(g, spec: AttnSpec, shapes: dict, claim, orient: dict[str, bool 
     n = len(g.names)
     if n > 1 and (len(canonical) > 1 or n != heads_of(canonical[0], spec)):
         problems.append(f"{_template(g)} is a list of {n}, not one {'+'.join(canonical)} per head ({spec.num_heads} heads)")
+        return
+    if n == 1 and len(canonical) == 1 and _claim_heads_axis(g, spec, shapes[canonical[0]], claim):
         return
     if g.kind == "bias":
         if all(s == (rows // n,) for s in g.shapes):
@@ -504,9 +511,10 @@ def _groups(params: dict[str, nn.Parameter], modules: dict[str, nn.Module]) -> l
             owner = "linear" if isinstance(owner_mod, nn.Linear) else \
                 "conv1d" if type(owner_mod).__name__ == "Conv1D" else "raw"
         else:
-            kind, search, owner = ("bias" if p.dim() == 1 else "weight"), tokens, "raw"
+            biased = p.dim() == 1 or (p.dim() == 2 and re.match(r"_?(b|bias)_", tokens[-1]) is not None)  # b_Q
+            kind, search, owner = ("bias" if biased else "weight"), tokens, "raw"
         role = next((r for r in (role_of(t) for t in reversed(search) if not t.isdigit()) if r), None)
-        if role is None or p.dim() > 2:
+        if role is None or p.dim() > 3 or (p.dim() == 3 and owner != "raw"):
             continue
         numeric = [i for i, t in enumerate(tokens) if t.isdigit()]
         key = (role, kind, ".".join("*" if t.isdigit() else t for t in tokens))
@@ -525,8 +533,50 @@ def _groups(params: dict[str, nn.Parameter], modules: dict[str, nn.Module]) -> l
     return groups
 
 
+def _claim_heads_axis(g: _Group, spec: AttnSpec, shape: tuple[int, ...], claim) -> bool:
+    """Claim one raw parameter that holds a canonical q/k/v/o matrix or bias with a heads axis of its own
+    (:mod:`~attnbench.plugins.head_shaped`); False when its shape is not so."""
+    name = g.names[0]
+    canonical = _CANONICAL[g.role] if g.kind == "weight" else tuple("b" + c[1:] for c in _CANONICAL[g.role])
+    heads = heads_of(canonical[0], spec)
+    if g.kind == "bias":
+        how, transposed = head_shaped.mode(g.shapes[0], shape[0], None, heads), False
+    elif canonical == ("W_o",):  # the heads axis is W_o's input: read transposed
+        how, transposed = head_shaped.mode(g.shapes[0], shape[1], shape[0], heads), True
+    else:
+        how, transposed = head_shaped.mode(g.shapes[0], shape[0], shape[1], heads), False
+    if not how or (g.kind == "bias" and g.role == "o"):
+        return False
+    claim(Source(name, canonical, transposed=transposed, heads_axis=how), name)
+    return True
+
+
 def _template(g: _Group) -> str:
     return re.sub(r"\.\d+(\.|$)", r".{i}\1", g.names[0]) if len(g.names) > 1 else g.names[0]
+
+
+def _measure_square(modules: dict[str, nn.Module], sources: dict[str, Source], orient: dict[str, bool | None]) -> None:
+    """Square weights whose orientation names cannot say, measured where a submodule of their own applies them
+    (THUMT's ``Affine``: ``F.linear(x, self.weight, self.bias)``): is what it adds to its output ``x @ W.T`` or
+    ``x @ W``? A weight the class applies itself stays undecided."""
+    for name, transposed in list(orient.items()):
+        path, _, last = name.rpartition(".")
+        owner = modules.get(path) if path else None
+        weight = getattr(owner, last, None) if owner is not None else None
+        if transposed is not None or name not in sources or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        x = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.device, weight.dtype)
+        try:
+            with torch.no_grad():
+                moved = owner(x) - owner(torch.zeros_like(x))
+        except Exception:  # noqa: BLE001 - a submodule that is not a projection: undecided
+            continue
+        with torch.no_grad():
+            fits = [torch.allclose(moved, x @ w, rtol=1e-4, atol=1e-5) for w in (weight.t(), weight)]
+        if fits.count(True) == 1:
+            orient[name] = fits[1]
+            how = "(in, out): its module adds x @ W" if fits[1] else "(out, in): its module adds x @ W.T"
+            sources[name] = replace(sources[name], transposed=fits[1], note=f"stored {how}, measured")
 
 
 def _settle_square(sources: dict[str, Source], orient: dict[str, bool | None], problems: list[str]) -> None:

@@ -33,14 +33,17 @@ HINTS: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("bias",),
     "d_context": ("context", "ctx", "cross", "encoder", "cond", "memory", "kv", "dim"),
     "d_out": ("out", "output"),
+    "d_ff": ("ff", "ffn", "mlp", "feedforward", "feed", "intermediate", "inner", "hidden"),
 }
 """Fragments of a parameter's name that make a role its first candidate (probes still decide). ``d_context`` is the
 width of a second input (cross-attention's ``context_dim``): ``d_in`` again, for self-attention; it is a candidate only
 for a name that hints at it, beside a parameter that takes ``d_in``. ``d_out`` (an output width, VITS's
-``out_channels``) likewise, for a name that says out. An assignment with two widths must fit where they differ too;
-one that fits only where they are equal (VITS's queries are ``channels`` wide and its output ``out_channels``,
-g-mlp's output ``dim_out`` and its inner ``dim_inner``: the same function only when the widths are equal) is kept when
-no other fits, and the class is checked at one width."""
+``out_channels``) likewise, for a name that says out. ``d_ff`` (a feed-forward width, ``4 * d_in``) is a candidate
+for a name that says feed-forward or hidden: an attention layer has none, so a class built with one is a whole block
+(STORM's ``AttentionBlock(feat_dim, hidden_dim, num_heads, dropout)``), refused as such. An assignment with two
+widths must fit where they differ too; one that fits only where they are equal (VITS's queries are ``channels`` wide
+and its output ``out_channels``, g-mlp's output ``dim_out`` and its inner ``dim_inner``: the same function only when
+the widths are equal) is kept when no other fits, and the class is checked at one width."""
 PROBES = (AttnSpec(d_in=24, d_out=24, context_length=9, dropout=0.0, num_heads=4, num_kv_heads=2, rope_theta=10000.0),
           AttnSpec(d_in=40, d_out=40, context_length=11, dropout=0.0, num_heads=5, rope_theta=10000.0))
 """Two sizes with every int distinct (24/4/2/6/9, 40/5/5/8/11): a wrong assignment changes a weight's size. A theta
@@ -100,6 +103,7 @@ def _candidates(p: inspect.Parameter, taken: set[str]) -> list[str]:
         [*INT_ROLES, "dropout", "qkv_bias"] if ann is inspect.Parameter.empty else []
     roles += ["d_context"] if "d_in" in roles and _score(p, "d_context") else []
     roles += ["d_out"] if "d_in" in roles and _score(p, "d_out") else []
+    roles += ["d_ff"] if "d_in" in roles and _score(p, "d_ff") else []
     return sorted((r for r in roles if r not in taken or r in SHARED_ROLES), key=lambda r: -_score(p, r))
 
 
@@ -129,8 +133,18 @@ def _fits(module: nn.Module, spec: AttnSpec, forward_only_x: bool) -> bool:
         from attnbench.plugins.forms import image_form
 
         return image_form(module, spec.d_in) is not None
-    out = out[0] if isinstance(out, tuple) else out
+    out = out[0] if isinstance(out, tuple | list) else out  # GPT-2's old Attention returns [a, present]
     return isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 5, spec.d_out)
+
+
+def fits_probes(build) -> bool:
+    """Whether the class ``build`` makes holds multi-head attention's weights (and, for a ``forward(x)``, returns its
+    shape) at both :data:`PROBES`."""
+    only_x = _forward_only_x(build.target)
+    try:
+        return all(_fits(build(replace(s, num_kv_heads=None)), replace(s, num_kv_heads=None), only_x) for s in PROBES)
+    except Exception:  # noqa: BLE001 - it does not build at the probes' sizes
+        return False
 
 
 def _fits_two_widths(build, only_x: bool) -> bool:
@@ -176,7 +190,8 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
         except Exception as exc:  # this assignment does not build: the next one may
             errors.append(f"{', '.join(f'{p}={f}' for p, f in params)}: {type(exc).__name__}: {_first(exc)}")
             continue
-        BUILT.setdefault(target, built[0])  # the first assignment that built (a whole block is told by it)
+        if target not in BUILT or (whole_block(*BUILT[target]) is None and whole_block(*built[0]) is not None):
+            BUILT[target] = built[0]  # the first that built, or the first that shows a whole block (a wide MLP)
         if all(_fits(module, s, only_x) for module, s in built):
             if "d_out" in {*combo, *taken} and not _fits_two_widths(build_with(params), only_x):
                 one_width = one_width or (params, tries)  # the same function only where d_in == d_out
@@ -266,16 +281,21 @@ def first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else "")[:200]
 
 
+def _matrices(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.dim() >= 2)
+
+
 def whole_block(module, spec: AttnSpec) -> str | None:
     """Why ``module`` (built at ``spec``) is a transformer block rather than an attention layer: an attention submodule
-    (a child whose name or class says attention) beside weight matrices of more than twice what attention of that size holds
-    (an MLP); None otherwise."""
+    (a child whose name or class says attention, holding weights of its own) beside weight matrices of more than twice
+    what attention of that size holds (an MLP); None otherwise."""
     if not isinstance(module, nn.Module):
         return None
-    attn = next(((n, type(m).__name__) for n, m in module.named_children()
+    attn = next(((n, m) for n, m in module.named_children()
                  if any(w in f"{n} {type(m).__name__}".lower() for w in ("attention", "attn"))), None)
-    matrices = sum(p.numel() for p in module.parameters() if p.dim() >= 2)
-    if attn is None or matrices <= 2 * weight_elements(spec):
-        return None
+    matrices = _matrices(module)
+    if attn is None or matrices <= 2 * weight_elements(spec) or not _matrices(attn[1]):
+        return None  # no attention child that holds weights (sockeye's DotAttentionCell holds none: its parent is it)
+    attn = (attn[0], type(attn[1]).__name__)
     return (f"its submodule {attn[0]} ({attn[1]}) is the attention, beside {matrices} weight-matrix elements where "
             f"attention of this size holds {weight_elements(spec)} (an MLP, norms and residuals around it)")

@@ -1177,3 +1177,69 @@ class MaskedMergeMixesTokens(SoftmaxLeftOutOptionalMask):
         out = torch.softmax(w + attention_mask, dim=-1) @ heads[2]
         out = out.reshape(b, T, -1)  # PLANTED
         return self.o_proj(out)
+
+
+# --- round 16: what planted47h (read after its held-out run) found misnamed or refused ------------------------------
+
+
+class MergeAxesMisordered(SoftmaxLeftOutOptionalMask):
+    """Falcon's ``_merge_heads`` helper: ``permute`` on one line, ``reshape`` on the next; the permutation planted puts
+    head_dim before the heads. The reshape is where values first go wrong, but it reads its input as laid out: the
+    permutation is named."""
+
+    def merge(self, x):
+        b, h, t, d = x.shape
+        x = x.permute(0, 2, 3, 1)  # PLANTED
+        return x.reshape(b, t, h * d)
+
+    def forward(self, hidden_states, attention_mask=None):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = (q @ k.transpose(2, 3) / math.sqrt(self.hd)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1),
+                                                                      float("-inf"))
+        return self.o_proj(self.merge(w.softmax(-1) @ v))
+
+
+class SoftmaxLineDeleted(SoftmaxLeftOutOptionalMask):
+    """An MLX port whose softmax line is deleted: the scores' own computation made the tensor applied to the values,
+    so the product (where unnormalised scores are first used as weights) is named, not the scores' line."""
+
+    def forward(self, hidden_states, attention_mask=None):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = (q * self.hd ** -0.5) @ k.transpose(-1, -2)
+        scores = scores + torch.full((T, T), float("-inf")).triu(1)
+        out = (scores @ v).transpose(1, 2).reshape(b, T, -1)  # PLANTED
+        return self.o_proj(out)
+
+
+class BufferMaskWhereSwapped(nn.Module):
+    """GPT-NeoX: a ``tril`` mask buffer made in ``__init__``, applied in an ``_attn`` helper with ``torch.where``
+    whose value arguments are planted swapped. Its forward says nothing causal, but its ``__init__`` does: checked,
+    not refused."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, hidden_size, num_attention_heads, max_position_embeddings):
+        super().__init__()
+        self.nh, self.hd = num_attention_heads, hidden_size // num_attention_heads
+        n = max_position_embeddings
+        self.register_buffer("bias", torch.tril(torch.ones(n, n, dtype=torch.bool)).view(1, 1, n, n))
+        self.query_key_value = nn.Linear(hidden_size, 3 * hidden_size)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def _attn(self, q, k, v):
+        t = q.shape[-2]
+        keep = self.bias[:, :, :t, :t]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.hd)
+        low = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype)
+        scores = torch.where(keep, low, scores)  # PLANTED
+        return scores.softmax(-1) @ v
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        qkv = self.query_key_value(hidden_states).view(b, T, 3, self.nh, self.hd).permute(2, 0, 3, 1, 4)
+        out = self._attn(qkv[0], qkv[1], qkv[2])
+        return self.dense(out.transpose(1, 2).reshape(b, T, -1))
