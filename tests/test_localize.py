@@ -400,6 +400,8 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "are applied to the values here as they are"),
     ("BufferMaskWhereSwapped", ["BufferMaskWhereSwapped"], ("forward", "gpt_like", "float64"), "masked scores",
      "(in _attn(), called at"),
+    ("ChunkedKeysAsValues", ["ChunkedKeysAsValues"], ("forward", "gpt_like", "float64"), "probabilities @ V",
+     "(in _chunk(), called at"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),

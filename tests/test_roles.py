@@ -727,3 +727,14 @@ def test_returned_scores_are_not_a_cache(repo_cwd, capsys):
     """Whisper's ``(out, qk)``: ``-v`` says the class keeps no cache of its own, and its decode cases are not run."""
     code, out, err = run(["check", "-v", R16 + "ScoresReturned", "--kind", "forward,decode"], capsys)
     assert code == 0 and "kv_cache: no (forward takes kv_cache, but a probe step returned no next cache" in out, out + err
+
+
+def test_a_cache_under_an_unknown_name_is_found_by_what_it_does(repo_cwd, capsys):
+    """``forward(x, past_kv=None)`` returning ``(out, (k, v))``: ``past_kv`` is no name attnbench knows; a probe finds
+    that passing back what a call returned continues it, so the decode cases run: they pass for a correct class and
+    fail, at a chunk of several tokens after cached ones, for one that masks nothing once a cache is passed."""
+    code, out, err = run(["check", "-v", R16 + "UnnamedCache", "--kind", "forward,decode"], capsys)
+    assert code == 0 and "bound past_kv: the cache the previous step returned" in out and "found by a probe" in out
+    assert "kv_cache: yes" in out, out + err
+    code, out, err = run(["check", R16 + "UnmaskedCachedChunk", "--kind", "forward,decode"], capsys)
+    assert code == 1 and "decode, uneven chunks" in out + err, out + err

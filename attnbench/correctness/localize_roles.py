@@ -108,8 +108,8 @@ def swapped_roles(div, ev: Evidence) -> Localization | None:
                 and not reads_in_order(_scores_record(ev))):
             continue  # queries and keys swapped in the scores (k @ q.T): the bug is at the scores
         origin = _origin(ev, index, other)
-        if owner is not None and _origin(ev, owner, other) is origin:
-            continue  # one tensor in two roles: the line that uses it in the wrong one is the bug
+        if owner is not None and (_origin(ev, owner, other) is origin or _nearest_held(ev, owner) == index):
+            continue  # one tensor in two roles (or slices of one: k[:, :, :stop] as values): where it is used is the bug
         stage = next(n for n in ev.explained[origin.index] if CHAIN.get(n) == other)
         swapped = owner is not None and ev.chains(owner) == {role}
         words = (f"holds the reference's {stage}" + (f", and the tensor used as {other} holds its {role}" if swapped

@@ -340,7 +340,7 @@ def initialised(module: nn.Module, target) -> None:
     outputs, and garbage weights give none; every case loads its own weights. Nothing is touched in a class whose
     weights are all finite and moderate."""
     matrices = {n: p for n, p in module.named_parameters()
-                if p.dim() >= 2 and p.dtype.is_floating_point and p.device.type != "meta"}
+                if p.dim() >= 2 and p.numel() and p.dtype.is_floating_point and p.device.type != "meta"}
     with torch.no_grad():
         garbage = {n for n, p in matrices.items() if not bool(torch.isfinite(p).all()) or float(p.abs().max()) > 1e6}
         if not garbage:

@@ -137,6 +137,7 @@ class ContextPlan:
     inputs: tuple[str, ...] = ()  # further required inputs: x again, for self-attention (plugins.causal_probe)
     probed: tuple[str, ...] = ()  # required arguments no name tells, their forms not yet decided (plugins.causal_probe)
     leaky: str = ""  # no form made it causal, but its forward says it is: why it is checked (plugins.causal_intent)
+    cache_probed: bool = False  # the cache's name is none attnbench knows: a probe found it (plugins.cache_probe)
 
     @property
     def rope_style(self) -> str:
@@ -209,6 +210,8 @@ class ContextPlan:
         elif self.cache:
             lines.append(f"bound {self.cache}: the cache the previous step returned beside its output (out, next_cache); "
                          "None at the first step, and always when what it returns are scores or probabilities"
+                         + (" (found by a probe: passing back what a 3-token call returned makes the next token's output "
+                            "that of a 4-token call)" if self.cache_probed else "")
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
         return lines
 

@@ -37,6 +37,7 @@ from attnbench.plugins.binding import (
     fixed,
 )
 from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
+from attnbench.plugins.cache_probe import only_cache, with_probed_cache
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.causal_probe import forward_is_causal, probe_mask
 from attnbench.plugins.configs import with_own_config
@@ -307,13 +308,14 @@ def plan_with_probe(target, binding: Binding, probe: bool = True) -> ContextPlan
     ``forward(x)``."""
     plan = plan_for(target)
     if plan is None:
-        return None
+        return only_cache(binding) if probe and cache_attr(target) is None else None
     if plan.cache is None:
         attr = cache_attr(target)
         plan = replace(plan, attr_cache=attr, cache_builder=cache_builder(target) if attr else None)
     if not probe and (plan.mask or plan.tables or plan.probed or plan.position or plan.causal_arg):
         return None
     plan = probe_mask(binding, plan, binding.probe) if probe else plan
+    plan = with_probed_cache(binding, plan) if probe else plan
     if plan.cache is not None and _returns_cache(binding, plan) is not None:
         kind = _cache_object_kind(target, binding, plan)
         plan = replace(plan, cache_object=kind) if kind else plan

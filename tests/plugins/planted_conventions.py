@@ -1243,3 +1243,30 @@ class BufferMaskWhereSwapped(nn.Module):
         qkv = self.query_key_value(hidden_states).view(b, T, 3, self.nh, self.hd).permute(2, 0, 3, 1, 4)
         out = self._attn(qkv[0], qkv[1], qkv[2])
         return self.dense(out.transpose(1, 2).reshape(b, T, -1))
+
+
+class ChunkedKeysAsValues(nn.Module):
+    """Query chunks that each read a slice of the keys and of the values (the ninth planted set, read after its run):
+    the values' slice planted as a slice of the keys. Both roles are read from what their slices were made of, one
+    tensor: the slice is the bug, not the line that unbound q, k and v."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_model, n_heads, chunk=3):
+        super().__init__()
+        self.nh, self.hd, self.chunk = n_heads, d_model // n_heads, chunk
+        self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+
+    def _chunk(self, q, k, v, start):
+        stop = start + q.shape[2]
+        keys = k[:, :, :stop]
+        values = k[:, :, :stop]  # PLANTED
+        s = q @ keys.transpose(-2, -1) / math.sqrt(self.hd)
+        later = torch.arange(stop)[None, :] > torch.arange(start, stop)[:, None]
+        return s.masked_fill(later, float("-inf")).softmax(-1) @ values
+
+    def forward(self, x):
+        b, T, C = x.shape
+        q, k, v = self.qkv(x).reshape(b, T, 3, self.nh, self.hd).permute(2, 0, 3, 1, 4).unbind(0)
+        out = torch.cat([self._chunk(q[:, :, s:s + self.chunk], k, v, s) for s in range(0, T, self.chunk)], dim=2)
+        return self.proj(out.transpose(1, 2).reshape(b, T, C))

@@ -21,6 +21,10 @@
   kv_cache=None)`` returns ``(out, qk)``, its pre-softmax scores, and its self-attention cache is filled by hooks of
   the whole model: the second output is not a next cache (before, it was passed back as one and every decode case
   failed); the scale ``head_dim ** -0.25`` on q and on k.
+- ``UnnamedCache(d_model, n_heads, block_size)``: a from-scratch KV-cache GPT (the ninth corpus's, read after its
+  run): ``forward(x, past_kv=None)`` returns ``(out, (k, v))`` under a name no table lists, found by a probe.
+  ``UnmaskedCachedChunk``: the same, but no mask once a cache is passed (a chunk of several tokens after cached ones
+  sees its own later tokens), as that class does: its uneven-chunk decode case fails.
 """
 
 import dataclasses
@@ -209,3 +213,31 @@ class ScoresReturned(StateWidthAttention):  # its constructor: (n_state, n_head)
             qk = qk + mask[:t, :t]
         w = F.softmax(qk.float(), dim=-1).to(q.dtype)
         return self.out((w @ v).permute(0, 2, 1, 3).flatten(start_dim=2)), qk.detach()
+
+
+class UnnamedCache(nn.Module):
+    def __init__(self, d_model, n_heads, block_size):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model)
+        self.register_buffer("mask", torch.tril(torch.ones(block_size, block_size)))
+
+    def forward(self, x, past_kv=None):
+        q, k, v = (_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        if past_kv is not None:
+            k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+        t, total = q.shape[2], k.shape[2]
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        scores = self._masked(scores, past_kv, t, total)
+        return self.proj(_merge(F.softmax(scores, dim=-1) @ v)), (k, v)
+
+    def _masked(self, scores, past_kv, t, total):
+        return scores.masked_fill(self.mask[total - t:total, :total] == 0, float("-inf"))
+
+
+class UnmaskedCachedChunk(UnnamedCache):
+    def _masked(self, scores, past_kv, t, total):
+        if past_kv is None:  # PLANTED: the tutorial's "no future tokens exist" once a cache is passed
+            scores = scores.masked_fill(self.mask[:t, :t] == 0, float("-inf"))
+        return scores
