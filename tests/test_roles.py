@@ -738,3 +738,13 @@ def test_a_cache_under_an_unknown_name_is_found_by_what_it_does(repo_cwd, capsys
     assert "kv_cache: yes" in out, out + err
     code, out, err = run(["check", R16 + "UnmaskedCachedChunk", "--kind", "forward,decode"], capsys)
     assert code == 1 and "decode, uneven chunks" in out + err, out + err
+
+
+def test_a_qk_norm_switch_beside_a_theta_with_a_default_is_probed(repo_cwd, capsys):
+    """The book's Qwen3 layer that builds its own tables: its QK-norm probe built it with the spec's theta, None, which
+    raised, so no QK-norm case ran and keys normed by the queries' norm passed."""
+    code, out, err = run(["check", "-v", R16 + "OwnTablesQKNorm", "--kind", "forward"], capsys)
+    assert code == 0 and "inferred qk_norm: head (constructor takes qk_norm" in out, out + err
+    assert "QK-norm (head)" in out, out + err
+    code, out, err = run(["check", R16 + "KeysNormedByQueryNorm", "--kind", "forward"], capsys)
+    assert code == 1 and "qknorm" in out + err, out + err

@@ -289,12 +289,18 @@ def _low_rank(binding: Binding):
 
 def _norm_placement(binding: Binding, qk_norm: str | None) -> str | None:
     """Where the class's q/k norms sit (``head`` or ``full``) when built on a probe with ``qk_norm``; ``None``
-    when it has none there (or does not build)."""
+    when it has none there (or does not build, also with a theta: a class that builds its own tables from a required
+    one, as the book's Qwen3 ``GroupedQueryAttention(..., rope_theta, qk_norm)`` does)."""
     from attnbench.plugins.qk_norm import NormError, find_gains
 
     probe = replace(binding.probe, qk_norm=qk_norm)
     try:
-        gains = find_gains(binding(probe), probe)
+        try:
+            module = binding(probe)
+        except Exception:  # noqa: BLE001 - perhaps it needs a theta; if it still does not build, the outer except
+            probe = replace(probe, rope_theta=probe.rope_theta or 10000.0)
+            module = binding(probe)
+        gains = find_gains(module, probe)
     except NormError as exc:
         raise PluginLoadError(f"{getattr(binding.target, '__qualname__', binding.target)}'s QK-norm: {exc} ({GUIDE})") from None
     except Exception:  # does not build at the probe's sizes: the cases show what it does

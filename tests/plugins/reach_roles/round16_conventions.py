@@ -25,6 +25,11 @@
   run): ``forward(x, past_kv=None)`` returns ``(out, (k, v))`` under a name no table lists, found by a probe.
   ``UnmaskedCachedChunk``: the same, but no mask once a cache is passed (a chunk of several tokens after cached ones
   sees its own later tokens), as that class does: its uneven-chunk decode case fails.
+- ``OwnTablesQKNorm(d_in, num_heads, num_kv_groups, context_length=4096, rope_theta=10000.0, head_dim=None,
+  qk_norm=True, norm_eps=1e-6)``: the book's chapter-5 Qwen3 layer in the style that builds its own tables from a
+  theta (the ninth planted set's, read after its run): its QK-norm was never probed, because the probe passed the
+  spec's theta, None, and the build raised; its QK-norm cases now run. ``KeysNormedByQueryNorm``: ``k`` normed by
+  ``q_norm``, which only those cases catch.
 """
 
 import dataclasses
@@ -241,3 +246,53 @@ class UnmaskedCachedChunk(UnnamedCache):
         if past_kv is None:  # PLANTED: the tutorial's "no future tokens exist" once a cache is passed
             scores = scores.masked_fill(self.mask[:t, :t] == 0, float("-inf"))
         return scores
+
+
+class _GainNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class OwnTablesQKNorm(nn.Module):
+    def __init__(self, d_in, num_heads, num_kv_groups, context_length=4096, rope_theta=10000.0, head_dim=None,
+                 qk_norm=True, norm_eps=1e-6):
+        super().__init__()
+        self.nh, self.nkv = num_heads, num_kv_groups
+        self.hd = head_dim or d_in // num_heads
+        self.W_query = nn.Linear(d_in, num_heads * self.hd, bias=False)
+        self.W_key = nn.Linear(d_in, num_kv_groups * self.hd, bias=False)
+        self.W_value = nn.Linear(d_in, num_kv_groups * self.hd, bias=False)
+        self.out_proj = nn.Linear(num_heads * self.hd, d_in, bias=False)
+        self.q_norm, self.k_norm = (_GainNorm(self.hd, norm_eps), _GainNorm(self.hd, norm_eps)) if qk_norm else (None, None)
+        inv = 1.0 / rope_theta ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
+        angles = torch.arange(context_length, dtype=torch.float64)[:, None] * inv
+        angles = torch.cat([angles, angles], dim=1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def _rope(self, x):
+        t, half = x.shape[2], x.shape[-1] // 2
+        turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * self.cos[:t] + turned * self.sin[:t]).to(x.dtype)
+
+    def _normed(self, q, k):
+        return (self.q_norm(q), self.k_norm(k)) if self.q_norm is not None else (q, k)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.W_query(x).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = self.W_key(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = self.W_value(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        q, k = self._normed(q, k)
+        q, k = self._rope(q), self._rope(k)
+        k, v = (z.repeat_interleave(self.nh // self.nkv, dim=1) for z in (k, v))
+        return self.out_proj(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+
+class KeysNormedByQueryNorm(OwnTablesQKNorm):
+    def _normed(self, q, k):
+        return (self.q_norm(q), self.q_norm(k)) if self.q_norm is not None else (q, k)
