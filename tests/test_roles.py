@@ -748,3 +748,13 @@ def test_a_qk_norm_switch_beside_a_theta_with_a_default_is_probed(repo_cwd, caps
     assert "QK-norm (head)" in out, out + err
     code, out, err = run(["check", R16 + "KeysNormedByQueryNorm", "--kind", "forward"], capsys)
     assert code == 1 and "qknorm" in out + err, out + err
+
+
+def test_an_int_that_sizes_a_table_attention_has_not_is_named_as_such(repo_cwd, capsys):
+    """Music-Transformer's ``max_rel_dist``: the refusal names the table every assignment builds, not the one
+    assignment (the dropout, a float) that raised."""
+    code, out, err = run(["check", R16 + "RelativeTable"], capsys)
+    said = " ".join(err.split())
+    assert code == 2 and "with max_rel_dist=context_length it builds, but it holds E.weight (9, 24), which multi-head " \
+        "attention has no counterpart for" in said, out + err
+    assert "every assignment tried raised" not in err

@@ -438,13 +438,17 @@ def _refuse_unknown(target, named, unknown) -> None:
     why = "a probe cannot choose a value of its type" if blocking is not unknown else \
         "no name attnbench knows, and no assignment of width, heads, kv heads, head dim, context length, dropout or " \
         "bias built a class of multi-head attention's size"
-    raised = [e.split(": ", 1)[1] for e in TRIED.pop(target, []) if ": " in e]
+    tried = TRIED.pop(target, [])
+    raised = [e.split(": ", 1)[1] for e in tried if ": " in e and ": built, but " not in e]
     setup = _needs_setup(raised)
     if blocking is unknown and setup:  # every assignment stopped at the same missing setup: that is the first cause
         raise PluginLoadError(f"{getattr(target, '__qualname__', target)} cannot be built on this machine: it needs "
                               f"{setup} (every assignment of {what} tried raised {raised[0]}); run it where that is "
                               "available, or point --impl at a factory that builds it for one process")
-    if blocking is unknown and raised and len(set(raised)) == 1:  # every assignment failed alike
+    built = [e.split(": built, but ", 1) for e in tried if ": built, but " in e]
+    if blocking is unknown and built:  # it builds, but holds more than attention: that is the first cause
+        why += f" (with {built[0][0]} it builds, but {built[0][1]})"
+    elif blocking is unknown and raised and len(set(raised)) == 1:  # every assignment failed alike
         why += f" (every assignment tried raised {raised[0]})"
     raise PluginLoadError(
         f"cannot call {getattr(target, '__qualname__', target)}({shown}): attnbench does not know what to pass for "

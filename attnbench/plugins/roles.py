@@ -175,7 +175,7 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
     options = [_candidates(p, taken) for p in unknown]
     only_x = _forward_only_x(target)
     errors: list[str] = []
-    one_width = None
+    one_width, unfit = None, False
     shared = tuple(r for r in taken if r in SHARED_ROLES)
     allowed = (c for c in _by_hints(unknown, options)
                if not _repeats((*c, *shared)) and ("d_context" not in c or "d_in" in {*c, *taken}))
@@ -192,7 +192,11 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
             continue
         if target not in BUILT or (whole_block(*BUILT[target]) is None and whole_block(*built[0]) is not None):
             BUILT[target] = built[0]  # the first that built, or the first that shows a whole block (a wide MLP)
-        if all(_fits(module, s, only_x) for module, s in built):
+        if not all(_fits(module, s, only_x) for module, s in built):
+            extra = "" if unfit else _beyond_attention(*built[0])
+            unfit = unfit or bool(extra)  # the first assignment that builds, holding what attention has not
+            errors += [f"{', '.join(f'{p}={f}' for p, f in params)}: built, but {extra}"] if extra else []
+        else:
             if "d_out" in {*combo, *taken} and not _fits_two_widths(build_with(params), only_x):
                 one_width = one_width or (params, tries)  # the same function only where d_in == d_out
                 continue
@@ -205,6 +209,18 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
                               "multi-head attention holds only where its input and output widths are equal, so it is "
                               f"checked at one width; {tries} other assignment(s) tried first", one_width=True), errors
     return None, errors
+
+
+def _beyond_attention(module, spec: AttnSpec) -> str:
+    """What ``module`` holds beyond multi-head attention's weight matrices (a relative-position table, a memory): the
+    matrices with a size no projection of ``spec`` has, when it holds more than attention does; ``""`` otherwise."""
+    if not isinstance(module, nn.Module) or _matrices(module) <= weight_elements(spec):
+        return ""
+    kv = (spec.num_kv_heads or spec.num_heads) * spec.head_dim
+    sizes = {spec.d_in, spec.d_out, kv, 2 * kv, spec.d_out + 2 * kv, spec.head_dim, spec.num_heads,
+             spec.num_kv_heads or spec.num_heads}
+    extra = [f"{n} {tuple(p.shape)}" for n, p in module.named_parameters() if p.dim() >= 2 and set(p.shape) - sizes]
+    return f"it holds {', '.join(extra[:3])}, which multi-head attention has no counterpart for" if extra else ""
 
 
 MAX_COMBOS = 50_000

@@ -30,6 +30,9 @@
   theta (the ninth planted set's, read after its run): its QK-norm was never probed, because the probe passed the
   spec's theta, None, and the build raised; its QK-norm cases now run. ``KeysNormedByQueryNorm``: ``k`` normed by
   ``q_norm``, which only those cases catch.
+- ``RelativeTable(d_model, num_heads, max_rel_dist, bias=True)``: Music-Transformer's relative attention (the ninth
+  corpus's, read after its run): an unknown int sizes a table of relative-position embeddings ``E``; every role
+  builds it with a table attention has no counterpart for, and the refusal says so, not "every assignment raised".
 """
 
 import dataclasses
@@ -296,3 +299,21 @@ class OwnTablesQKNorm(nn.Module):
 class KeysNormedByQueryNorm(OwnTablesQKNorm):
     def _normed(self, q, k):
         return (self.q_norm(q), self.q_norm(k)) if self.q_norm is not None else (q, k)
+
+
+class RelativeTable(nn.Module):
+    def __init__(self, d_model, num_heads, max_rel_dist, bias=True):
+        super().__init__()
+        self.h, self.max_rel_dist = num_heads, max_rel_dist
+        self.wq, self.wk, self.wv = (nn.Linear(d_model, d_model, bias=bias) for _ in range(3))
+        self.E = nn.Embedding(max_rel_dist, d_model)
+        self.wo = nn.Linear(d_model, d_model)
+
+    def forward(self, q, k, v, mask=None):
+        q, k, v = (_heads(p(t), self.h) for p, t in ((self.wq, q), (self.wk, k), (self.wv, v)))
+        e = _heads(self.E.weight[-k.shape[2]:][None], self.h)[0]
+        rel = q @ e.transpose(-2, -1)
+        scores = (q @ k.transpose(-2, -1) + rel) / q.shape[-1] ** 0.5
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        return self.wo(_merge(scores.softmax(-1) @ v))
