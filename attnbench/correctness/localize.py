@@ -45,7 +45,9 @@ from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles
 from attnbench.correctness.localize_rope import discarded, never_rotated, paths_differ, unrotated
 from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
+from attnbench.correctness.localize_sdpa_scale import sdpa_scale
 from attnbench.correctness.localize_tables import wrong_tables
+from attnbench.correctness.localize_unused import unused_mask
 from attnbench.correctness.localize_weights import unnormalised
 from attnbench.correctness.stages import FUSED, OPTIONAL, ORDER, Stage
 
@@ -112,12 +114,12 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain
-    for refine in (unnormalised, swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
+    for refine in (unused_mask, unnormalised, swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
         found = refine(div, ev)
         if found is not None:
             return found
     found = (mask_origin(div, ev, made) or wrong_tables(div, ev, made) or sdpa_flag(div, ev) or sdpa_rescaled(div, ev)
-             or attribute_scale(div, ev, made))
+             or attribute_scale(div, ev, made) or sdpa_scale(div, ev))
     if found is not None:
         return found
     return _named(_factor_origin(div, ev), ev)

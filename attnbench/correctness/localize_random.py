@@ -10,12 +10,18 @@ same, is where the randomness enters (``F.dropout(p, training=True)``, a ``Dropo
 
 from __future__ import annotations
 
+import re
 import warnings
+from dataclasses import replace
 
 import torch
 
 from attnbench.correctness.localize_finding import Localization, named
 from attnbench.correctness.localize_record import Recorder
+from attnbench.correctness.localize_sdpa_scale import argument_line
+
+DROPOUT_ARG = re.compile(r"\b(dropout_p|dropout|p)\s*=")
+"""A call's dropout argument (``scaled_dot_product_attention(..., dropout_p=self.attn_pdrop)``, ``F.dropout(p=)``)."""
 
 
 def random_in_eval(impl, case, device: str = "cpu", seed: int = 0) -> Localization | None:
@@ -62,7 +68,9 @@ def _first_difference(a: list, b: list) -> Localization | None:
         if set(ra.inputs) <= same:
             v = ra.value
             stage = "probabilities" if v.dim() == 4 and v.shape[-1] == v.shape[-2] else "output"
-            return named(stage, ra, "differs between two calls on the same input in eval mode (built with "
+            found = argument_line(ra.path, ra.line, DROPOUT_ARG)  # a call over several lines: its dropout_p= line
+            at = replace(ra, line=found[0], text=found[1]) if found and found[0] != ra.line else ra
+            return named(stage, at, "differs between two calls on the same input in eval mode (built with "
                                               "dropout): randomness, such as dropout, applied here in eval mode", {})
         return None
     return None

@@ -128,8 +128,9 @@ FACTOR_STAGES = ("scaled q", "scaled scores", "masked scores")
 
 
 def attribute_scale(div, ev: Evidence, made) -> Localization | None:
-    """Scores off by a factor at a line that multiplies by a number the class set itself (``* self.scaling``), the
-    factor being that number over the score scale: the ``__init__`` line that set it (``self.scaling =
+    """Scores off by a factor at a line that multiplies by a number the class set itself (``* self.scaling``) or
+    divides by one (``/ self.norm_factor``, an int too: GPT-NeoX's ``sqrt(head_size)`` planted as ``head_size``), the
+    factor being what that number applies over the score scale: the ``__init__`` line that set it (``self.scaling =
     self.hidden_size ** -0.5``) is named."""
     if made is None or div.name not in FACTOR_STAGES or not div.exact or div.fit.fit > ev.tol:
         return None
@@ -138,9 +139,13 @@ def attribute_scale(div, ev: Evidence, made) -> Localization | None:
     module, scale = made[3], score_scale(ev)
     for attr in re.findall(r"self\.(\w+)", div.rec.text):
         value = getattr(module, attr, None)
-        if not isinstance(value, float) or scale is None:  # a scale the class set (an int is a size: d_out)
+        divides = re.search(rf"/\s*self\.{attr}\b", div.rec.text) is not None  # GPT-NeoX: scores / self.norm_factor
+        if not isinstance(value, float | int) or isinstance(value, bool) or not value or scale is None:
             continue
-        if abs(value / scale - div.fit.factor) <= 1e-6 * abs(div.fit.factor):  # it stands where the scale belongs
+        if isinstance(value, int) and not divides:  # a scale the class set (an int it multiplies by is a size: d_out)
+            continue
+        applied = 1 / (value * scale) if divides else value / scale
+        if abs(applied - div.fit.factor) <= 1e-6 * abs(div.fit.factor):  # it stands where the scale belongs
             found = _assigned(type(module), attr)
             if found is not None:
                 rec = replace(div.rec, path=found[0], line=found[1], text=found[2], caller=None)

@@ -1270,3 +1270,97 @@ class ChunkedKeysAsValues(nn.Module):
         q, k, v = self.qkv(x).reshape(b, T, 3, self.nh, self.hd).permute(2, 0, 3, 1, 4).unbind(0)
         out = torch.cat([self._chunk(q[:, :, s:s + self.chunk], k, v, s) for s in range(0, T, self.chunk)], dim=2)
         return self.proj(out.transpose(1, 2).reshape(b, T, C))
+
+
+class NormFactorWithoutRoot(nn.Module):
+    """GPT-NeoX's ``self.norm_factor = math.sqrt(self.head_size)`` planted without its square root, the scores divided
+    by it in an ``_attn`` helper (the ninth planted set, read after its run): the ``__init__`` line is named, as a
+    ``self.scaling`` that is multiplied is."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, hidden_size, num_attention_heads):
+        super().__init__()
+        self.nh, self.head_size = num_attention_heads, hidden_size // num_attention_heads
+        self.norm_factor = self.head_size  # PLANTED
+        self.query_key_value = nn.Linear(hidden_size, 3 * hidden_size)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def _attn(self, q, k, v):
+        t = q.shape[-2]
+        scores = torch.matmul(q, k.transpose(-1, -2)) / self.norm_factor
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        return scores.softmax(-1) @ v
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = self.query_key_value(hidden_states).view(b, T, 3, self.nh, self.head_size).permute(2, 0, 3, 1, 4)
+        return self.dense(self._attn(q, k, v).transpose(1, 2).reshape(b, T, -1))
+
+
+class SdpaScaleWithoutRoot(nn.Module):
+    """A Llama-style layer whose ``scaled_dot_product_attention`` call spans several lines, its ``scale=`` planted
+    without the square root (the ninth planted set, read after its run): the call is one op whose inputs match, so
+    the scale that reproduces its output is measured, and the ``scale=`` line is named."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, dim // n_heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        bsz, seqlen, _ = x.shape
+        xq, xk, xv = (w(x).view(bsz, seqlen, self.n_heads, self.head_dim).transpose(1, 2)
+                      for w in (self.wq, self.wk, self.wv))
+        output = F.scaled_dot_product_attention(
+            xq, xk, xv,
+            is_causal=True,
+            scale=1.0 / self.head_dim,  # PLANTED
+        )
+        return self.wo(output.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+class MaskNotInPlace(nn.Module):
+    """Raschka's ``MultiHeadAttention`` with ``attn_scores.masked_fill_`` planted as ``masked_fill`` (its result
+    dropped; the ninth planted set, read after its run): the masking line is named, not the scores' line."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_in, d_out, context_length, num_heads):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d_out // num_heads
+        self.W_query, self.W_key, self.W_value = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        b, num_tokens, _ = x.shape
+        queries, keys, values = (w(x).view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+                                 for w in (self.W_query, self.W_key, self.W_value))
+        attn_scores = queries @ keys.transpose(2, 3)
+        attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)  # PLANTED
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        return self.out_proj((attn_weights @ values).transpose(1, 2).reshape(b, num_tokens, -1))
+
+
+class SdpaDropoutAlwaysOn(nn.Module):
+    """minGPT-style layer whose ``scaled_dot_product_attention`` call spans several lines, ``dropout_p=`` planted
+    without ``if self.training else 0.0`` (the ninth planted set, read after its run): the ``dropout_p=`` line of the
+    call is named, not its first line."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.n_head, self.p = num_heads, dropout
+        self.c_attn, self.c_proj = nn.Linear(d_in, 3 * d_out, bias=qkv_bias), nn.Linear(d_out, d_out)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            dropout_p=self.p,  # PLANTED
+            is_causal=True,
+        )
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
