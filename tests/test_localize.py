@@ -410,6 +410,7 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "the masked scores made here are never used"),
     ("SdpaDropoutAlwaysOn", ["SdpaDropoutAlwaysOn"], ("eval_deterministic", "props", "float64"), "output",
      "randomness, such as dropout, applied here in eval mode"),
+    ("SplitScaleResidual", ["SplitScaleResidual"], ("forward", "gpt_like", "float64"), "output", "merged heads match"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),

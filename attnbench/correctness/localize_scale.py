@@ -102,6 +102,8 @@ def scaled_chain(div, ev: Evidence) -> Localization | None:
         if i in ev.explained or i == div.rec.index:
             continue
         rec = ev.records[i]
+        if _compensated(div, i, ev):
+            continue  # q and k each scaled by head_dim ** -0.25 (Whisper, guided-diffusion): the scores come out right
         for stage in ev.stages:
             if stage.name not in CHAIN or stage.name == "scaled q":
                 continue
@@ -112,6 +114,18 @@ def scaled_chain(div, ev: Evidence) -> Localization | None:
                          f"it is {div.name} {div.fit.words(ev.tol)}")
                 return named(stage.name, rec, words, ev.matched)
     return None
+
+
+def _compensated(div, index: int, ev: Evidence) -> bool:
+    """Whether a stage the reference reaches after scaling (its scaled or masked scores, its probabilities) is matched
+    by a tensor made from record ``index``, and ``div`` is no factor off: a factor on it was then made up for before it
+    mattered (not when the scores are scaled again: ``k / sqrt(d)`` and then the scores' own scale)."""
+    factor = div.fit.factor
+    if div.exact and math.isfinite(factor) and abs(factor - 1) > EXACT:
+        return False
+    after = ev.descendants(index)
+    return any(ev.matched.get(name) is not None and ev.matched[name].index in after
+               for name in ("scaled scores", "masked scores", "probabilities"))
 
 
 def sdpa_rescaled(div, ev: Evidence) -> Localization | None:

@@ -1364,3 +1364,25 @@ class SdpaDropoutAlwaysOn(nn.Module):
             is_causal=True,
         )
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SplitScaleResidual(nn.Module):
+    """Whisper's and guided-diffusion's split scale, ``head_dim ** -0.25`` on q and on k (the scores come out scaled
+    right), with a residual planted on the output (the ninth planted set, read after its run): the return line is
+    named, not the correct ``q * scale`` before it."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, channels, num_heads):
+        super().__init__()
+        self.n_heads = num_heads
+        self.qkv, self.proj_out = nn.Linear(channels, 3 * channels), nn.Linear(channels, channels)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.n_heads, -1).transpose(1, 2) for z in self.qkv(x).chunk(3, dim=-1))
+        scale = 1 / math.sqrt(math.sqrt(c // self.n_heads))
+        weight = (q * scale) @ (k * scale).transpose(-1, -2)
+        weight = weight.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        h = (weight @ v).transpose(1, 2).reshape(b, t, c)
+        return self.proj_out(h) + x  # PLANTED
