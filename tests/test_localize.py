@@ -411,6 +411,8 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
     ("SdpaDropoutAlwaysOn", ["SdpaDropoutAlwaysOn"], ("eval_deterministic", "props", "float64"), "output",
      "randomness, such as dropout, applied here in eval mode"),
     ("SplitScaleResidual", ["SplitScaleResidual"], ("forward", "gpt_like", "float64"), "output", "merged heads match"),
+    ("SdpaCausalFlagOff", ["SdpaCausalFlagOff"], ("forward", "gpt_like", "float64"), "masked scores",
+     "the call is not causal (is_causal set here"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-import linecache
+import re
 import textwrap
 from dataclasses import replace
 
@@ -24,7 +24,7 @@ import torch
 
 from attnbench.correctness.localize_finding import Evidence, Localization, named
 from attnbench.correctness.localize_match import MASKED
-from attnbench.correctness.localize_record import held_tensor
+from attnbench.correctness.localize_record import argument_line, held_tensor
 
 RIGHT, WRONG, UNKNOWN = "right", "wrong", "unknown"
 AFTER_MASK = ("masked scores", "capped scores", "probabilities", "probabilities @ V")
@@ -158,6 +158,10 @@ def _named_value(lines: list[str], at: int, leaf: str) -> int | None:
     return None
 
 
+IS_CAUSAL = re.compile("is_causal")
+"""What sets a fused call's causal flag, on one of its lines."""
+
+
 def sdpa_flag(div, ev: Evidence) -> Localization | None:
     """``scaled_dot_product_attention`` whose first query already differs (it sees later tokens): the line of its
     call that sets ``is_causal`` (a call spread over lines), when there is one and no mask was passed."""
@@ -170,13 +174,11 @@ def sdpa_flag(div, ev: Evidence) -> Localization | None:
         return None
     if torch.allclose(got[:, :, 0], first.double(), rtol=1e-4, atol=1e-6 * float(first.abs().max())):
         return None  # the first query sees itself only, as in the reference: not the causal flag
-    for line in range(div.rec.line, div.rec.line + 12):
-        text = linecache.getline(div.rec.path, line)
-        if "is_causal" in text:
-            rec = replace(div.rec, line=line, text=text.strip(), caller=None)
-            stage = "masked scores" if ev.stage("masked scores") is not None else div.name  # the mask is missing
-            return named(stage, rec, "its first query sees later tokens: the call is not causal (is_causal set "
-                                     "here, and no mask given)", ev.matched)
-        if line > div.rec.line and text.rstrip().endswith(")") and text.count(")") > text.count("("):
-            break
-    return None
+    found = argument_line(div.rec.path, div.rec.line, IS_CAUSAL, span=12)
+    if found is None:
+        return None
+    rec = replace(div.rec, line=found[0], text=found[1], caller=None)
+    stage = "masked scores" if ev.stage("masked scores") is not None else div.name  # the mask is missing
+    return named(stage, rec, "its first query sees later tokens: the call is not causal (is_causal set here, and no "
+                             "mask given)", ev.matched)
+

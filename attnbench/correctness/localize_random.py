@@ -17,8 +17,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.correctness.localize_finding import Localization, named
-from attnbench.correctness.localize_record import Recorder
-from attnbench.correctness.localize_sdpa_scale import argument_line
+from attnbench.correctness.localize_record import Recorder, argument_line
 
 DROPOUT_ARG = re.compile(r"\b(dropout_p|dropout|p)\s*=")
 """A call's dropout argument (``scaled_dot_product_attention(..., dropout_p=self.attn_pdrop)``, ``F.dropout(p=)``)."""

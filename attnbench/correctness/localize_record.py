@@ -16,6 +16,7 @@ import functools
 import importlib.metadata
 import linecache
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -290,3 +291,20 @@ def _name(func) -> str:
     name = getattr(func, "__name__", None) or repr(func)
     owner = getattr(func, "__objclass__", None)
     return f"Tensor.{name}" if owner is torch.Tensor or owner is torch._C.TensorBase else name
+
+
+def argument_line(path: str, first: int, pattern: re.Pattern, span: int = 20) -> tuple[int, str] | None:
+    """``(line, text)`` of the argument ``pattern`` finds (``scale=``, ``dropout_p=``, ``is_causal``) in the call that
+    starts at line ``first`` (its lines, at most ``span``, up to where its parentheses close); None when it passes
+    none."""
+    depth = 0
+    for n in range(first, first + span):
+        text = linecache.getline(path, n)
+        if not text:
+            return None
+        if n > first and pattern.search(text) or n == first and pattern.search(text.split("(", 1)[-1]):
+            return n, text.strip()
+        depth += text.count("(") - text.count(")")
+        if depth <= 0:
+            return None
+    return None

@@ -10,7 +10,6 @@ lines names that line) is named, with both scales; the call's first line when it
 
 from __future__ import annotations
 
-import linecache
 import math
 import re
 from dataclasses import replace
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.correctness.localize_finding import Evidence, Localization, named
+from attnbench.correctness.localize_record import argument_line
 from attnbench.correctness.localize_scale import score_scale
 
 SCALE_ARG = re.compile(r"\bscale\s*=")
@@ -37,7 +37,7 @@ def sdpa_scale(div, ev: Evidence) -> Localization | None:
     scale, error = _best_scale(q, k, v, rec.value.double(), ref)
     if error > max(ev.tol, 1e-6) or abs(scale / ref - 1) <= 1e-3:  # q, k, v exact: 1e-6 is the call alone
         return None
-    line, text = argument_line(rec.path, rec.line) or (rec.line, rec.text)
+    line, text = argument_line(rec.path, rec.line, SCALE_ARG) or (rec.line, rec.text)
     at = replace(rec, line=line, text=text)
     words = (f"scaled_dot_product_attention at {rec.where} scales the scores by {scale:.4g}, where the reference's "
              f"scale is {ref:.4g} (1/sqrt(head_dim)): at that scale its output is the class's (error {error:.1e})")
@@ -59,19 +59,3 @@ def _best_scale(q, k, v, out, ref: float) -> tuple[float, float]:
         found = minimize_scalar(error, bounds=(math.log(ref / 100), math.log(ref * 100)), method="bounded",
                                 options={"xatol": 1e-10})
         return math.exp(found.x), error(found.x)
-
-
-def argument_line(path: str, first: int, pattern: re.Pattern = SCALE_ARG) -> tuple[int, str] | None:
-    """``(line, text)`` of the argument ``pattern`` finds (``scale=``) in the call that starts at line ``first`` (its
-    lines up to where its parentheses close); None when it passes none."""
-    depth = 0
-    for n in range(first, first + 20):
-        text = linecache.getline(path, n)
-        if not text:
-            return None
-        if n > first and pattern.search(text) or n == first and pattern.search(text.split("(", 1)[-1]):
-            return n, text.strip()
-        depth += text.count("(") - text.count(")")
-        if depth <= 0:
-            return None
-    return None

@@ -16,21 +16,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.plugins import signatures
-from attnbench.plugins.context import (
-    CACHE_NAMES,
-    CAUSAL_ARGS,
-    LENGTH_NAMES,
-    MASK_NAMES,
-    POSITION_NAMES,
-    SPAN_ARGS,
-    TABLE_NAMES,
-    WINDOW_ARGS,
-    ContextPlan,
-    bind_context,
-)
-
-KNOWN = frozenset({*CACHE_NAMES, *CAUSAL_ARGS, *LENGTH_NAMES, *MASK_NAMES, *POSITION_NAMES, *SPAN_ARGS, *TABLE_NAMES,
-                   *WINDOW_ARGS, "use_cache"})
+from attnbench.plugins.context import KNOWN_NAMES, ContextPlan, bind_context, plain_type
 
 
 def candidates(target) -> list[str]:
@@ -40,9 +26,8 @@ def candidates(target) -> list[str]:
         params = list(signatures.signature(target.forward).parameters.values())[2:]  # self, x
     except (AttributeError, TypeError, ValueError):
         return []
-    plain = ("int", "float", "bool", "str")
-    return [p.name for p in params if p.default is None and p.name not in KNOWN and p.kind != p.VAR_KEYWORD
-            and (p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")) not in plain]
+    return [p.name for p in params if p.default is None and p.name not in KNOWN_NAMES and p.kind != p.VAR_KEYWORD
+            and not plain_type(p)]
 
 
 def with_probed_cache(binding, plan: ContextPlan) -> ContextPlan:

@@ -15,6 +15,7 @@ name ends in ``Config``/``Args``/``Params`` (two or more such, and none annotate
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 
@@ -53,9 +54,10 @@ def _field_value(name: str, spec: AttnSpec, values: dict):
     return values["d_in"] if field == "d_in" else values[field]
 
 
-def _tracking(cls: type, names: set[str] | None = None) -> type:
+@functools.lru_cache(maxsize=256)
+def _tracking(cls: type, names: frozenset[str] | None = None) -> type:
     """A subclass of ``cls`` that records which of its fields (``names``, else its dataclass fields) are read (what a
-    class reads is what it supports)."""
+    class reads is what it supports); one per class and names, not one per config built."""
     names = {f.name for f in dataclasses.fields(cls)} if names is None else names
 
     def __getattribute__(self, name):
@@ -94,7 +96,7 @@ def config_factory(cls: type, skip: tuple[str, ...] = ()):
         config = _built(tracked, kwargs, takes_kwargs)
         if takes_kwargs:  # built as it is, then tracked: its class swapped for one that records what is read
             try:
-                config.__class__ = _tracking(cls, {k for k in vars(config) if not k.startswith("_")})
+                config.__class__ = _tracking(cls, frozenset(k for k in vars(config) if not k.startswith("_")))
             except TypeError:  # a layout that cannot take a subclass: reads untracked
                 pass
         config.__dict__["_attnbench_read"] = None

@@ -58,6 +58,10 @@ CAUSAL_ARGS = ("is_causal", "causal")
 WINDOW_ARGS = ("window_size",)
 """A forward-level flash-attention window: ``(left, right)``, ``-1`` = unlimited (``(w - 1, 0)`` for a causal window w)."""
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past")
+KNOWN_NAMES = frozenset({*MASK_NAMES, *TABLE_NAMES, *POSITION_NAMES, *CACHE_NAMES, "use_cache", *WINDOW_ARGS,
+                         *CAUSAL_ARGS, *SPAN_ARGS, *LENGTH_NAMES})
+"""Every forward parameter name attnbench supplies by its name (any other is probed: plugins.causal_probe,
+plugins.cache_probe)."""
 GUIDE = "docs/own-attention.md: Forwards that take their context"
 SUPPLIED = ("mask/attn_mask/attention_mask; cos, sin, position_embeddings=(cos, sin), cos_sin, freqs_cos/freqs_sin; "
             "start_pos/input_pos/position_ids/cache_position; cache/kv_cache/past_key_value(s)/layer_past; use_cache; "
@@ -245,14 +249,12 @@ def plan_for(target) -> ContextPlan | None:
         return None
     x, rest = named[0].name, named[1:]
     names = [p.name for p in rest]
-    known = set(MASK_NAMES) | set(TABLE_NAMES) | set(POSITION_NAMES) | set(CACHE_NAMES) | {"use_cache"} | \
-        set(WINDOW_ARGS) | set(CAUSAL_ARGS) | set(SPAN_ARGS) | set(LENGTH_NAMES)
-    unknown = [p for p in rest if p.default is p.empty and p.name not in known]
+    unknown = [p for p in rest if p.default is p.empty and p.name not in KNOWN_NAMES]
     name = getattr(target, "__qualname__", repr(target))
-    typed = [p.name for p in unknown if _plain_type(p)]
+    typed = [p.name for p in unknown if plain_type(p)]
     # a tensor defaulting to None that the class may not do without (LlamaGen's `freqs_cis: torch.Tensor = None`):
     # probed too, None first, so a class that runs without it is bound as before
-    unknown += [p for p in rest if p.default is None and p.name not in known and _tensor_type(p)]
+    unknown += [p for p in rest if p.default is None and p.name not in KNOWN_NAMES and _tensor_type(p)]
     if typed:
         raise PluginLoadError(f"{name}.forward needs {', '.join(map(repr, typed))}, which attnbench cannot supply "
                               f"(it supplies by name: {SUPPLIED}); give {'them defaults' if len(typed) > 1 else 'it a default'}, "
@@ -289,7 +291,7 @@ def _tensor_type(p: inspect.Parameter) -> bool:
     return "Tensor" in (ann if isinstance(ann, str) else repr(ann) if ann is not p.empty else "")
 
 
-def _plain_type(p: inspect.Parameter) -> bool:
+def plain_type(p: inspect.Parameter) -> bool:
     """Is ``p`` annotated ``int``, ``float``, ``bool`` or ``str``: no tensor a probe could give it?"""
     ann = p.annotation
     return (ann if isinstance(ann, str) else getattr(ann, "__name__", "")) in ("int", "float", "bool", "str")

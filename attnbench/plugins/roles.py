@@ -115,13 +115,11 @@ def guess(p: inspect.Parameter, taken: set[str]) -> str | None:
 
 def weight_elements(spec: AttnSpec) -> int:
     """Elements of multi-head attention's weight matrices at ``spec``: queries, keys and values, output."""
-    kv = (spec.num_kv_heads or spec.num_heads) * spec.head_dim
-    return spec.d_in * spec.d_out + 2 * spec.d_in * kv + spec.d_out * spec.d_out
+    return spec.d_in * spec.d_out + 2 * spec.d_in * spec.kv_dim + spec.d_out * spec.d_out
 
 
 def _fits(module: nn.Module, spec: AttnSpec, forward_only_x: bool) -> bool:
-    matrices = sum(p.numel() for p in module.parameters() if p.dim() >= 2)
-    if matrices != weight_elements(spec):
+    if _matrices(module) != weight_elements(spec):
         return False
     if not forward_only_x:
         return True
@@ -181,6 +179,7 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
                if not _repeats((*c, *shared)) and ("d_context" not in c or "d_in" in {*c, *taken}))
     for tries, combo in enumerate(itertools.islice(allowed, MAX_TRIES)):
         params = tuple(zip((p.name for p in unknown), combo, strict=True))
+        label = ", ".join(f"{p}={f}" for p, f in params)
         if "num_kv_heads" not in combo and "num_kv_heads" not in taken:
             probes = tuple(replace(s, num_kv_heads=None) for s in PROBES)
         else:
@@ -188,14 +187,14 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
         try:
             built = [(build_with(params)(s), s) for s in probes]
         except Exception as exc:  # this assignment does not build: the next one may
-            errors.append(f"{', '.join(f'{p}={f}' for p, f in params)}: {type(exc).__name__}: {_first(exc)}")
+            errors.append(f"{label}: {type(exc).__name__}: {_first(exc)}")
             continue
         if target not in BUILT or (whole_block(*BUILT[target]) is None and whole_block(*built[0]) is not None):
             BUILT[target] = built[0]  # the first that built, or the first that shows a whole block (a wide MLP)
         if not all(_fits(module, s, only_x) for module, s in built):
             extra = "" if unfit else _beyond_attention(*built[0])
             unfit = unfit or bool(extra)  # the first assignment that builds, holding what attention has not
-            errors += [f"{', '.join(f'{p}={f}' for p, f in params)}: built, but {extra}"] if extra else []
+            errors += [f"{label}: built, but {extra}"] if extra else []
         else:
             if "d_out" in {*combo, *taken} and not _fits_two_widths(build_with(params), only_x):
                 one_width = one_width or (params, tries)  # the same function only where d_in == d_out
@@ -216,9 +215,8 @@ def _beyond_attention(module, spec: AttnSpec) -> str:
     matrices with a size no projection of ``spec`` has, when it holds more than attention does; ``""`` otherwise."""
     if not isinstance(module, nn.Module) or _matrices(module) <= weight_elements(spec):
         return ""
-    kv = (spec.num_kv_heads or spec.num_heads) * spec.head_dim
-    sizes = {spec.d_in, spec.d_out, kv, 2 * kv, spec.d_out + 2 * kv, spec.head_dim, spec.num_heads,
-             spec.num_kv_heads or spec.num_heads}
+    kv = spec.kv_dim
+    sizes = {spec.d_in, spec.d_out, kv, 2 * kv, spec.d_out + 2 * kv, spec.head_dim, spec.num_heads, spec.kv_heads}
     extra = [f"{n} {tuple(p.shape)}" for n, p in module.named_parameters() if p.dim() >= 2 and set(p.shape) - sizes]
     return f"it holds {', '.join(extra[:3])}, which multi-head attention has no counterpart for" if extra else ""
 

@@ -1386,3 +1386,17 @@ class SplitScaleResidual(nn.Module):
         weight = weight.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
         h = (weight @ v).transpose(1, 2).reshape(b, t, c)
         return self.proj_out(h) + x  # PLANTED
+
+
+class SdpaCausalFlagOff(SdpaDropoutAlwaysOn):
+    """The same call with no mask and ``is_causal=False`` planted on its own line: that line of the call is named
+    (the shared multi-line argument scan, as for ``dropout_p=`` and ``scale=``)."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            is_causal=False,  # PLANTED
+        )
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
