@@ -250,3 +250,21 @@ def test_a_file_in_a_folder_without_init_under_a_package_runs_the_package_first(
     ``nanovllm.layers.attention``, so the package's ``__init__`` runs first, as Python run from the root does."""
     lines = refusal(capsys, "nspkg/layers/attention.py:Anything")
     assert "it imports 'attnbench_refusals_absent_hash', which is not installed here" in lines[0], lines
+
+
+def test_a_warning_on_the_way_is_shown_after_the_refusal_whose_first_line_is_the_cause(repo_cwd):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "attnbench", "check", R + "warns_at_import.py:Block"],
+                          capture_output=True, text=True, timeout=300)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines[0].startswith("error: Block is a whole block, not an attention layer"), done.stderr
+    assert any("UserWarning: this module's layers are deprecated" in line for line in lines[1:]), done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_a_constructor_that_reaches_cuda_under_one_assignment_is_refused_for_cuda(repo_cwd, capsys):
+    lines = refusal(capsys, "cuda_in_constructor.py:Attention")
+    assert lines[0] == "error: Attention cannot be built on this machine: it needs CUDA, which this machine does not have"
+    assert "an assignment of 'span', 'lanes' tried raised" in "\n".join(lines)

@@ -2,13 +2,14 @@
 
 Errors a user can cause (:class:`~attnbench.errors.AttnbenchError`) print as one line ``error: ...`` (a long one
 as that headline and a few short indented lines: :func:`~attnbench.errors.refusal_lines`) and exit with status 2,
-never with a traceback.
+never with a traceback. Warnings raised on the way are shown after what the command printed.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import click
 from rich.console import Console
@@ -59,8 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user errors become one line and exit status 2; SIGTERM and SIGHUP are handled
     like Ctrl-C (:mod:`attnbench.runner.interrupts`: one line, exit 143 / 129)."""
     interrupts.install()
+    caught: list = []
     try:
-        cli.main(args=argv, prog_name="attnbench", standalone_mode=False)
+        with warnings.catch_warnings(record=True) as caught:
+            cli.main(args=argv, prog_name="attnbench", standalone_mode=False)
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)
@@ -77,3 +80,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+    finally:
+        _shown_after(caught)
+
+
+def _shown_after(caught: list) -> None:
+    """Show the warnings a command raised (a user's module warning at import, torch's at construction) after what it
+    printed: a refusal's first line is its cause, never a warning on the way to it."""
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)

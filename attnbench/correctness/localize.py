@@ -39,13 +39,15 @@ from attnbench.correctness.localize_finding import CHAIN, LAYOUT_OPS, Evidence, 
 from attnbench.correctness.localize_layout import layout_stage, misordered_merge
 from attnbench.correctness.localize_mask import mask_origin, sdpa_flag
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
+from attnbench.correctness.localize_norm import norm_step
 from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
-from attnbench.correctness.localize_roles import swapped_roles
+from attnbench.correctness.localize_roles import swapped_roles, values_from_other
 from attnbench.correctness.localize_rope import discarded, never_rotated, paths_differ, unrotated
 from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
 from attnbench.correctness.localize_sdpa_scale import sdpa_scale
+from attnbench.correctness.localize_softmax import softmax_step
 from attnbench.correctness.localize_tables import wrong_tables
 from attnbench.correctness.localize_unused import unused_mask
 from attnbench.correctness.localize_weights import unnormalised
@@ -114,7 +116,8 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain
-    for refine in (unused_mask, unnormalised, swapped_roles, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
+    for refine in (norm_step, softmax_step, unused_mask, unnormalised, swapped_roles, values_from_other, moved_scale,
+                   scaled_chain, unrotated, paths_differ, never_rotated, discarded):
         found = refine(div, ev)
         if found is not None:
             return found
@@ -253,9 +256,11 @@ def _missing_steps(ev: Evidence, returned: int | None, returned_at: tuple[str, i
     last = max(equal, key=ORDER.index)
     nxt = next(s.name for s in ev.stages if s.name in ORDER and ORDER.index(s.name) > ORDER.index(last))
     rec = ev.records[returned]
-    if returned_at is not None and (returned_at[0], returned_at[1]) != (rec.path, rec.line):
-        rec = replace(rec, path=returned_at[0], line=returned_at[1], text=returned_at[2], caller=None)
     words = f"the class returns the reference's {last}: the steps from {last} to the output are missing"
+    if rec.line != ev.matched[last].line and rec.op in LAYOUT_OPS | {"dropout"} and rec.caller is None:
+        words += " (this line passes it on unchanged)"  # ``y = self.resid_dropout(y)``, the projection left out of it
+    elif returned_at is not None and (returned_at[0], returned_at[1]) != (rec.path, rec.line):
+        rec = replace(rec, path=returned_at[0], line=returned_at[1], text=returned_at[2], caller=None)
     return named(nxt, rec, words, {k: v for k, v in ev.matched.items() if ORDER.index(k) < ORDER.index(nxt)})
 
 

@@ -68,10 +68,25 @@ def locate_backward(records: list[Record], stages: list[Stage], ref_grads: dict[
         consumers = [r for r in records if rec.index in r.inputs]
         if not good or not consumers:
             return None  # the output's own gradient differs, or nothing consumed it: nothing to localise
-        step = min(consumers, key=lambda r: r.index)
+        step = _detached(records, rec.index, min((i for i in good if i > rec.index), default=len(records))) or \
+            min(consumers, key=lambda r: r.index)
         own = lines.backward_of(step)
         step = step if own is None else replace(step, path=own[0], line=own[1], text=own[2], caller=None)
         return stage.name, step, fit, good[min((i for i in good if i >= step.index), default=max(good))], own is not None
+    return None
+
+
+def _detached(records: list[Record], start: int, stop: int) -> Record | None:
+    """The first record after record ``start`` and before record ``stop``, made from it, whose gradient stops there
+    (``denom.detach()``: what it was made from takes gradients, it takes none), or ``None``."""
+    reached = {start}
+    for rec in records[start + 1:stop]:
+        if not reached & set(rec.inputs):
+            continue
+        reached.add(rec.index)
+        takes = [records[i].live for i in rec.inputs if records[i].live is not None]
+        if rec.live is not None and not rec.live.requires_grad and any(t.requires_grad for t in takes):
+            return rec
     return None
 
 

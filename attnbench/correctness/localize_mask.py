@@ -27,6 +27,8 @@ from attnbench.correctness.localize_match import MASKED
 from attnbench.correctness.localize_record import argument_line, held_tensor
 
 RIGHT, WRONG, UNKNOWN = "right", "wrong", "unknown"
+ADDS = frozenset({"add", "Tensor.add", "Tensor.add_", "Tensor.__add__", "Tensor.__radd__", "Tensor.__iadd__"})
+"""Calls that apply a float mask by adding it to the scores."""
 AFTER_MASK = ("masked scores", "capped scores", "probabilities", "probabilities @ V")
 """The stages a wrong mask is first seen at (SDPA given an ``attn_mask`` fuses the scores to its output)."""
 
@@ -40,7 +42,10 @@ def mask_origin(div, ev: Evidence, made) -> Localization | None:
     full = full[0] if full else None
     hidden = ev.stage("masked scores").tensor.reshape(-1, *ev.stage("masked scores").tensor.shape[-2:])[0] <= MASKED
     for tid in arg_ids.get(div.rec.index, ()):
-        if tid not in aux or not _mask_like(aux[tid].value) or _pattern(aux[tid].value, hidden, full) != WRONG:
+        if tid not in aux or not _mask_like(aux[tid].value):
+            continue
+        added = div.rec.op in ADDS and aux[tid].value.is_floating_point()
+        if _pattern(aux[tid].value, hidden, full, added) != WRONG:
             continue
         origin = _walk(tid, aux, buffers, module, hidden, full)
         if isinstance(origin, str):
@@ -51,7 +56,8 @@ def mask_origin(div, ev: Evidence, made) -> Localization | None:
             what = f"the mask buffer {origin!r} made here hides other positions than the reference's mask"
         else:
             path, line, text = origin.path, origin.line, origin.text
-            what = "the mask made here hides other positions than the reference's mask"
+            what = ("the mask made here hides other positions than the reference's mask" if _mask_like(origin.value)
+                    else "the positions made here, which the mask compares, are neither the keys' nor the queries'")
         rec = replace(div.rec, path=path, line=line, text=text, caller=None)
         return named("masked scores", rec, f"{what} (it is applied at {div.rec.where}: {div.fit.words(ev.tol)})",
                      ev.matched)
@@ -67,9 +73,29 @@ def _mask_like(value: torch.Tensor) -> bool:
 
 
 def _walk(tid: int, aux: dict, buffers: dict, module, hidden: torch.Tensor, full: torch.Tensor | None = None):
-    """The earliest wrong tensor ``tid`` was made from, through wrong ones: an :class:`Aux`, or a buffer's name."""
-    return walk_back(tid, aux, buffers, lambda v: _mask_like(v) and _pattern(v, hidden, full) == WRONG,
-                     lambda name: _pattern(_buffer(module, name), hidden, full) == WRONG)
+    """The earliest wrong tensor ``tid`` was made from, through wrong ones: an :class:`Aux`, or a buffer's name; a
+    comparison of positions (``k_pos <= q_pos``) is followed to the one position vector that is not ``0..T-1``
+    (keys) or ``T-t..T-1`` (queries)."""
+    found = walk_back(tid, aux, buffers, lambda v: _mask_like(v) and _pattern(v, hidden, full) == WRONG,
+                      lambda name: _pattern(_buffer(module, name), hidden, full) == WRONG)
+    return found if isinstance(found, str) else _wrong_positions(found, aux, hidden) or found
+
+
+def _wrong_positions(cur, aux: dict, hidden: torch.Tensor):
+    """The one parent of ``cur`` (a mask made by comparing positions) that holds positions of neither the keys nor
+    the queries, when its other parents hold those; else ``None``."""
+    rows, cols = hidden.shape[-2:]
+    keys, queries = torch.arange(cols), torch.arange(cols - rows, cols)
+    wrong, right = [], 0
+    for pid in cur.parents:
+        vec = aux[pid].value.flatten().cpu() if pid in aux else None
+        if vec is None or vec.is_floating_point() and not bool((vec == vec.round()).all()):
+            continue
+        if vec.numel() in (rows, cols) and (torch.equal(vec.long(), keys) or torch.equal(vec.long(), queries)):
+            right += 1
+        elif vec.numel() in (rows, cols):
+            wrong.append(aux[pid])
+    return wrong[0] if len(wrong) == 1 and right >= 1 else None
 
 
 def walk_back(tid: int, aux: dict, buffers: dict, wrong, buffer_wrong):
@@ -99,10 +125,11 @@ def _buffer(module, name: str) -> torch.Tensor:
     return held_tensor(module, name)
 
 
-def _pattern(value: torch.Tensor, hidden: torch.Tensor, full: torch.Tensor | None = None) -> str:
+def _pattern(value: torch.Tensor, hidden: torch.Tensor, full: torch.Tensor | None = None, added: bool = False) -> str:
     """Whether ``value``, read as a mask in any polarity, hides the positions ``hidden`` (``(rows, keys)``) does; a
     larger one (a buffer for whole sequences) is read against ``full`` (a decode call's whole pattern so far) from
-    its first row and key, when given."""
+    its first row and key, when given. ``added``: a float mask added to the scores, which hides where it is very
+    negative and nowhere else (``extended * finfo.min`` where ``(1 - extended) * finfo.min`` was meant is wrong)."""
     if value.dim() < 2:
         return UNKNOWN
     if full is not None and tuple(value.shape[-2:]) != tuple(hidden.shape[-2:]):
@@ -117,7 +144,7 @@ def _pattern(value: torch.Tensor, hidden: torch.Tensor, full: torch.Tensor | Non
         readings = (v, ~v)
     else:
         v = v.double()
-        readings = (v <= MASKED, v == 0, v != 0)
+        readings = (v <= MASKED,) if added and bool((v <= MASKED).any()) else (v <= MASKED, v == 0, v != 0)
     return RIGHT if any(torch.equal(r, hidden.cpu()) for r in readings) else WRONG
 
 

@@ -14,8 +14,10 @@ bug at the scores, named there as before. A tensor rotated before the scores is 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, named
+from attnbench.correctness.localize_names import reads_as, rename_site
 from attnbench.correctness.localize_record import Record
 
 FUSED_ATTENTION = ("scaled_dot_product_attention",)
@@ -67,14 +69,6 @@ OPERANDS = (
 ``torch.matmul(xq, xk.transpose(2, 3))``, ``einsum("...", q, k)``, ``scaled_dot_product_attention(q, k, v)``)."""
 
 
-def _named_as(name: str, role: str) -> bool:
-    """Whether a variable name reads as ``role`` (``q``: ``q``, ``xq``, ``query``, ``q_rot``, ``queries``, ...)."""
-    word = {"q": "query", "k": "key"}[role]
-    name = name.lower().rsplit(".", 1)[-1]
-    return (name in (role, f"x{role}", f"{role}s") or name.startswith((word, f"{role}_")) or name.endswith(f"_{role}")
-            or name == f"{word}s")
-
-
 def reads_in_order(rec: Record | None) -> bool:
     """Whether the line that computes the scores spells its operands as the queries, then the keys: a swap of the two
     tensors it takes was then made before it (``k, q, v = qkv.chunk(3)``), not by it (``k @ q.transpose``)."""
@@ -83,7 +77,7 @@ def reads_in_order(rec: Record | None) -> bool:
     for pattern in OPERANDS:
         found = pattern.search(rec.text)
         if found is not None:
-            return _named_as(found.group(1), "q") and _named_as(found.group(2), "k")
+            return reads_as(found.group(1), "q") and reads_as(found.group(2), "k")
     return False
 
 
@@ -108,7 +102,9 @@ def swapped_roles(div, ev: Evidence) -> Localization | None:
                 and not reads_in_order(_scores_record(ev))):
             continue  # queries and keys swapped in the scores (k @ q.T): the bug is at the scores
         origin = _origin(ev, index, other)
-        if owner is not None and (_origin(ev, owner, other) is origin or _nearest_held(ev, owner) == index):
+        site = rename_site(ev.records, index, role, other, lambda i, c=other: c in ev.chains(i), _user(ev, role))
+        if site is None and owner is not None and (_origin(ev, owner, other) is origin
+                                                   or _nearest_held(ev, owner) == index):
             continue  # one tensor in two roles (or slices of one: k[:, :, :stop] as values): where it is used is the bug
         stage = next(n for n in ev.explained[origin.index] if CHAIN.get(n) == other)
         swapped = owner is not None and ev.chains(owner) == {role}
@@ -116,10 +112,28 @@ def swapped_roles(div, ev: Evidence) -> Localization | None:
                                                        else "") +
                  f" ({f'{role} and {other} swapped' if swapped else f'used as {role}'}; first seen at "
                  f"{div.rec.where}: {div.fit.words(ev.tol)})")
+        if site is not None:
+            origin = replace(site[0], line=site[1], text=site[2])
+            words += f"; it is named {other} where it is made, at {_made_at(ev, index, other)}"
         wrong = {role, other} if swapped else {role}
         matched = {n: r for n, r in ev.matched.items() if CHAIN.get(n) not in wrong}
         return named(stage.replace(other, role, 1), origin, words, matched)
     return None
+
+
+def _user(ev: Evidence, role: str) -> Record | None:
+    """The call that takes the class's ``role`` tensor in that role: the scores' (or the fused attention's) for
+    ``q`` and ``k``, the product that applies the weights for ``v``."""
+    scores = _scores_record(ev)
+    if scores is None or role != "v" or scores.op in FUSED_ATTENTION:
+        return scores
+    later = ev.descendants(scores.index)
+    return next((r for r in ev.records[scores.index + 1:] if r.op in PRODUCTS and any(i in later for i in r.inputs)
+                 and any(i not in later for i in r.args if i is not None)), None)
+
+
+def _made_at(ev: Evidence, index: int, chain: str) -> str:
+    return _origin(ev, index, chain).where
 
 
 def _nearest_held(ev: Evidence, index: int) -> int:
@@ -142,3 +156,28 @@ def _origin(ev: Evidence, index: int, chain: str) -> Record:
         if joined and tuple(rec.value.shape) != tuple(ev.records[parents[0]].value.shape):
             return rec  # joined here to what is not of the chain (a cache the values were appended to)
         rec = ev.records[parents[0]]  # or only scaled by it (``k * cos``: rotary tables, a gain)
+
+
+def values_from_other(div, ev: Evidence) -> Localization | None:
+    """At ``v``/``v heads``, which nothing matches: the tensor the attention weights are applied to, made from the
+    reference's keys (or queries) and from no value (``v = k.contiguous().view(...)``), named at the first step that
+    took it from that chain."""
+    if CHAIN.get(div.name) != "v" or "probabilities" not in ev.matched:
+        return None
+    later = ev.descendants(ev.matched["probabilities"].index)
+    for rec in ev.records:
+        taken = [i for i in rec.args if i is not None and i not in later]
+        if rec.op not in PRODUCTS or len(taken) != 1 or not any(i in later for i in rec.args):
+            continue
+        made_from = ev.ancestors(taken[0])
+        held = [i for i in made_from if ev.chains(i)]
+        chains = set().union(*(ev.chains(i) for i in held)) if held else set()
+        if len(chains) != 1 or "v" in chains:
+            return None
+        last = max(held)
+        step = min(i for i in made_from if i > last and last in ev.ancestors(i))
+        stage = next(n for n in ev.explained[last] if CHAIN.get(n))
+        words = (f"the tensor the weights are applied to (at {rec.where}) is made from the reference's {stage} "
+                 f"({ev.records[last].where}), not from v: {div.fit.words(ev.tol)}")
+        return named(div.name, ev.records[step], words, {n: r for n, r in ev.matched.items() if CHAIN.get(n) != "v"})
+    return None

@@ -440,10 +440,11 @@ def _refuse_unknown(target, named, unknown) -> None:
         "bias built a class of multi-head attention's size"
     tried = TRIED.pop(target, [])
     raised = [e.split(": ", 1)[1] for e in tried if ": " in e and ": built, but " not in e]
-    setup = _needs_setup(raised)
-    if blocking is unknown and setup:  # every assignment stopped at the same missing setup: that is the first cause
+    setup, said = _needs_setup(raised)
+    if blocking is unknown and setup:  # an assignment got as far as a missing setup: that is the first cause
+        every = "every assignment" if len(set(raised)) == 1 else "an assignment"
         raise PluginLoadError(f"{getattr(target, '__qualname__', target)} cannot be built on this machine: it needs "
-                              f"{setup} (every assignment of {what} tried raised {raised[0]}); run it where that is "
+                              f"{setup} ({every} of {what} tried raised {said}); run it where that is "
                               "available, or point --impl at a factory that builds it for one process")
     built = [e.split(": built, but ", 1) for e in tried if ": built, but " in e]
     if blocking is unknown and built:  # it builds, but holds more than attention: that is the first cause
@@ -462,15 +463,16 @@ DISTRIBUTED_WORDS = ("model parallel", "model_parallel", "process group", "proce
 """Words of an error that say a constructor needs CUDA, or a distributed setup (plugins.inference too)."""
 
 
-def _needs_setup(raised: list[str]) -> str:
-    """``a distributed/model-parallel setup`` or ``CUDA`` when every try raised alike and says so, else ``""``."""
-    if not raised or len(set(raised)) != 1:
-        return ""
-    text = raised[0].lower()
-    if any(w in text for w in DISTRIBUTED_WORDS):
-        return "a distributed/model-parallel setup that is not initialised in this process"
-    return "CUDA, which this machine does not have" if any(w in text for w in CUDA_WORDS) and \
-        not torch.cuda.is_available() else ""
+def _needs_setup(raised: list[str]) -> tuple[str, str]:
+    """(``a distributed/model-parallel setup`` or ``CUDA``, the error that says so) when a try raised so, else
+    ``("", "")``: an assignment that reached a ``.cuda()`` got past the arguments the others stopped at."""
+    for text in raised:
+        lowered = text.lower()
+        if any(w in lowered for w in DISTRIBUTED_WORDS):
+            return "a distributed/model-parallel setup that is not initialised in this process", text
+        if any(w in lowered for w in CUDA_WORDS) and not torch.cuda.is_available():
+            return "CUDA, which this machine does not have", text
+    return "", ""
 
 
 def _refuse_block(target) -> None:

@@ -1400,3 +1400,178 @@ class SdpaCausalFlagOff(SdpaDropoutAlwaysOn):
             is_causal=False,  # PLANTED
         )
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+# --- round 17: what planted47j (read after its held-out run) named one step early or late --------------------------
+
+
+class SdpaKeysValuesSwapped(SdpaDropoutAlwaysOn):
+    """Keys and values made and named right, swapped in the call's argument line: that line is named, not the line
+    that made the values."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(
+            q, v, k,  # PLANTED
+            is_causal=True,
+        )
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class HeadsTransposedSwapped(nn.Module):
+    """Llama-style ``xq, xk, xv`` projected on one line, their heads moved to axis 1 by a generator that takes
+    ``xv`` where ``xk`` belongs: the generator's line is named."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_in, d_out, context_length, num_heads):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.wq, self.wk, self.wv = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.wo = nn.Linear(d_out, d_out, bias=False)
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)
+        xq = xq.view(b, T, self.nh, self.hd)
+        xk = xk.view(b, T, self.nh, self.hd)
+        xv = xv.view(b, T, self.nh, self.hd)
+        xq, xk, xv = (t.transpose(1, 2) for t in (xq, xv, xk))  # PLANTED
+        out = F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, T, -1))
+
+
+class CachedValuesAliasKeys(GrowingCache):
+    """The book's cached layer, whose cached branch reads its values from the key cache by a plain assignment (no
+    torch call on that line): the assignment is named, found by following the names back."""
+
+    def forward(self, x, use_cache=False):
+        b, T, _ = x.shape
+        q, k, v = (w(x).view(b, T, self.nh, self.hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        start = self.start_pos if use_cache else 0
+        if use_cache:
+            if self.cache_k is not None:
+                k, v = self.append(k, v)
+            self.cache_k, self.cache_v = k, v
+            self.start_pos += T
+            keys, values = self.cache_k, self.cache_k  # PLANTED
+        else:
+            keys, values = k, v
+        s = (q @ keys.transpose(-2, -1)) / math.sqrt(self.hd)
+        s = s.masked_fill(self.hidden(start, T, keys.shape[2], x.device), float("-inf"))
+        return self.wo((s.softmax(-1) @ values).transpose(1, 2).reshape(b, T, -1))
+
+
+class ValuesViewedFromKeys(SoftmaxLeftOutOptionalMask):
+    """fairseq-style values made by viewing the keys' heads again (``v = k.contiguous().view(...)``): the weights are
+    applied to a tensor made from the keys, named where it was made from them."""
+
+    def forward(self, hidden_states, attention_mask=None):
+        b, T, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+        v = k.reshape(b, T, self.nh, self.hd).transpose(1, 2)  # PLANTED
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd)
+        w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        return self.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, T, -1))
+
+
+class GainNormSteps(GainNorm):
+    """An RMSNorm written out over three lines, its root not inverted."""
+
+    def forward(self, t):
+        ms = t.pow(2).mean(-1, keepdim=True)
+        t = t * torch.sqrt(ms + self.eps)  # PLANTED
+        return t * self.gain
+
+
+class WholeNormRootNotInverted(WholeProjectionNorm):
+    norm_class = GainNormSteps
+
+
+def softmax_written_out(scores, dim=-1):
+    shifted = scores - scores.amax(dim=dim, keepdim=True)
+    numer = torch.exp(shifted)
+    denom = numer.sum(dim=-2, keepdim=True)  # PLANTED
+    return numer / denom
+
+
+def softmax_denominator_detached(scores, dim=-1):
+    shifted = scores - scores.amax(dim=dim, keepdim=True)
+    numer = torch.exp(shifted)
+    denom = numer.sum(dim=dim, keepdim=True)
+    return numer / denom.detach()  # PLANTED
+
+
+class WrittenSoftmaxOverQueries(SoftmaxLeftOutOptionalMask):
+    """The book's softmax written out as a helper, its denominator summed over the queries: that step is named."""
+
+    softmax = staticmethod(softmax_written_out)
+
+    def forward(self, hidden_states, attention_mask=None):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = torch.matmul(q, k.transpose(2, 3))
+        w.masked_fill_(torch.ones(T, T, dtype=torch.bool).triu(1), -torch.inf)
+        w = self.softmax(w / self.hd ** 0.5, dim=-1)
+        return self.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, T, -1))
+
+
+class WrittenSoftmaxDetached(WrittenSoftmaxOverQueries):
+    """The same softmax with its denominator detached: the forward is right, and the line whose backward is wrong is
+    the division by the detached denominator."""
+
+    softmax = staticmethod(softmax_denominator_detached)
+
+
+class ExtendedMaskNotInverted(SoftmaxLeftOutOptionalMask):
+    """BERT's additive extended mask made from a keep mask without ``1.0 -``: it is very negative where the keys are
+    kept; read as added to the scores, its making line is named, not the addition."""
+
+    def extended(self, T, dtype):
+        keep = torch.tril(torch.ones(T, T, dtype=dtype))[None, None]
+        return keep * torch.finfo(dtype).min  # PLANTED
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd)
+        w = w + self.extended(T, w.dtype)
+        return self.o_proj(torch.matmul(w.softmax(-1), v).transpose(1, 2).reshape(b, T, -1))
+
+
+def window_mask(q_len, k_len, device):
+    q_pos = torch.arange(k_len - q_len + 1, k_len + 1, device=device)[:, None]  # PLANTED
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    return k_pos <= q_pos
+
+
+class QueryPositionsShifted(SdpaDropoutAlwaysOn):
+    """A causal mask made by comparing key and query positions, the queries' shifted by one: the positions' line is
+    named, not the comparison."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(T, T, x.device))
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class ProjectionLeftOutOfDropout(SdpaDropoutAlwaysOn):
+    """nanoGPT's ``y = self.resid_dropout(self.c_proj(y))`` with the projection left out: the dropout's line, which
+    passes the merged heads on unchanged in eval mode, is named, not the ``return``."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        y = self.resid_dropout(y)  # PLANTED
+        return y
