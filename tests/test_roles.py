@@ -758,3 +758,28 @@ def test_an_int_that_sizes_a_table_attention_has_not_is_named_as_such(repo_cwd, 
     assert code == 2 and "with max_rel_dist=context_length it builds, but it holds E.weight (9, 24), which multi-head " \
         "attention has no counterpart for" in said, out + err
     assert "every assignment tried raised" not in err
+
+
+R17 = "tests/plugins/reach_roles/round17_conventions.py:"
+
+
+def test_a_class_that_always_rotates_by_a_required_base_is_probed_with_one(repo_cwd, capsys):
+    """``(n_heads, d_model, rope_base)`` with ``base ** ...`` in ``__init__``: ``None`` cannot build it, so the causal
+    probe builds it with a theta (it was refused as "not causal with any mask form": a later symptom)."""
+    code, out, err = run(["check", R17 + "RopeBaseRequired", "--kind", "forward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_decoder_that_keeps_a_cache_and_masks_nothing_fails_rather_than_is_refused(repo_cwd, capsys):
+    """Meta's reference Llama attention, written for one token at a time: its ``cache_k`` says it is a decoder, so a
+    step of several tokens that sees later ones fails the causal cases."""
+    code, out, err = run(["check", R17 + "OneTokenDecoder", "--kind", "forward,causality"], capsys)
+    assert code == 1 and "no causal mask: each token also attends to later tokens" in out, out + err
+
+
+def test_heads_per_kv_head_in_a_config_is_carried(repo_cwd, capsys):
+    """``config.n_kv_groups`` (derived by that repository's own config in ``__post_init__``) is heads // kv heads in
+    the config attnbench builds, not a guessed 0."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/round17_groups.py:DerivedGroups", "--kind",
+                          "forward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err

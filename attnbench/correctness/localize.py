@@ -36,6 +36,7 @@ import torch
 
 from attnbench.correctness.localize_calls import helper_call
 from attnbench.correctness.localize_finding import CHAIN, LAYOUT_OPS, Evidence, Localization, cannot_tell, named
+from attnbench.correctness.localize_joined import misjoined
 from attnbench.correctness.localize_layout import layout_stage, misordered_merge
 from attnbench.correctness.localize_mask import mask_origin, sdpa_flag
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
@@ -46,6 +47,7 @@ from attnbench.correctness.localize_replay import Replay, replays
 from attnbench.correctness.localize_roles import swapped_roles, values_from_other
 from attnbench.correctness.localize_rope import discarded, never_rotated, paths_differ, unrotated
 from attnbench.correctness.localize_scale import attribute_scale, moved_scale, scaled_chain, sdpa_rescaled
+from attnbench.correctness.localize_scale_name import shared_scale
 from attnbench.correctness.localize_sdpa_scale import sdpa_scale
 from attnbench.correctness.localize_softmax import softmax_step
 from attnbench.correctness.localize_tables import wrong_tables
@@ -116,8 +118,8 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain
-    for refine in (norm_step, softmax_step, unused_mask, unnormalised, swapped_roles, values_from_other, moved_scale,
-                   scaled_chain, unrotated, paths_differ, never_rotated, discarded):
+    for refine in (norm_step, softmax_step, misjoined, unused_mask, unnormalised, swapped_roles, values_from_other,
+                   shared_scale, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
         found = refine(div, ev)
         if found is not None:
             return found

@@ -48,7 +48,7 @@ def _tree(path: str) -> ast.Module | None:
         return None
 
 
-def _innermost(path: str, line: int, kind: type) -> ast.AST | None:
+def innermost(path: str, line: int, kind: type) -> ast.AST | None:
     """The innermost node of ``kind`` (a statement, a function) of ``path`` that spans ``line``."""
     tree = _tree(path)
     best = None
@@ -102,7 +102,7 @@ def _finals(rec: Record, records: list[Record]) -> list[Record]:
 def bound_name(rec: Record, records: list[Record]) -> tuple[str | None, ast.AST | None]:
     """(the name ``rec``'s line assigns it to, the expression that gives it), or ``(None, None)``: it is an
     intermediate of its line, or the line does not say (``out = f(a, b)`` assigns one name to several records)."""
-    stmt = _innermost(rec.path, rec.line, ast.stmt)
+    stmt = innermost(rec.path, rec.line, ast.stmt)
     pairs = _pairs(stmt) if stmt is not None else []
     finals = _finals(rec, records)
     if rec not in finals or not pairs:
@@ -112,12 +112,21 @@ def bound_name(rec: Record, records: list[Record]) -> tuple[str | None, ast.AST 
     return pairs[finals.index(rec)] if len(finals) == len(pairs) else (None, None)
 
 
+def _passed(value: ast.AST) -> str | None:
+    """The name an assignment's value passes on: itself (``self.cache_k``), or the one argument of a call that
+    reads as a role (``repeat_kv(value_states, n_rep)``, a helper that returns it, repeated or as it is)."""
+    if isinstance(value, ast.Call):
+        named_args = [_dotted(a) for a in value.args if role_of(_dotted(a)) is not None]
+        return named_args[0] if len(named_args) == 1 else None
+    return _dotted(value)
+
+
 def _alias_site(rec: Record, name: str, role: str, since: int, before: int | None = None,
                 depth: int = 3) -> tuple[int, str] | None:
     """The one plain assignment between lines ``since`` and ``before`` (``rec``'s line) of ``rec``'s function that
     binds ``name`` to a name of role ``role``, following names of ``name``'s own role back (``values =
     self.cache_v``, then ``self.cache_k, self.cache_v = k, k``); ``None`` when there is none or more than one."""
-    func = _innermost(rec.path, rec.line, (ast.FunctionDef, ast.AsyncFunctionDef))
+    func = innermost(rec.path, rec.line, (ast.FunctionDef, ast.AsyncFunctionDef))
     before = rec.line if before is None else before
     if func is None or depth == 0:
         return None
@@ -126,7 +135,7 @@ def _alias_site(rec: Record, name: str, role: str, since: int, before: int | Non
         if not isinstance(stmt, ast.stmt) or not since < stmt.lineno < before:
             continue
         for target, value in _pairs(stmt):
-            source = _dotted(value)
+            source = _passed(value)
             if target != name or source is None:
                 continue
             if role_of(source) == role:
@@ -205,7 +214,7 @@ def _operand_site(user: Record, role: str, other: str, since: int) -> tuple[Reco
     ``other`` (the argument's own line), or else of the plain assignment that bound an operand named as ``role`` to
     a name of ``other`` after line ``since`` (``keys, values = self.cache_k, self.cache_k``); ``None`` when neither
     is one line."""
-    stmt = _innermost(user.path, user.line, ast.stmt)
+    stmt = innermost(user.path, user.line, ast.stmt)
     if stmt is None:
         return None
     direct, aliased = set(), set()

@@ -53,12 +53,12 @@ def moved_scale(div, ev: Evidence) -> Localization | None:
     later = [r for r in ev.records[div.rec.index + 1:]
              if r.index not in ev.explained and r.index in ev.descendants(div.rec.index)]
     for rec in later:
-        if abs(_factor(rec, ev) - scale) <= EXACT * scale:
+        if abs(factor_of(rec, ev) - scale) <= EXACT * scale:
             words = (f"the score scale {scale:.3g} is applied here, to a later tensor: the scores reach "
                      f"{div.rec.where} without it (off by a factor of {div.fit.factor:.3g})")
             return named(div.name, rec, words, ev.matched)
     for rec in later:  # a later tensor scaled by another factor: the scale is both late and wrong
-        factor = _factor(rec, ev)
+        factor = factor_of(rec, ev)
         if math.isfinite(factor) and abs(factor - 1) > EXACT:
             words = (f"the scores are scaled here, by {factor:.3g}, after {div.rec.where} (off by a factor of "
                      f"{div.fit.factor:.3g}); the score scale is {scale:.3g}")
@@ -80,7 +80,7 @@ def _never_scaled(div, ev: Evidence, scale: float) -> Localization | None:
     return named("scaled scores", raw, words, ev.matched)
 
 
-def _factor(rec: Record, ev: Evidence) -> float:
+def factor_of(rec: Record, ev: Evidence) -> float:
     """The constant ``rec`` is its one input on the forward's values times (where both are finite), or nan."""
     if len(rec.args) != 1 or rec.args[0] is None:
         return math.nan

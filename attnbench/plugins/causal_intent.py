@@ -6,7 +6,8 @@ as "not causal with any mask form": its user learned nothing of where the bug is
 causal is its own source:
 
 its forward builds or asks for a causal mask (``tril``, ``triu``, ``is_causal``, ``causal``; not
-``is_causal=False``), or its ``__init__`` does (GPT-NeoX's ``bias`` buffer). A forward that only takes a mask its
+``is_causal=False``), or its ``__init__`` does (GPT-NeoX's ``bias`` buffer), or it keeps a decoder's KV cache
+(``cache_k``, ``start_pos``: round 17). A forward that only takes a mask its
 caller makes says nothing: an encoder (a key-padding mask, dinov2's ``attn_bias`` ignored without xformers) is refused
 as not causal with any mask form, its true cause. (Round 16 tried checking such classes too: on the development set
 the two planted classes it reached were localised to wrong lines, and it turned true refusals into failures.)
@@ -25,8 +26,9 @@ from dataclasses import replace
 
 import torch
 
-INTENT = re.compile(r"\b(tril|triu|is_causal|causal\w*|LowerTriangular)\b")
-"""Words of a forward (or the helpers it names) that build or ask for a causal mask."""
+INTENT = re.compile(r"\b(tril|triu|is_causal|causal\w*|LowerTriangular|cache_k|cache_v|k_cache|v_cache|start_pos)\b")
+"""Words of a forward (or the helpers it names) that build or ask for a causal mask, or keep a decoder's KV cache
+(Meta's Llama: ``self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk``, written for one token at a time)."""
 NOT_CAUSAL = re.compile(r"\b\w*causal\w*\s*(=|==|:\s*bool\s*=)\s*False\b|\bnot\s+(self\.)?\w*causal")
 """What says the opposite: ``is_causal=False`` (an encoder's SDPA call), ``if not self.causal``."""
 

@@ -36,6 +36,19 @@ MAX_COMBOS = 4096
 """At most this many assignments are ordered (six arguments' every assignment)."""
 
 
+def _built(build, plan: ContextPlan, spec: AttnSpec):
+    """(the module built at ``spec`` with ``plan``'s context, the spec it was built at): without a theta first,
+    then, when that raises, with one (a class that always rotates by a theta it is given: ``rope_base ** ...``
+    raises on ``None``; a rotation leaves causality as it is)."""
+    try:
+        return bind_context(build(spec).eval(), plan, spec), spec
+    except Exception:
+        if spec.rope_theta is not None:
+            raise
+        spec = replace(spec, rope_theta=10000.0)
+        return bind_context(build(spec).eval(), plan, spec), spec
+
+
 def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:
     """Causal on a probe? ``True`` when changing the last of 5 tokens changes only the last output; ``False`` when the
     class runs but is not; the exception, in words, when the call raises."""
@@ -43,7 +56,7 @@ def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full
     if plan.table_form in ("real", "matrix"):  # not told from a complex table by a neutral one: a real rotation
         spec = replace(spec, rope_theta=10000.0)
     try:
-        module = bind_context(build(spec).eval(), plan, spec)
+        module, spec = _built(build, plan, spec)
     except Exception as exc:
         return f"does not build at the probe's sizes ({type(exc).__name__}: {exc})"
     g = torch.Generator().manual_seed(0)

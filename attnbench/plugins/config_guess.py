@@ -95,6 +95,9 @@ def guess(target, name: str, config=None) -> tuple[object, str]:
     if tested_for_none(target, name):  # an optional part (modalities' qk_norm_config): absent
         return None, "its source tests it against None: None, absent"
     literals = compared_literals(target, name)
+    if config is not None and not literals and _groups(name):  # heads per kv head (a config's __post_init__ derives it)
+        heads, kv = config.role_value("num_heads"), config.role_value("num_kv_heads") or config.role_value("num_heads")
+        return heads // kv, f"its name says query heads per kv head: {heads} // {kv}"
     role = hinted_role(name) if config is not None and not literals else None
     if role is not None:  # the config's value of that spec field (SpecConfig.role_value)
         return GuessedInt(config, config.role_value(role)), f"its name says {role}; read as a part, the config itself"
@@ -105,6 +108,16 @@ def guess(target, name: str, config=None) -> tuple[object, str]:
         return value, f"its source compares it with {value!r}" + (f", also {', '.join(map(repr, others))}" if others else "")
     zero = 0 if config is None else GuessedInt(config)
     return zero, "compared with no string in its source: 0, off; read as a part, the config itself"
+
+
+GROUP_WORDS = ({"kv", "groups"}, {"kv", "group"}, {"key", "value", "groups"}, {"queries", "per", "kv"}, {"n", "rep"})
+"""Word sets of a field that holds query heads per kv head (``n_kv_groups``, ``num_key_value_groups``,
+``num_queries_per_kv``, ``n_rep``): what ``repeat_kv`` repeats by."""
+
+
+def _groups(name: str) -> bool:
+    words = set(name.lower().split("_"))
+    return any(w <= words for w in GROUP_WORDS)
 
 
 def hinted_role(name: str) -> str | None:

@@ -1575,3 +1575,76 @@ class ProjectionLeftOutOfDropout(SdpaDropoutAlwaysOn):
         y = y.transpose(1, 2).reshape(B, T, -1)
         y = self.resid_dropout(y)  # PLANTED
         return y
+
+
+def repeat_heads(t, n):
+    """Llama's ``repeat_kv``: heads repeated ``n`` times, the tensor itself when ``n`` is 1."""
+    return t if n == 1 else t.repeat_interleave(n, dim=1)
+
+
+class KeysRepeatedFromValues(HeadsTransposedSwapped):
+    """Llama's ``key_states = repeat_kv(value_states, n_rep)``: with one group no torch call is made on that line,
+    and the names through the helper's call find it."""
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        query_states = self.wq(x).view(b, T, self.nh, self.hd).transpose(1, 2)
+        key_states = self.wk(x).view(b, T, self.nh, self.hd).transpose(1, 2)
+        value_states = self.wv(x).view(b, T, self.nh, self.hd).transpose(1, 2)
+        key_states = repeat_heads(value_states, 1)  # PLANTED
+        value_states = repeat_heads(value_states, 1)
+        out = F.scaled_dot_product_attention(query_states, key_states, value_states, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, T, -1))
+
+
+class PartialRotaryJoinedBackwards(nn.Module):
+    """GPT-NeoX's partial rotary (the first ``rotary_dim`` features of each head rotated, the rest passed through),
+    the keys' two parts joined in the wrong order: the join is named, not the rotation that made one part."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_in, d_out, context_length, num_heads, rope_theta=10_000.0, rotary_dim=None):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.rd = rotary_dim or self.hd
+        self.qkv, self.proj = nn.Linear(d_in, 3 * d_out), nn.Linear(d_out, d_out)
+        inv = 1.0 / rope_theta ** (torch.arange(0, self.rd, 2, dtype=torch.float64) / self.rd)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv).repeat(1, 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x):
+        b, T, C = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.nh, self.hd).permute(2, 0, 3, 1, 4)
+        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+        q_rot, q_pass = q[..., :self.rd], q[..., self.rd:]
+        k_rot, k_pass = k[..., :self.rd], k[..., self.rd:]
+        q = torch.cat((q_rot * cos + _rotate_half(q_rot) * sin, q_pass), dim=-1)
+        k = torch.cat((k_pass, k_rot * cos + _rotate_half(k_rot) * sin), dim=-1)  # PLANTED
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, T, C))
+
+
+class SharedLocalScaleSquared(nn.Module):
+    """guided-diffusion's ``QKVAttention``: q and k each multiplied by a local ``scale`` on two lines of one call, the
+    scale planted as ``1 / sqrt(ch)`` rather than its root: the assignment both lines read is named."""
+
+    attnbench_capabilities = {"dropout": False}
+
+    def __init__(self, d_in, d_out, context_length, num_heads):
+        super().__init__()
+        self.nh = num_heads
+        self.qkv, self.proj = nn.Linear(d_in, 3 * d_out), nn.Linear(d_out, d_out)
+
+    def forward(self, x):
+        b, T, C = x.shape
+        q, k, v = self.qkv(x).view(b, T, 3, self.nh, -1).permute(2, 0, 3, 1, 4)
+        ch = q.shape[-1]
+        scale = 1 / math.sqrt(ch)  # PLANTED
+        w = torch.einsum(
+            "bhtc,bhsc->bhts",
+            q * scale,
+            k * scale,
+        )
+        w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        return self.proj(torch.einsum("bhts,bhsc->bhtc", w, v).transpose(1, 2).reshape(b, T, C))
