@@ -783,3 +783,40 @@ def test_heads_per_kv_head_in_a_config_is_carried(repo_cwd, capsys):
     code, out, err = run(["check", "tests/plugins/reach_roles/round17_groups.py:DerivedGroups", "--kind",
                           "forward,causality"], capsys)
     assert code == 0 and "PASS" in out, out + err
+
+
+@pytest.mark.parametrize("cls", ["OwnLinearModules", "RawHeadsSquareOut", "CacheUpdateLayerFirst",
+                                 "CacheUpdateAtPosition", "WideFrequencyTables"])
+def test_tenth_corpus_conventions_pass(repo_cwd, capsys, cls):
+    """fangpin (from-scratch Linear modules holding ``w``), alan-cooney (a raw square ``W_O`` read like its heads-axis
+    q/k/v), from-scratch cache objects updated ``(layer_idx, k, v)`` or ``(start_pos, k, v)``, and llama2.c's names
+    for ``(T, head_dim)`` tables: each refused, or failing its decode cases, before round 17."""
+    code, out, err = run(["check", R17 + cls, "--kind", "forward,causality,decode"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_relative_import_in_a_folder_without_init_imports_as_a_namespace_package(repo_cwd, capsys):
+    code, out, err = run(["check", "tests/plugins/reach_roles/relative_noinit/attention.py:Attention", "--kind",
+                          "forward"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_size_set_to_zero_is_no_fit_and_the_block_is_refused_as_one(repo_cwd, capsys):
+    code, out, err = run(["check", R17 + "BlockWithRate"], capsys)
+    assert code == 2 and err.startswith("error: BlockWithRate is a whole block, not an attention layer"), out + err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_an_inner_attention_whose_one_int_reaches_cuda_is_refused_for_cuda(repo_cwd, capsys):
+    code, out, err = run(["check", R17 + "WindowOnGpu"], capsys)
+    assert code == 2 and "it needs CUDA, which this machine does not have" in err.splitlines()[0], out + err
+
+
+def test_a_future_mask_parameter_says_causal_and_a_scrambled_merge_fails(repo_cwd, capsys):
+    from attnbench.plugins.causal_intent import intent
+    from attnbench.plugins.loading import import_file
+
+    module = import_file(R17.rstrip(":"))
+    assert "future_mask" in intent(module.FutureMaskMergeScrambled)
+    code, out, err = run(["check", R17 + "FutureMaskMergeScrambled", "--kind", "forward,causality"], capsys)
+    assert code == 1 and "FAIL" in out, out + err

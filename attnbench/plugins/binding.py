@@ -396,6 +396,8 @@ def bind(target: Callable) -> Binding:
         if not required or _builds(positional):
             return positional
         solved = _by_roles(target, required, known, extras, modules)
+        if solved is None:  # a role assignment that reached CUDA: that, not the book's order's TypeError
+            _refuse_setup(target, ", ".join(repr(p.name) for p in required))
         return solved or positional  # nothing fits: its construction failure is the first cause (inference.py)
     unknown = [p for p in required if p.name not in dict(known)]
     if unknown:
@@ -438,14 +440,10 @@ def _refuse_unknown(target, named, unknown) -> None:
     why = "a probe cannot choose a value of its type" if blocking is not unknown else \
         "no name attnbench knows, and no assignment of width, heads, kv heads, head dim, context length, dropout or " \
         "bias built a class of multi-head attention's size"
+    if blocking is unknown:
+        _refuse_setup(target, what)
     tried = TRIED.pop(target, [])
     raised = [e.split(": ", 1)[1] for e in tried if ": " in e and ": built, but " not in e]
-    setup, said = _needs_setup(raised)
-    if blocking is unknown and setup:  # an assignment got as far as a missing setup: that is the first cause
-        every = "every assignment" if len(set(raised)) == 1 else "an assignment"
-        raise PluginLoadError(f"{getattr(target, '__qualname__', target)} cannot be built on this machine: it needs "
-                              f"{setup} ({every} of {what} tried raised {said}); run it where that is "
-                              "available, or point --impl at a factory that builds it for one process")
     built = [e.split(": built, but ", 1) for e in tried if ": built, but " in e]
     if blocking is unknown and built:  # it builds, but holds more than attention: that is the first cause
         why += f" (with {built[0][0]} it builds, but {built[0][1]})"
@@ -461,6 +459,18 @@ CUDA_WORDS = ("cuda", "nvidia driver", "nccl")
 DISTRIBUTED_WORDS = ("model parallel", "model_parallel", "process group", "process_group", "torch.distributed",
                      "init_process_group")
 """Words of an error that say a constructor needs CUDA, or a distributed setup (plugins.inference too)."""
+
+
+def _refuse_setup(target, what: str) -> None:
+    """Refuse ``target`` for the setup (CUDA, a distributed group) a role assignment reached (:data:`TRIED`): an
+    assignment that got that far got past the arguments the others stopped at, so that is the first cause."""
+    raised = [e.split(": ", 1)[1] for e in TRIED.get(target, []) if ": " in e and ": built, but " not in e]
+    setup, said = _needs_setup(raised)
+    if setup:
+        every = "every assignment" if len(set(raised)) == 1 else "an assignment"
+        raise PluginLoadError(f"{getattr(target, '__qualname__', target)} cannot be built on this machine: it needs "
+                              f"{setup} ({every} of {what} tried raised {said}); run it where that is "
+                              "available, or point --impl at a factory that builds it for one process")
 
 
 def _needs_setup(raised: list[str]) -> tuple[str, str]:

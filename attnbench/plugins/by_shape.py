@@ -43,13 +43,30 @@ class Found:
 
 
 def unclaimed_linears(params: dict[str, nn.Parameter], modules: dict[str, nn.Module], taken: set[str]) -> list[str]:
-    """The owner paths of the ``nn.Linear`` modules none of whose parameters is claimed, in registration order."""
+    """The owner paths of the linear modules none of whose parameters is claimed, in registration order: each
+    ``nn.Linear``, and each other module whose own parameters are one matrix stored ``(out, in)`` (read so only when
+    its shape says so) and at most a bias (a from-scratch ``Linear`` holding ``self.w``), without submodules."""
     owners = []
     for name in params:
         path, _, last = name.rpartition(".")
-        if last == "weight" and isinstance(modules.get(path), nn.Linear) and not ({name, f"{path}.bias"} & taken):
+        module = modules.get(path)
+        if module is None or {name, f"{path}.bias"} & taken:
+            continue
+        if (last == "weight" and isinstance(module, nn.Linear)) or (not isinstance(module, nn.Linear) and
+                                                                    not list(module.children()) and
+                                                                    _weight(params, path) == name):
             owners.append(path)
     return owners
+
+
+def _weight(params: dict[str, nn.Parameter], owner: str) -> str | None:
+    """The name of ``owner``'s weight: ``owner.weight``, else its one own matrix beside at most a ``bias``."""
+    if f"{owner}.weight" in params:
+        return f"{owner}.weight" if params[f"{owner}.weight"].dim() == 2 else None
+    own = {n: p for n, p in params.items() if n.rpartition(".")[0] == owner}
+    matrices = [n for n, p in own.items() if p.dim() == 2]
+    rest = set(own) - set(matrices) - {f"{owner}.bias"}
+    return matrices[0] if len(matrices) == 1 and not rest else None
 
 
 def bind(params, modules, taken: set[str], missing: list[str], shapes: dict[str, tuple[int, ...]]) -> list[Found]:
@@ -58,15 +75,15 @@ def bind(params, modules, taken: set[str], missing: list[str], shapes: dict[str,
     found: list[Found] = []
     square = set(QKVO) <= set(missing) and shapes["W_o"] == shapes["W_q"]  # d_in == d_out: W_o's shape is q's
     if "W_o" in missing and not square:
-        outs = [o for o in owners if tuple(params[f"{o}.weight"].shape) == shapes["W_o"]]
+        outs = [o for o in owners if tuple(params[_weight(params, o)].shape) == shapes["W_o"]]
         if len(outs) == 1:
             found.append(Found(_with_bias(params, outs[0], ("W_o",)), f"W_o <- {outs[0]}: the one unnamed nn.Linear of "
                                                                        "its shape"))
             owners.remove(outs[0])
     if set(QKV) <= set(missing):
         d_in = shapes["W_q"][1]
-        ins = [o for o in owners if params[f"{o}.weight"].shape[1] == d_in]
-        rows = [params[f"{o}.weight"].shape[0] for o in ins]
+        ins = [o for o in owners if params[_weight(params, o)].shape[1] == d_in]
+        rows = [params[_weight(params, o)].shape[0] for o in ins]
         if len(ins) == 1 and rows[0] == sum(shapes[n][0] for n in QKV):
             found.append(Found(_with_bias(params, ins[0], QKV), f"W_q, W_k, W_v <- {ins[0]}: the one unnamed nn.Linear "
                                                                 "of their fused shape, in q, k, v order"))
@@ -79,13 +96,13 @@ def bind(params, modules, taken: set[str], missing: list[str], shapes: dict[str,
         elif square and len(ins) == 4 and rows == [shapes[n][0] for n in QKVO]:
             claims = tuple(c for o, n in zip(ins, QKVO, strict=True) for c in _with_bias(params, o, (n,)))
             found.append(Found(claims, f"W_q, W_k, W_v, W_o <- {', '.join(ins)}: four unnamed nn.Linear of their "
-                                       "shape", qkv_slots=tuple(f"{o}.weight" for o in ins)))
+                                       "shape", qkv_slots=tuple(_weight(params, o) for o in ins)))
         elif _fused_kv(ins, rows, shapes, square) is not None:
             found.append(_fused_kv(ins, rows, shapes, square)(params))
         elif len(ins) == 3 and rows == [shapes[n][0] for n in QKV]:
             claims = tuple(c for o, n in zip(ins, QKV, strict=True) for c in _with_bias(params, o, (n,)))
             found.append(Found(claims, f"W_q, W_k, W_v <- {', '.join(ins)}: three unnamed nn.Linear of their shape",
-                               qkv_slots=tuple(f"{o}.weight" for o in ins)))
+                               qkv_slots=tuple(_weight(params, o) for o in ins)))
     return found
 
 
@@ -111,7 +128,7 @@ def _fused_kv(ins: list[str], rows: list[int], shapes: dict, square: bool):
 
 
 def _with_bias(params, owner: str, canonical: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    weight = ((f"{owner}.weight", canonical),)
+    weight = ((_weight(params, owner), canonical),)
     return weight + (((f"{owner}.bias", tuple("b" + n[1:] for n in canonical)),) if f"{owner}.bias" in params else ())
 
 

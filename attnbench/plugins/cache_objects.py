@@ -88,7 +88,8 @@ FLASH = CacheObject(
     words="a FlashCache (flash_attn_with_kvcache style: get_layer_cache, cache_seqlens, n_layers=1, advance)")
 class LayerCache:
     """Hugging Face's cache-object convention (``DynamicCache``), for the layers attnbench builds: ``update(key_states,
-    value_states, layer_idx, cache_kwargs=None)`` appends the step's keys and values ``(B, H_kv, S_new, D)`` for that
+    value_states, layer_idx, cache_kwargs=None)`` (or ``update(layer_idx, k, v)``) appends the step's keys and values
+    ``(B, H_kv, S_new, D)`` for that
     layer and returns all of them; ``get_seq_length(layer_idx=0)`` the tokens held."""
 
     attnbench_state = True  # plugins.cache_state snapshots and restores it
@@ -96,8 +97,15 @@ class LayerCache:
     def __init__(self) -> None:
         self.layers: dict[int, AppendingCache] = {}  # each layer's keys and values, appended as a module cache's
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int = 0, *args, **kwargs):
-        """``cache_kwargs`` (positionally or as ``kwargs=``, as transformers 5 passes them) are not needed here."""
+    def update(self, key_states, value_states, layer_idx=0, *args, **kwargs):
+        """``cache_kwargs`` (positionally or as ``kwargs=``, as transformers 5 passes them) are not needed here. The
+        layer index may come first (``update(layer_idx, k, v)``, from-scratch caches): it is the argument that is an
+        int; an int equal to the tokens layer 0 holds is a write position (``update(start_pos, k, v)``), which
+        appending honours."""
+        if isinstance(key_states, int) and isinstance(layer_idx, torch.Tensor):
+            first, key_states, value_states = key_states, value_states, layer_idx
+            position = first not in self.layers and 0 in self.layers and self.get_seq_length(0) == first
+            layer_idx = 0 if position else first
         return self.layers.setdefault(layer_idx, AppendingCache()).update(None, key_states, value_states)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

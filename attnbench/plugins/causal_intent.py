@@ -26,9 +26,12 @@ from dataclasses import replace
 
 import torch
 
-INTENT = re.compile(r"\b(tril|triu|is_causal|causal\w*|LowerTriangular|cache_k|cache_v|k_cache|v_cache|start_pos)\b")
+INTENT = re.compile(r"\b(tril|triu|is_causal|causal\w*|LowerTriangular|cache_k|cache_v|k_cache|v_cache|start_pos|"
+                    r"future_mask|subsequent_mask|look_ahead_mask)\b")
 """Words of a forward (or the helpers it names) that build or ask for a causal mask, or keep a decoder's KV cache
-(Meta's Llama: ``self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk``, written for one token at a time)."""
+(Meta's Llama: ``self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk``, written for one token at a time), or
+take a mask of the future by the names decoders give it (``future_mask``, the Annotated Transformer's
+``subsequent_mask``)."""
 NOT_CAUSAL = re.compile(r"\b\w*causal\w*\s*(=|==|:\s*bool\s*=)\s*False\b|\bnot\s+(self\.)?\w*causal")
 """What says the opposite: ``is_causal=False`` (an encoder's SDPA call), ``if not self.causal``."""
 

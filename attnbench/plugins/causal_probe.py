@@ -110,7 +110,9 @@ def _shapes(plan: ContextPlan) -> list[tuple]:
     """The (table form, table shape[, position None]) choices to try for ``plan``'s tables, the default first."""
     shapes = [("complex", "")]
     shapes += [("real", ""), ("matrix", "")] if any(plan.cis(n) for n in plan.tables) else []
-    shapes += [("complex", d) for d in TABLE_DIMS if d] if {"cos", *PAIR_NAMES} & set(plan.tables) else []
+    shapes += [("complex", d) for d in TABLE_DIMS if d and d != "wide"] if {"cos", *PAIR_NAMES} & set(plan.tables) \
+        else []
+    shapes += [("complex", "wide")] if "freqs_cos" in plan.tables else []
     return shapes + ([(p, d, True) for p, d in shapes] if plan.position_optional else [])
 
 

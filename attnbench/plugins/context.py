@@ -46,8 +46,11 @@ A table of each frequency's rotation under any other name (Meta's ``freqs_cis``,
 is an argument no name tells: the causal probe gives it tables, complex, real ``(..., 2)`` or rotation matrices."""
 PAIR_NAMES = ("position_embeddings", "cos_sin")
 TABLE_DIMS = {"": "(T, head_dim), a pair (1, T, head_dim)", "3d": "(1, T, head_dim)", "4d": "(1, 1, T, head_dim)",
-              "seq_half": "(1, T, 1, head_dim/2), each frequency once", "2d": "(T, head_dim), a pair too"}
-"""The shapes cos/sin tables can be given in (``""``: the default, tried first); a probe decides."""
+              "seq_half": "(1, T, 1, head_dim/2), each frequency once", "2d": "(T, head_dim), a pair too",
+              "wide": "(T, head_dim), each frequency twice in a row"}
+"""The shapes cos/sin tables can be given in (``""``: the default, tried first); a probe decides. ``wide`` is for
+``freqs_cos``/``freqs_sin`` only: llama2.c's per-frequency tables repeated for each of a pair's two features
+(``torch.cos(freqs).repeat_interleave(2, dim=-1)``)."""
 POSITION_NAMES = {"start_pos": "int", "input_pos": "int", "position_ids": "ids (1, T)", "cache_position": "ids (T,)"}
 LENGTH_NAMES = ("max_seq_length", "max_seq_len", "context_length", "block_size", "max_len", "seq_len_max")
 """A forward-level context length (lit-llama's ``max_seq_length``): the spec's ``context_length``."""
@@ -340,7 +343,8 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         cos, sin = rope_rows(spec, rows if plan.full_tables else rows + start, "half", dtype, device)
         for name in plan.tables:
             if name in ("freqs_cos", "freqs_sin"):  # llama2.c: (T, head_dim // 2), each frequency once
-                kwargs[name] = (cos if name == "freqs_cos" else sin)[:, : cos.shape[-1] // 2]
+                once = (cos if name == "freqs_cos" else sin)[:, : cos.shape[-1] // 2]
+                kwargs[name] = once.repeat_interleave(2, dim=-1) if plan.table_dims == "wide" else once
             elif plan.cis(name):  # Meta: complex (T, head_dim // 2), the pair frequencies once each
                 half = cos.shape[-1] // 2
                 kwargs[name] = _cis(cos[:, :half], sin[:, :half], plan.table_form)

@@ -580,11 +580,15 @@ def _measure_square(modules: dict[str, nn.Module], sources: dict[str, Source], o
 
 
 def _settle_square(sources: dict[str, Source], orient: dict[str, bool | None], problems: list[str]) -> None:
-    """Raw square matrices follow the orientation of the class's q/k/v projections (when those say one)."""
+    """Raw square matrices follow the orientation of the class's q/k/v projections (when those say one): their own,
+    or their heads axis's reading (``(heads, d_model, d_head)``, as ``x @ W``: alan-cooney's and TransformerLens's
+    ``W_O`` is then ``(in, out)`` too)."""
     undecided = [n for n, t in orient.items() if t is None]
     if not undecided:
         return
     qkv = {t for n, t in orient.items() if t is not None and sources[n].canonical != ("W_o",)}
+    qkv |= {s.heads_axis == "in_head" for s in sources.values()
+            if s.heads_axis and s.canonical[0] in ("W_q", "W_k", "W_v")}
     if len(qkv) != 1:
         problems.append(f"cannot tell whether {', '.join(undecided)} {'is' if len(undecided) == 1 else 'are'} stored "
                         "(out, in) or (in, out): the shapes are square (a constructor with one width)")
@@ -596,6 +600,12 @@ def _settle_square(sources: dict[str, Source], orient: dict[str, bool | None], p
 def _mapping_error(module: nn.Module, params, spec: AttnSpec, problems: list[str]) -> str:
     listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items()) or "none"
     norms = _sublayer_norms(params)
+    from attnbench.plugins.roles import whole_block
+
+    block = whole_block(module, spec) if norms else None
+    if block is not None:  # norms and an MLP around an attention child: a block, the first true cause
+        return (f"{type(module).__name__} is a whole block, not an attention layer: {block}; check the attention "
+                "class itself (FILE:Class)")
     if any(SUBLAYER in p for p in problems) and norms:  # the first true cause: a sublayer, not an unmapped name
         return (f"{type(module).__name__} is a sublayer with a norm of its own ({', '.join(norms)}), not a bare "
                 f"attention layer: {'; '.join(problems)}. Its parameters at d_in={spec.d_in}, d_out={spec.d_out}, "

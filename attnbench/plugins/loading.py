@@ -105,7 +105,12 @@ def _namespace_root(resolved: Path, exc: BaseException | None) -> tuple[Path, st
     """``(root, "top.sub.module")`` when a loose file failed to import ``top...`` and ``top`` is a folder (or
     ``top.py``) of an ancestor ``root`` of the file which holds the file too: the repository's own code, imported by
     its absolute name from the root Python is run at (stable-diffusion's ``ldm``, flux's ``flux``: folders without
-    ``__init__.py``, namespace packages). ``None`` otherwise: then a missing name is a missing package."""
+    ``__init__.py``, namespace packages). ``None`` otherwise: then a missing name is a missing package. A file whose
+    relative import (``from .rope import ...``) failed for want of a package is imported as ``folder.module``, its
+    folder a namespace package."""
+    if isinstance(exc, ImportError) and "no known parent package" in str(exc):
+        parts = [resolved.parent.name, resolved.stem]
+        return (resolved.parent.parent, ".".join(parts)) if all(p.isidentifier() for p in parts) else None
     if not isinstance(exc, ModuleNotFoundError) or not exc.name:
         return None
     top = exc.name.split(".")[0]

@@ -119,7 +119,9 @@ def weight_elements(spec: AttnSpec) -> int:
 
 
 def _fits(module: nn.Module, spec: AttnSpec, forward_only_x: bool) -> bool:
-    if _matrices(module) != weight_elements(spec):
+    """Whether ``module`` holds multi-head attention's weights at ``spec`` (and returns its shape): never when a
+    parameter has no elements (a size set to 0 that hid a part, T2M-GPT's MLP of ``fc_rate * width``)."""
+    if _matrices(module) != weight_elements(spec) or any(p.numel() == 0 for p in module.parameters()):
         return False
     if not forward_only_x:
         return True
