@@ -73,6 +73,10 @@ class Evidence:
     sound: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        main = {i for i, names in self.explained.items() if any(n in ORDER and n not in CHAIN for n in names)}
+        for i in [i for i, names in self.explained.items() if all(n in CHAIN for n in names)]:
+            if (self.ancestors(i) - {i}) & main:  # a projection's value made from the scores: by chance (the weights
+                del self.explained[i]             # summed away, ``einsum("bhij,bhid->bhid")`` gives v back)
         self.sound = set(self.explained)
         for rec in self.records:
             if (rec.op in LAYOUT_OPS and rec.direct and rec.inputs and set(rec.inputs) <= self.sound

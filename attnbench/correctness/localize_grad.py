@@ -70,7 +70,7 @@ def locate_backward(records: list[Record], stages: list[Stage], ref_grads: dict[
             return None  # the output's own gradient differs, or nothing consumed it: nothing to localise
         step = _detached(records, rec.index, min((i for i in good if i > rec.index), default=len(records))) or \
             min(consumers, key=lambda r: r.index)
-        own = lines.backward_of(step)
+        own = lines.backward_of(step, step.args.index(rec.index) if rec.index in step.args else 0)
         step = step if own is None else replace(step, path=own[0], line=own[1], text=own[2], caller=None)
         return stage.name, step, fit, good[min((i for i in good if i >= step.index), default=max(good))], own is not None
     return None
@@ -105,12 +105,15 @@ class BackwardLines(ProfileHook):
         cls = getattr(type(frame.f_locals.get("ctx")), "_forward_cls", None)
         if cls is not None:
             path = frame.f_code.co_filename
-            line = _made_line(frame.f_code, frame.f_lineno)
-            self.returned.append((cls, (path, line, linecache.getline(path, line).strip())))
+            lines = _made_lines(frame.f_code, frame.f_lineno)
+            self.returned.append((cls, [(path, n, linecache.getline(path, n).strip()) for n in lines]))
 
-    def backward_of(self, rec: Record) -> tuple[str, int, str] | None:
-        """The backward line of the Function whose ``forward`` made ``rec``, when its backward ran; else None."""
-        for cls, where in self.returned:
+    def backward_of(self, rec: Record, position: int = 0) -> tuple[str, int, str] | None:
+        """The backward line of the Function whose ``forward`` made ``rec``, when its backward ran, that made the
+        gradient it returns for its input at ``position`` (``return dq, dk, dv``: ``dk``'s line for the keys); else
+        None."""
+        for cls, made in self.returned:
+            where = made[position] if position < len(made) else made[0]
             try:
                 lines, start = inspect.getsourcelines(cls.forward)
                 path = inspect.getsourcefile(cls.forward)
@@ -137,20 +140,22 @@ def _ref_name(name: str) -> str:
     return name.removesuffix(" heads")
 
 
-def _made_line(code, returned_at: int) -> int:
-    """The line of ``code`` (a function) that assigned the name its ``return`` at line ``returned_at`` returns (its
-    first, for a tuple), else ``returned_at``."""
+def _made_lines(code, returned_at: int) -> list[int]:
+    """Per value its ``return`` at line ``returned_at`` returns (each of a tuple), the line of ``code`` (a function)
+    that last assigned that name before it, else ``returned_at``."""
     try:
         lines, start = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError):
-        return returned_at
+        return [returned_at]
     ret = next((n for n in ast.walk(tree) if isinstance(n, ast.Return) and n.lineno + start - 1 == returned_at), None)
-    value = ret.value.elts[0] if ret is not None and isinstance(ret.value, ast.Tuple) and ret.value.elts else \
-        ret.value if ret is not None else None
-    if not isinstance(value, ast.Name):
-        return returned_at
-    assigned = [n.lineno + start - 1 for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AugAssign)
-                and any(isinstance(t, ast.Name) and t.id == value.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
-                and n.lineno + start - 1 < returned_at]
-    return max(assigned, default=returned_at)
+    values = ret.value.elts if ret is not None and isinstance(ret.value, ast.Tuple) and ret.value.elts else \
+        [ret.value] if ret is not None else []
+    made = []
+    for value in values or [None]:
+        assigned = [n.lineno + start - 1 for n in ast.walk(tree) if isinstance(value, ast.Name)
+                    and isinstance(n, ast.Assign | ast.AugAssign) and n.lineno + start - 1 < returned_at
+                    and any(isinstance(t, ast.Name) and t.id == value.id
+                            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+        made.append(max(assigned, default=returned_at))
+    return made

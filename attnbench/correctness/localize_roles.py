@@ -150,8 +150,8 @@ def _origin(ev: Evidence, index: int, chain: str) -> Record:
     rec = ev.records[index]
     while True:
         parents = [i for i in rec.inputs if chain in ev.chains(i)]
-        if not parents:
-            return rec  # made here
+        if not parents or len(ev.chains(parents[0])) > 1:
+            return rec  # made here, or sliced here from a fused q, k, v (Bloom's ``fused[..., 2, :]``)
         joined = len(rec.args) > 1 and any(i is None or chain not in ev.chains(i) for i in rec.args)
         if joined and tuple(rec.value.shape) != tuple(ev.records[parents[0]].value.shape):
             return rec  # joined here to what is not of the chain (a cache the values were appended to)

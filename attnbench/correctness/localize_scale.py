@@ -159,6 +159,9 @@ def attribute_scale(div, ev: Evidence, made) -> Localization | None:
         if isinstance(value, int) and not divides:  # a scale the class set (an int it multiplies by is a size: d_out)
             continue
         applied = 1 / (value * scale) if divides else value / scale
+        if abs(applied - div.fit.factor) <= 1e-6 * abs(div.fit.factor) and _a_size(attr):  # / self.head_dim
+            return named(div.name, div.rec, f"the scores are divided here by self.{attr} = {value:.4g}, a size, where "
+                                            f"the score scale is {scale:.4g}: {div.fit.words(ev.tol)}", ev.matched)
         if abs(applied - div.fit.factor) <= 1e-6 * abs(div.fit.factor):  # it stands where the scale belongs
             found = _assigned(type(module), attr)
             if found is not None:
@@ -166,6 +169,18 @@ def attribute_scale(div, ev: Evidence, made) -> Localization | None:
                 return named(div.name, rec, f"self.{attr} = {getattr(module, attr):.4g} is set here, and the scores "
                                             f"it scales at {div.rec.where} are {div.fit.words(ev.tol)}", ev.matched)
     return None
+
+
+SIZE_WORDS = frozenset({"dim", "size", "head", "heads", "dk", "model", "embd", "embed", "width", "hidden", "features"})
+SCALE_WORDS = frozenset({"scale", "scaling", "factor", "norm", "temperature", "temp", "inv", "softmax"})
+
+
+def _a_size(attr: str) -> bool:
+    """Whether ``self.<attr>`` is named as a size (``head_dim``, ``d_head``, ``head_size``), not as a scale
+    (``scaling``, ``norm_factor``): a size the scores are divided by is wrong where it is used, a scale where it is
+    set."""
+    words = set(attr.lower().strip("_").split("_"))
+    return bool(words & SIZE_WORDS) and not words & SCALE_WORDS
 
 
 def _assigned(cls, attr: str) -> tuple[str, int, str] | None:

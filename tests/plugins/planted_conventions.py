@@ -1648,3 +1648,77 @@ class SharedLocalScaleSquared(nn.Module):
         )
         w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
         return self.proj(torch.einsum("bhts,bhsc->bhtc", w, v).transpose(1, 2).reshape(b, T, C))
+
+
+# --- round 17, after planted47k's held-out run (read): a size divided by, a Function's gradient per input -----------
+
+
+class ScoresDividedByHeadDim(SoftmaxLeftOutOptionalMask):
+    """The scores divided by ``self.head_dim`` where its root was meant: a size, right where it is set; the line that
+    divides by it is named (a scale such as ``self.norm_factor`` is named where it is set)."""
+
+    def __init__(self, hidden_size, num_attention_heads):
+        super().__init__(hidden_size, num_attention_heads)
+        self.head_dim = hidden_size // num_attention_heads
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = torch.matmul(q, k.transpose(2, 3)) / self.head_dim  # PLANTED
+        w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return self.o_proj(torch.matmul(w.softmax(-1), v).transpose(1, 2).reshape(b, T, -1))
+
+
+class AttendFunctionKeysGradWrong(torch.autograd.Function):
+    """Attention as one ``autograd.Function`` with a hand-written backward returning ``dq, dk, dv``, its ``dk`` taken
+    from the untransposed score gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        scale = q.shape[-1] ** -0.5
+        s = (q @ k.transpose(-2, -1)) * scale
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        p = s.softmax(-1)
+        ctx.save_for_backward(q, k, v, p)
+        return p @ v
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, p = ctx.saved_tensors
+        scale = q.shape[-1] ** -0.5
+        dv = p.transpose(-2, -1) @ grad_out
+        dp = grad_out @ v.transpose(-2, -1)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        dq = ds @ k * scale
+        dk = ds @ q * scale  # PLANTED
+        return dq, dk, dv
+
+
+class OwnAttendGrad(SoftmaxLeftOutOptionalMask):
+    """q, k, v heads given to an ``autograd.Function`` that computes the attention; its backward's ``dk`` line is
+    planted wrong: the line named is the one that made the gradient of the input whose gradient differs, not the
+    first value the backward returns."""
+
+    function = AttendFunctionKeysGradWrong
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(self.function.apply(q, k, v).transpose(1, 2).reshape(b, T, -1))
+
+
+class WeightsSummedAway(SoftmaxLeftOutOptionalMask):
+    """lucidrains-style einsum whose value index is the query's (``b h i j, b h i d -> b h i d``): the weights sum to
+    one over ``j``, so the result equals the values; made from the probabilities, it is not the values stage, and its
+    line is named."""
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(self.hd)
+        w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        out = torch.einsum("bhij,bhid->bhid", w, v)  # PLANTED
+        return self.o_proj(out.transpose(1, 2).reshape(b, T, -1))
