@@ -77,6 +77,7 @@ class Evidence:
         for i in [i for i, names in self.explained.items() if all(n in CHAIN for n in names)]:
             if (self.ancestors(i) - {i}) & main:  # a projection's value made from the scores: by chance (the weights
                 del self.explained[i]             # summed away, ``einsum("bhij,bhid->bhid")`` gives v back)
+        self.matched = {n: r for n, r in self.matched.items() if r.index in self.explained}
         self.sound = set(self.explained)
         for rec in self.records:
             if (rec.op in LAYOUT_OPS and rec.direct and rec.inputs and set(rec.inputs) <= self.sound
