@@ -42,11 +42,14 @@ def _built(build, plan: ContextPlan, spec: AttnSpec):
     raises on ``None``; a rotation leaves causality as it is)."""
     try:
         return bind_context(build(spec).eval(), plan, spec), spec
-    except Exception:
+    except Exception as first:
         if spec.rope_theta is not None:
             raise
         spec = replace(spec, rope_theta=10000.0)
-        return bind_context(build(spec).eval(), plan, spec), spec
+        try:
+            return bind_context(build(spec).eval(), plan, spec), spec
+        except Exception:
+            raise first from None  # it fails with a theta too: what it raised as given is the cause
 
 
 def _moves(build, plan: ContextPlan, spec: AttnSpec, form: MaskForm | None, full: bool) -> bool | str:
