@@ -111,6 +111,24 @@ class Evidence:
         return reached
 
 
+def first_foreign_step(ev: Evidence, start: Record, is_step) -> Record | None:
+    """The first record made from ``start`` and records :func:`is_step` accepted (``is_step(value)``: a step of a
+    written-out computation, a norm's or a softmax's) that it does not accept; ``None`` when every step is accepted,
+    when a step takes what the walk did not make or reaches a stage, or when the very first step is not accepted
+    (what the stage's candidate names already)."""
+    right = {start.index}
+    for rec in ev.records[start.index + 1:]:
+        if not set(rec.inputs) & right:
+            continue
+        if rec.index in ev.explained or not set(rec.inputs) <= right:
+            return None
+        if is_step(rec.value):
+            right.add(rec.index)
+        else:
+            return rec if len(right) > 1 else None
+    return None
+
+
 def named(name: str, rec: Record | Failure, words: str, matched: dict[str, Record],
           call_site: bool = False) -> Localization:
     """The ``first divergence:`` line for stage ``name`` at ``rec``'s line (a record, or the call that raised;

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, named
+from attnbench.correctness.localize_finding import CHAIN, Evidence, Localization, first_foreign_step, named
 
 EPS_MAX = 1e-2
 """The largest ``eps`` a norm adds to its mean square."""
@@ -52,19 +52,10 @@ def norm_step(div, ev: Evidence) -> Localization | None:
     if not source:
         return None
     x = ev.records[max(source)]
-    steps, right = _steps(x.value.double()), {x.index}
-    for rec in ev.records[x.index + 1:]:
-        if not set(rec.inputs) & right:
-            continue
-        if rec.index in ev.explained or not set(rec.inputs) <= right:
-            return None  # a later stage, or a step that takes what the norm did not make
-        step = _which(rec.value, steps, ev.tol)
-        if step is not None:
-            right.add(rec.index)
-            continue
-        if len(right) == 1:
-            return None  # the first step already: what the candidate named
-        words = f"the norm's steps match RMSNorm's up to here, and this one is none of them: {div.fit.words(ev.tol)}"
-        return named(div.name, rec, words, {n: r for n, r in ev.matched.items() if CHAIN.get(n) != side
-                                             or not n.startswith("normed")})
-    return None
+    steps = _steps(x.value.double())
+    rec = first_foreign_step(ev, x, lambda value: _which(value, steps, ev.tol) is not None)
+    if rec is None:
+        return None
+    words = f"the norm's steps match RMSNorm's up to here, and this one is none of them: {div.fit.words(ev.tol)}"
+    return named(div.name, rec, words, {n: r for n, r in ev.matched.items() if CHAIN.get(n) != side
+                                         or not n.startswith("normed")})

@@ -113,8 +113,8 @@ def swapped_roles(div, ev: Evidence) -> Localization | None:
                  f" ({f'{role} and {other} swapped' if swapped else f'used as {role}'}; first seen at "
                  f"{div.rec.where}: {div.fit.words(ev.tol)})")
         if site is not None:
+            words += f"; it is named {other} where it is made, at {origin.where}"
             origin = replace(site[0], line=site[1], text=site[2])
-            words += f"; it is named {other} where it is made, at {_made_at(ev, index, other)}"
         wrong = {role, other} if swapped else {role}
         matched = {n: r for n, r in ev.matched.items() if CHAIN.get(n) not in wrong}
         return named(stage.replace(other, role, 1), origin, words, matched)
@@ -130,10 +130,6 @@ def _user(ev: Evidence, role: str) -> Record | None:
     later = ev.descendants(scores.index)
     return next((r for r in ev.records[scores.index + 1:] if r.op in PRODUCTS and any(i in later for i in r.inputs)
                  and any(i not in later for i in r.args if i is not None)), None)
-
-
-def _made_at(ev: Evidence, index: int, chain: str) -> str:
-    return _origin(ev, index, chain).where
 
 
 def _nearest_held(ev: Evidence, index: int) -> int:

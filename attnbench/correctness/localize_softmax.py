@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.correctness.localize_finding import Evidence, Localization, named
+from attnbench.correctness.localize_finding import Evidence, Localization, first_foreign_step, named
 
 SCORES = ("masked scores", "capped scores", "scaled scores", "scores")
 """The stages a softmax takes, latest first."""
@@ -56,18 +56,9 @@ def softmax_step(div, ev: Evidence) -> Localization | None:
     if name is None:
         return None
     x = ev.matched[name]
-    scores, exps, right = x.value.double(), [], {x.index}
-    for rec in ev.records[x.index + 1:]:
-        if not set(rec.inputs) & right:
-            continue
-        if rec.index in ev.explained or not set(rec.inputs) <= right:
-            return None
-        if _is_step(rec.value, scores, exps, ev.tol) is not None:
-            right.add(rec.index)
-            continue
-        if len(right) == 1:
-            return None
-        words = (f"the softmax's steps match a softmax's up to here, and this one is none of them: "
-                 f"{div.fit.words(ev.tol)}")
-        return named(div.name, rec, words, {n: r for n, r in ev.matched.items() if n != "probabilities"})
-    return None
+    scores, exps = x.value.double(), []
+    rec = first_foreign_step(ev, x, lambda value: _is_step(value, scores, exps, ev.tol) is not None)
+    if rec is None:
+        return None
+    words = f"the softmax's steps match a softmax's up to here, and this one is none of them: {div.fit.words(ev.tol)}"
+    return named(div.name, rec, words, {n: r for n, r in ev.matched.items() if n != "probabilities"})
