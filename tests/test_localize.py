@@ -256,6 +256,23 @@ def test_check_prints_the_divergence_and_a_rerun_that_reproduces_that_case_alone
     assert again.output.count("first divergence: scaled scores at ") == 1
 
 
+@pytest.mark.slow
+def test_a_norm_summing_its_squares_is_named_at_the_sum_not_as_a_gain_left_out(repo_cwd):
+    """Qwen3's per-head norm, its eps measured (the sum makes it look 1/head_dim as large): at that looser tolerance
+    the norm without its gain is off per feature like a gain left out; the sum before it is named (round 18)."""
+    from click.testing import CliRunner
+
+    from attnbench.cli.app import cli
+
+    target = "tests/plugins/planted_conventions.py:PerHeadNormSummed"
+    args = ["check", target, "--kind", "forward", "--shape", "gpt_like", "--dtype", "float64"]
+    result = CliRunner().invoke(cli, args, terminal_width=400)
+    assert result.exit_code == 1, result.output
+    line = planted_line(_conventions().HeadNormSummed)
+    assert f"first divergence: normed q at tests/plugins/planted_conventions.py:{line} " in result.output, result.output
+    assert "the norm's steps match RMSNorm's up to here" in result.output
+
+
 # --- the conventions of round 11 (tests/plugins/planted_conventions.py) ----------------------------------
 
 CONVENTIONS = ROOT / "tests" / "plugins" / "planted_conventions.py"
@@ -445,6 +462,14 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
     ("OwnAttendGrad", ["AttendFunctionKeysGradWrong"], ("backward", "gpt_like", "float64"), "k heads",
      "made by this line of its autograd.Function's backward"),
     ("WeightsSummedAway", ["WeightsSummedAway"], ("forward", "gpt_like", "float64"), "probabilities @ V", "error"),
+    ("ScaleOnArgumentLine", ["ScaleOnArgumentLine"], ("forward", "gpt_like", "float64"), "scaled scores", "factor"),
+    ("BaddbmmAlphaLine", ["BaddbmmAlphaLine"], ("forward", "gpt_like", "float64"), "scaled scores", "scale"),
+    ("SplitScaleKeysUnscaled", ["SplitScaleKeysUnscaled"], ("forward", "gpt_like", "float64"), "scaled scores",
+     "is split between q and k"),
+    ("BlocksIntoBufferUnscaled", ["BlocksIntoBufferUnscaled"], ("forward", "gpt_like", "float64"), "scaled scores",
+     "never scaled"),
+    ("GroupedKeysNeverRotated", ["GroupedKeysNeverRotated"], ("forward", "rope_half_theta500_gqa", "float64"),
+     "rotated k", "the k side never is"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),

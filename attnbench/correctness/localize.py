@@ -40,7 +40,7 @@ from attnbench.correctness.localize_joined import misjoined
 from attnbench.correctness.localize_layout import layout_stage, misordered_merge
 from attnbench.correctness.localize_mask import mask_origin, sdpa_flag
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
-from attnbench.correctness.localize_norm import norm_step
+from attnbench.correctness.localize_norm import foreign_step, norm_step
 from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
@@ -50,6 +50,8 @@ from attnbench.correctness.localize_scale import attribute_scale, moved_scale, s
 from attnbench.correctness.localize_scale_name import shared_scale
 from attnbench.correctness.localize_sdpa_scale import sdpa_scale
 from attnbench.correctness.localize_softmax import softmax_step
+from attnbench.correctness.localize_span import scale_line
+from attnbench.correctness.localize_split_scale import split_scale
 from attnbench.correctness.localize_tables import wrong_tables
 from attnbench.correctness.localize_unused import unused_mask
 from attnbench.correctness.localize_weights import unnormalised
@@ -102,7 +104,13 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
            returned_at: tuple[str, int, str] | None = None, made=None) -> Localization:
     """The first divergence of ``records`` (one replayed forward) from ``stages`` (the reference's), within ``tol``;
     ``returned``: the index of the record the forward returned, if known, and ``returned_at`` the ``return`` line;
-    ``made``: what the forward made from no input (:attr:`~attnbench.correctness.localize_replay.Replay.made`)."""
+    ``made``: what the forward made from no input (:attr:`~attnbench.correctness.localize_replay.Replay.made`).
+    A wrong scale written on a statement's later line is named there (:func:`~.localize_span.scale_line`)."""
+    return scale_line(_locate(records, stages, tol, returned, returned_at, made))
+
+
+def _locate(records: list[Record], stages: list[Stage], tol: float, returned: int | None,
+            returned_at: tuple[str, int, str] | None, made) -> Localization:
     if not records:
         return cannot_tell("no intermediate of the class was recorded: its forward made no torch call from its own "
                            "code (compiled, scripted or an extension?)")
@@ -118,7 +126,7 @@ def locate(records: list[Record], stages: list[Stage], tol: float, returned: int
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain
-    for refine in (norm_step, softmax_step, misjoined, unused_mask, unnormalised, swapped_roles, values_from_other,
+    for refine in (norm_step, split_scale, softmax_step, misjoined, unused_mask, unnormalised, swapped_roles, values_from_other,
                    shared_scale, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
         found = refine(div, ev)
         if found is not None:
@@ -158,6 +166,9 @@ def _gain_factor(div: Divergence, ev: Evidence) -> Localization | None:
             ratio = w / torch.where(got.abs() > 1e-12, got, torch.ones_like(got))
             row = ratio[:1, :1]
             if ((ratio - row).abs().max() <= 1e3 * ev.tol and (row - row.flatten()[0]).abs().max() > 1e3 * ev.tol):
+                early = foreign_step(div, ev)
+                if early is not None and early.index in ev.ancestors(rec.index):
+                    return None  # a step of the norm before it is wrong (a sum for the mean): norm_step names it
                 return _named(replace(div, rec=rec, seen=None), ev, "off by a factor per feature that is the same at "
                                                                     "every token: the norm's gain is missing or another")
     return None
@@ -374,7 +385,7 @@ def _after(name: str, matched: dict[str, Record], pool: list[Record], records: l
     for rec in records:
         if reached & set(rec.inputs):
             reached.add(rec.index)
-    return [r for r in pool if r.index in reached] or pool
+    return [r for r in pool if r.index in reached] or ([] if before else pool)
 
 
 def _root(rec: Record, by_index: dict[int, Record], sound: set[int]) -> Record:

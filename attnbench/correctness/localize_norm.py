@@ -42,9 +42,9 @@ def _which(value: torch.Tensor, steps: dict[str, torch.Tensor], tol: float) -> s
     return None
 
 
-def norm_step(div, ev: Evidence) -> Localization | None:
-    """At ``normed q``/``normed k``: the first step of the norm that matches no step of RMSNorm, made from ones that
-    do (see the module's doc); ``None`` when every step matches or one is made from something else."""
+def foreign_step(div, ev: Evidence):
+    """At ``normed q``/``normed k``: the record of the norm's first step that matches no step of RMSNorm, made from
+    ones that do, or ``None``."""
     side = {"normed q": "q", "normed k": "k"}.get(div.name)
     if side is None:
         return None
@@ -53,9 +53,16 @@ def norm_step(div, ev: Evidence) -> Localization | None:
         return None
     x = ev.records[max(source)]
     steps = _steps(x.value.double())
-    rec = first_foreign_step(ev, x, lambda value: _which(value, steps, ev.tol) is not None)
+    return first_foreign_step(ev, x, lambda value: _which(value, steps, ev.tol) is not None)
+
+
+def norm_step(div, ev: Evidence) -> Localization | None:
+    """At ``normed q``/``normed k``: the first step of the norm that matches no step of RMSNorm, made from ones that
+    do (see the module's doc); ``None`` when every step matches or one is made from something else."""
+    rec = foreign_step(div, ev)
     if rec is None:
         return None
+    side = {"normed q": "q", "normed k": "k"}[div.name]
     words = f"the norm's steps match RMSNorm's up to here, and this one is none of them: {div.fit.words(ev.tol)}"
     return named(div.name, rec, words, {n: r for n, r in ev.matched.items() if CHAIN.get(n) != side
                                          or not n.startswith("normed")})

@@ -17,11 +17,14 @@ or -theta), one rotated side matches and the other does not, the divergence is l
 
 from __future__ import annotations
 
+import ast
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from attnbench.correctness.localize_finding import Localization
+from attnbench.correctness.localize_finding import LAYOUT_OPS, Localization
 from attnbench.correctness.localize_match import matches
+from attnbench.correctness.localize_names import innermost
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.stages import Stage
 
@@ -124,11 +127,30 @@ def never_rotated(div, ev) -> Localization | None:
     if rotated is None:
         return None
     plain = {i for i, names in ev.explained.items() if {f"{side} heads", f"normed {side}"} & set(names)}
-    if not any(r.op in PRODUCTS and plain & set(r.args) and rotated.index in ev.ancestors(r.index) for r in ev.records):
+    for r in ev.records:  # and what only moves them (GQA's repeat_interleave of the keys before SDPA)
+        if r.op in LAYOUT_OPS and r.args and all(i in plain for i in r.args if i is not None):
+            plain.add(r.index)
+    scoring = [r for r in ev.records if r.op in PRODUCTS or r.op.endswith("scaled_dot_product_attention")]
+    if not any(plain & set(r.args) and rotated.index in ev.ancestors(r.index) for r in scoring):
         return None
     words = (f"the {other} side is rotated here, the {side} side never is: the scores take {side} as it came (its "
              f"rotation belongs beside this line)")
-    return named(div.name, rotated, words, ev.matched)
+    # in a helper whose call is not given this side (``q, v = rotary(q, v)``), its call is the line; else its own
+    call = rotated.caller is not None and not _passes(rotated.caller, [ev.records[i] for i in sorted(plain)])
+    return named(div.name, rotated, words, ev.matched, call_site=call)
+
+
+def _passes(caller: tuple, plain: list[Record]) -> bool:
+    """Does the call line ``caller`` read a name one of the records ``plain`` was assigned to (``xk`` in ``xq, xk =
+    self.rotate(xq, xk, ...)``)? True when no such name is known (nothing to go on: the helper's line stays)."""
+    names = set()
+    for rec in plain:
+        stmt = innermost(rec.path, rec.line, ast.stmt)
+        for target in stmt.targets if isinstance(stmt, ast.Assign) else []:  # every name of a tuple's, too
+            names |= {t.id for t in ast.walk(target) if isinstance(t, ast.Name)}
+    if not names:
+        return True
+    return any(re.search(rf"\b{re.escape(n)}\b", caller[2]) for n in names)
 
 
 def paths_differ(div, ev) -> Localization | None:

@@ -1722,3 +1722,149 @@ class WeightsSummedAway(SoftmaxLeftOutOptionalMask):
         w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
         out = torch.einsum("bhij,bhid->bhid", w, v)  # PLANTED
         return self.o_proj(out.transpose(1, 2).reshape(b, T, -1))
+
+
+# --- round 18: planted47k (read) -- a norm's sum for its mean, a scale on a statement's later line --------------------
+
+
+class HeadNormSummed(nn.Module):
+    """Hugging Face's RMSNorm written out (a ``weight``, the variance on a line of its own, the gain applied last), its
+    squares summed where their mean was meant: off by a factor the same for every feature, so the norm without its
+    gain is off per feature like a gain left out, but the sum's line is where it starts."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).sum(-1, keepdim=True)  # PLANTED
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states
+
+
+class PerHeadNormSummed(nn.Module):
+    """Qwen3's per-head QK-norm around SDPA, its norm :class:`HeadNormSummed` (what it does is inferred, as for a
+    class of Qwen3's that declares nothing)."""
+
+    def __init__(self, d_in, d_out, context_length, num_heads, rope_theta=10_000.0):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(d_out, d_out, bias=False)
+        self.q_norm, self.k_norm = HeadNormSummed(self.hd), HeadNormSummed(self.hd)  # always, at eps 1e-6 (Qwen3's)
+        inv = 1.0 / (rope_theta or 1.0) ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv) * (rope_theta is not None)
+        self.register_buffer("cos", torch.cat([angles, angles], -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([angles, angles], -1).sin(), persistent=False)
+
+    def forward(self, x):
+        b, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, T, -1, self.hd)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, T, -1, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(b, T, -1, self.hd).transpose(1, 2)
+        cos, sin = self.cos[:T].to(q.dtype), self.sin[:T].to(q.dtype)
+        q = q * cos + torch.cat((-q[..., self.hd // 2:], q[..., :self.hd // 2]), -1) * sin
+        k = k * cos + torch.cat((-k[..., self.hd // 2:], k[..., :self.hd // 2]), -1) * sin
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, T, -1))
+
+
+class ScaleOnArgumentLine(SoftmaxLeftOutOptionalMask):
+    """GPT-2's ``attn_weights / torch.full([], value.size(-1) ** 0.5, ...)`` over two lines, its root left out on the
+    argument's line: Python records the division on the statement's first line; the argument's line is named."""
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / torch.full(
+            [], v.size(-1), dtype=w.dtype, device=w.device  # PLANTED
+        )
+        w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        return self.o_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, T, -1))
+
+
+class BaddbmmAlphaLine(SoftmaxLeftOutOptionalMask):
+    """Bloom's ``baddbmm`` with its keywords on a line of their own, ``alpha`` left at 1.0: that line is named."""
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2).reshape(b * self.nh, T, self.hd)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        zeros = torch.zeros(b * self.nh, T, T, dtype=q.dtype)
+        w = zeros.baddbmm(
+            batch1=q, batch2=k.transpose(1, 2), beta=0.0, alpha=1.0  # PLANTED
+        )
+        w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        out = torch.bmm(w, v).view(b, self.nh, T, self.hd)
+        return self.o_proj(out.transpose(1, 2).reshape(b, T, -1))
+
+
+class SplitScaleKeysUnscaled(SoftmaxLeftOutOptionalMask):
+    """Whisper's ``qkv_attention``: q and k each scaled by ``head_dim ** -0.25``; the keys' half left out. The queries
+    are then off from the reference's scaled q by exactly their half, so the keys' line is named, not the queries'."""
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        scale = self.hd ** -0.25
+        q = self.q_proj(hidden_states).view(b, T, self.nh, -1).permute(0, 2, 1, 3) * scale
+        k = self.k_proj(hidden_states).view(b, T, self.nh, -1).permute(0, 2, 3, 1)  # PLANTED
+        v = self.v_proj(hidden_states).view(b, T, self.nh, -1).permute(0, 2, 1, 3)
+        w = (q @ k).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        return self.o_proj((w @ v).permute(0, 2, 1, 3).flatten(start_dim=2))
+
+
+class BlocksIntoBufferUnscaled(SoftmaxLeftOutOptionalMask):
+    """Query blocks written into a preallocated output (``out[:, :, s:e] = ...``), the scores' scale left out: the
+    way from the output back to the masked scores is a write the recording does not follow, so the masking line is
+    not called unused; the scores' line is named."""
+
+    def forward(self, hidden_states):
+        b, T, _ = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, T, self.nh, self.hd).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        out = torch.empty_like(q)
+        for s in range(0, T, 4):
+            e = min(s + 4, T)
+            w = q[:, :, s:e] @ k[:, :, :e].transpose(-1, -2)  # PLANTED
+            w = w.masked_fill(torch.arange(e)[None, :] > torch.arange(s, e)[:, None], float("-inf"))
+            out[:, :, s:e] = w.softmax(-1) @ v[:, :, :e]
+        return self.o_proj(out.transpose(1, 2).reshape(b, T, -1))
+
+
+class GroupedKeysNeverRotated(nn.Module):
+    """OLMo-style: grouped keys repeated by ``repeat_interleave`` before SDPA, the rotary call given q and v where q
+    and k were meant: the keys are never rotated, and the line rotating the queries is named."""
+
+    attnbench_capabilities = {"dropout": False, "rope": ("half",), "gqa": True, "sliding_window": False}
+
+    def __init__(self, d_in, d_out, context_length, num_heads, num_kv_heads=None, rope_theta=10_000.0):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.nkv = num_kv_heads or num_heads
+        self.q_proj = nn.Linear(d_in, d_out, bias=False)
+        self.k_proj, self.v_proj = (nn.Linear(d_in, self.nkv * self.hd, bias=False) for _ in range(2))
+        self.o_proj = nn.Linear(d_out, d_out, bias=False)
+        inv = 1.0 / (rope_theta or 1.0) ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv) * (rope_theta is not None)
+        self.register_buffer("cos", torch.cat([angles, angles], -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([angles, angles], -1).sin(), persistent=False)
+
+    def rotary(self, a, b):
+        T, h = a.shape[-2], self.hd // 2
+        cos, sin = self.cos[:T].to(a.dtype), self.sin[:T].to(a.dtype)
+        return (a * cos + torch.cat((-a[..., h:], a[..., :h]), -1) * sin,
+                b * cos + torch.cat((-b[..., h:], b[..., :h]), -1) * sin)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        q, v = self.rotary(q, v)  # PLANTED
+        k = k.repeat_interleave(self.nh // self.nkv, dim=1)
+        v = v.repeat_interleave(self.nh // self.nkv, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
