@@ -107,6 +107,7 @@ def refusal_lines(exc: BaseException) -> list[str]:
             return [f"error: {first}"]
         head, details, fix = _seams(first)
         details += others
+    head, details = _bare_type(head, details)
     head, pulled = _short_head(head)
     if not fix and pulled and _FIX.match(pulled[-1]):  # "(pip install x, or ...)" moved out of the headline
         fix = pulled.pop()
@@ -115,6 +116,17 @@ def refusal_lines(exc: BaseException) -> list[str]:
     details = [_wrap(d) for d in parts if not _DOCS.match(d)]
     fix_lines = _wrap(f"fix: {fix[:1].lower() + fix[1:] if fix[1:2].islower() else fix}") if fix else []
     return [f"error: {head}", *_fit(details, fix_lines, [_wrap(f"see {ref}") for ref in refs])]
+
+
+_BARE = re.compile(r"\b[A-Z]\w*(Error|Exception|Exit|Interrupt)\)?:?\s*$")
+
+
+def _bare_type(head: str, details: list[str]) -> tuple[str, list[str]]:
+    """A headline that ends in an exception's type with no message (``... raised AssertionError:``, its words on the
+    next line) says no cause: the first line under it joins it."""
+    if not details or not _BARE.search(head):
+        return head, details
+    return f"{head.rstrip().rstrip(':')}: {details[0]}", details[1:]
 
 
 def _seams(text: str) -> tuple[str, list[str], str]:

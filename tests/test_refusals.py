@@ -268,3 +268,15 @@ def test_a_constructor_that_reaches_cuda_under_one_assignment_is_refused_for_cud
     lines = refusal(capsys, "cuda_in_constructor.py:Attention")
     assert lines[0] == "error: Attention cannot be built on this machine: it needs CUDA, which this machine does not have"
     assert "an assignment of 'span', 'lanes' tried raised" in "\n".join(lines)
+
+
+def test_a_headline_ending_in_a_bare_exception_type_takes_the_line_that_says_what_it_was():
+    """``... failed: AssertionError:`` with its words on the next line names no cause; the next line joins it."""
+    from attnbench.errors import PluginLoadError, refusal_lines
+
+    exc = PluginLoadError("importing plug-in 'train.py' failed: AssertionError:\n"
+                          "train.py:3 \"assert torch.cuda.is_available()\"")
+    lines = refusal_lines(exc)
+    assert lines[0] == "error: importing plug-in 'train.py' failed: AssertionError: train.py:3 " \
+                       "\"assert torch.cuda.is_available()\"", lines
+    assert refusal_lines(PluginLoadError("no cause here\nsecond"))[0] == "error: no cause here"

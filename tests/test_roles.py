@@ -820,3 +820,27 @@ def test_a_future_mask_parameter_says_causal_and_a_scrambled_merge_fails(repo_cw
     assert "future_mask" in intent(module.FutureMaskMergeScrambled)
     code, out, err = run(["check", R17 + "FutureMaskMergeScrambled", "--kind", "forward,causality"], capsys)
     assert code == 1 and "FAIL" in out, out + err
+
+
+R18 = "tests/plugins/reach_roles/round18_conventions.py:"
+
+
+def test_a_mask_that_reaches_an_inner_module_only_through_kwargs_is_passed_there(repo_cwd, capsys):
+    """torchmultimodal's ``forward(q, kv=None, ..., **attn_kwargs)``: no parameter names a mask, and no form of one
+    makes it causal, so the mask names are tried through its ``**kwargs``; ``attention_mask`` (a float keep-mask)
+    reaches its inner attention. Refused as cross-attention "not causal with any mask form" before round 18."""
+    code, out, err = run(["check", R18 + "KeywordMaskOuter", "--kind", "forward,causality", "-v"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert "bound attention_mask through its **kwargs" in " ".join(out.split()), out
+
+
+def test_a_cache_the_caller_preallocates_and_the_class_writes_is_given_buffers(repo_cwd, capsys):
+    """gemma_pytorch's ``forward(hidden_states, freqs_cis, kv_write_indices, kv_cache, mask, local_mask=None)``: the
+    caller's ``(k_cache, v_cache)`` buffers, written in place at the write indices, the mask over every slot; its
+    decode cases run with the buffers kept across steps. Refused before round 18 ("raises however attnbench gives
+    ...": ``k_cache, v_cache = None``)."""
+    code, out, err = run(["check", R18 + "CallerBuffers", "--kind", "forward,causality,decode", "-v"], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and "PASS" in out, out + err
+    assert "bound kv_cache: preallocated zero key and value buffers (B, context_length, kv_heads, head_dim)" in said
+    assert "inferred kv_cache: yes" in said and " decode " in out, out

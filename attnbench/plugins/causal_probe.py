@@ -24,7 +24,18 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins.context import GUIDE, MASK_FORMS, PAIR_NAMES, SUPPLIED, TABLE_DIMS, ContextPlan, MaskForm, arguments, bind_context
+from attnbench.plugins.context import (
+    GUIDE,
+    MASK_FORMS,
+    MASK_NAMES,
+    PAIR_NAMES,
+    SUPPLIED,
+    TABLE_DIMS,
+    ContextPlan,
+    MaskForm,
+    arguments,
+    bind_context,
+)
 from attnbench.spec import AttnSpec
 
 ARG_FORMS = {"none": "None", "x": "x again", "ids": "the step's position ids (T,)", "table": "rotary tables",
@@ -219,7 +230,50 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
             tried = [f"{local} given x: each output reads {local} at its own position only, not a sequence it attends "
                      "over", *tried]
         outcomes.append((variant, words, tried, ran and local is None))
+    found = _through_keywords(build, plan, probe) or _with_buffers(build, plan, probe)
+    if found is not None:
+        return found
     raise _refusal(build, plan, probe, outcomes)
+
+
+def _with_buffers(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:
+    """A forward that takes a cache, causal with no form while given none: the first layout of preallocated ``(k,
+    v)`` buffers (``(B, S, H, D)``, then ``(B, H, S, D)``) under which it is, its mask over every slot (gemma's
+    ``kv_cache`` tuple, written with ``index_copy_`` at ``kv_write_indices``); None when none is."""
+    if plan.cache is None or plan.cache_object or plan.buffers:
+        return None
+    for layout in ("bshd", "bhsd"):
+        for variant, _ in _variants(replace(plan, buffers=layout)):
+            if not _runs(build, variant, probe):
+                continue  # raises however its tables are shaped: no mask form will change that (and it is quick)
+            chosen, _, _ = _first_causal(build, variant, probe)
+            if chosen is not None:
+                return chosen
+    return None
+
+
+def _runs(build, plan: ContextPlan, probe: AttnSpec) -> bool:
+    """Does the class run under ``plan`` (its first mask form) with its tables in some shape?"""
+    for pairs, dims, *none in _shapes(plan):
+        shaped = replace(plan, table_form=pairs, table_dims=dims, position_none=bool(none))
+        if isinstance(_moves(build, _masking(shaped), probe, MASK_FORMS[0] if plan.mask else None, False), bool):
+            return True
+    return False
+
+
+def _through_keywords(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:
+    """A forward that takes ``**kwargs`` and names no mask, causal with none of its forms: the first mask name (of
+    :data:`~attnbench.plugins.context.MASK_NAMES`) and form under which it is, passed through its ``**kwargs`` to the
+    inner module that reads it (torchmultimodal's ``MultiHeadAttention(..., **attn_kwargs)`` hands
+    ``attention_mask`` to its ``SelfAttention``); None when none is, and the refusal stands."""
+    if not plan.keywords or plan.mask is not None:
+        return None
+    for name in MASK_NAMES:
+        for variant, _ in _variants(replace(plan, mask=name, mask_required=True)):
+            chosen, _, _ = _first_causal(build, variant, probe)
+            if chosen is not None:
+                return chosen
+    return None
 
 
 def checked_anyway(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:

@@ -145,6 +145,8 @@ class ContextPlan:
     probed: tuple[str, ...] = ()  # required arguments no name tells, their forms not yet decided (plugins.causal_probe)
     leaky: str = ""  # no form made it causal, but its forward says it is: why it is checked (plugins.causal_intent)
     cache_probed: bool = False  # the cache's name is none attnbench knows: a probe found it (plugins.cache_probe)
+    keywords: bool = False  # the forward takes **kwargs: a mask no parameter names may reach an inner module through it
+    buffers: str = ""  # the cache is the caller's preallocated (k, v) buffers, "bshd" or "bhsd" (a probe decides; gemma)
 
     @property
     def rope_style(self) -> str:
@@ -167,8 +169,9 @@ class ContextPlan:
         lines = []
         if self.mask:
             form = self.mask_form.describe() if self.mask_form else "undecided"
-            lines.append(f"bound {self.mask}: the causal/windowed mask of each step, {form} (decided by a probe: "
-                         "changing the last token changes only the last output)")
+            through = " through its **kwargs (no parameter of its forward names a mask)" if self.keywords else ""
+            lines.append(f"bound {self.mask}{through}: the causal/windowed mask of each step, {form} (decided by a "
+                         "probe: changing the last token changes only the last output)")
         if self.inputs:
             lines.append(f"bound {', '.join(self.inputs)}: {self.x} again (self-attention: every input is the same "
                          "sequence; decided by the causal probe)")
@@ -209,7 +212,13 @@ class ContextPlan:
                             f"{self.causal_arg}=False)"
                             if self.mask and not self.mask_required else f", False beside {self.mask}"
                             if self.mask else ""))
-        if self.cache and self.cache_object:
+        if self.cache and self.buffers:
+            layout = "(B, context_length, kv_heads, head_dim)" if self.buffers == "bshd" else \
+                "(B, kv_heads, context_length, head_dim)"
+            lines.append(f"bound {self.cache}: preallocated zero key and value buffers {layout}, the class writes each "
+                         "step into them; fresh for each call outside decoding, kept across the steps while decoding "
+                         f"(layout decided by a probe){'; ' + self.mask + ' covers every slot' if self.mask else ''}")
+        elif self.cache and self.cache_object:
             made = "its attnbench_cache_object" if self.cache_object == "declared" else \
                 cache_object_for(None, self.cache_object).words
             lines.append(f"bound {self.cache}: None outside decoding; while decoding one cache object made at the first "
@@ -285,7 +294,8 @@ def plan_for(target) -> ContextPlan | None:
                        cache_default=any(p.name == cache and p.default is not p.empty and p.default is not None
                                          for p in rest),
                        window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
-                       span_arg=next((n for n in names if n in SPAN_ARGS), None), mask_required=mask in required)
+                       span_arg=next((n for n in names if n in SPAN_ARGS), None), mask_required=mask in required,
+                       keywords=mask is None and any(p.kind == p.VAR_KEYWORD for p in params))
 
 
 def _tensor_type(p: inspect.Parameter) -> bool:
@@ -336,8 +346,8 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         kwargs[plan.causal_arg] = bool(spec.causal and not masked and not cached)
     if masked:
         form = plan.mask_form or MASK_FORMS[0]
-        hidden = step_mask(spec, start, T, device)
-        kwargs[plan.mask] = form.make(hidden if decoding else hidden[:, start:], dtype, x.shape[0])
+        hidden = step_mask(spec, start, T, device) if not plan.buffers else buffer_mask(spec, start, T, decoding, device)
+        kwargs[plan.mask] = form.make(hidden if decoding or plan.buffers else hidden[:, start:], dtype, x.shape[0])
     if plan.tables:
         rows = torch.arange(spec.context_length if plan.full_tables else T, device=device)
         cos, sin = rope_rows(spec, rows if plan.full_tables else rows + start, "half", dtype, device)
@@ -370,11 +380,35 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     if plan.window_arg:
         left = -1 if spec.window is None else spec.window - 1
         kwargs[plan.window_arg] = (left, 0 if spec.causal else left)
-    if plan.cache and not (cache is None and plan.cache_default):  # CosyVoice's cache=torch.zeros((0, 0, 0, 0))
+    if plan.buffers:  # written in place: the step's own while decoding (kept by bind_context), else fresh ones
+        kwargs[plan.cache] = cache if cache is not None else make_buffers(plan, spec, x)
+    elif plan.cache and not (cache is None and plan.cache_default):  # CosyVoice's cache=torch.zeros((0, 0, 0, 0))
         kwargs[plan.cache] = cache
     if plan.use_cache:
         kwargs["use_cache"] = decoding
     return kwargs
+
+
+def buffer_mask(spec: AttnSpec, start: int, length: int, decoding: bool, device=None) -> torch.Tensor:
+    """``(length, context_length)`` bool, True = hidden, over a preallocated cache's every slot (gemma's mask): a
+    query hides the slots after it (the unwritten ones too), outside its window, and, outside decoding (fresh
+    buffers), the slots before ``start``; without causality only the unwritten slots."""
+    q = torch.arange(start, start + length, device=device)[:, None]
+    k = torch.arange(spec.context_length, device=device)[None, :]
+    hidden = (k > q) if spec.causal else (k >= start + length).expand(length, -1)
+    if not decoding:
+        hidden = hidden | (k < start)
+    if spec.window is not None:
+        hidden = hidden | ((q - k).abs() >= spec.window)
+    return hidden
+
+
+def make_buffers(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed key and value buffers of ``context_length`` slots in ``plan.buffers``' layout, for ``x``'s batch."""
+    slots, heads = spec.context_length, spec.kv_heads
+    shape = (x.shape[0], slots, heads, spec.head_dim) if plan.buffers == "bshd" else \
+        (x.shape[0], heads, slots, spec.head_dim)
+    return tuple(torch.zeros(shape, dtype=x.dtype, device=x.device) for _ in range(2))
 
 
 def _cis(c: torch.Tensor, s: torch.Tensor, form: str) -> torch.Tensor:
@@ -430,6 +464,8 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
 
     def forward(self, x, use_cache: bool = False, start_pos: int = 0):
         start = self._attnbench_pos if use_cache else start_pos
+        if use_cache and plan.buffers and self._attnbench_cache is None:  # made at the first step, kept until reset
+            self._attnbench_cache = make_buffers(plan, spec, x)
         cache = self._attnbench_cache if use_cache else None
         if maker is not None:
             return _object_step(self, original, maker, plan, spec, x, start, use_cache)
@@ -445,7 +481,7 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
                                  start + x.shape[1], spec.head_dim)
         if use_cache:
             self._attnbench_pos = start + x.shape[1]
-            self._attnbench_cache = next_cache
+            self._attnbench_cache = cache if plan.buffers else next_cache
         return out
 
     def reset_cache(self) -> None:

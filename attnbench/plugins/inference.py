@@ -322,7 +322,7 @@ def plan_with_probe(target, binding: Binding, probe: bool = True) -> ContextPlan
         return None
     plan = probe_mask(binding, plan, binding.probe) if probe else plan
     plan = with_probed_cache(binding, plan) if probe else plan
-    if plan.cache is not None and _returns_cache(binding, plan) is not None:
+    if plan.cache is not None and not plan.buffers and _returns_cache(binding, plan) is not None:
         kind = _cache_object_kind(target, binding, plan)
         plan = replace(plan, cache_object=kind) if kind else plan
     return plan
@@ -365,7 +365,11 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
         caps["kv_cache"] = True
         lines.append(f"kv_cache: yes (forward reads self.{plan.attr_cache}, a cache object its caller installs; a "
                      "step is undone by restoring that object's state)")
-    if plan.cache and plan.cache_object and "kv_cache" not in declared:
+    if plan.cache and plan.buffers and "kv_cache" not in declared:
+        caps["kv_cache"] = True
+        lines.append(f"kv_cache: yes (forward takes {plan.cache}, key and value buffers its caller preallocates and "
+                     "the class writes in place; a step is undone by restoring them)")
+    elif plan.cache and plan.cache_object and "kv_cache" not in declared:
         caps["kv_cache"] = True
         lines.append(f"kv_cache: yes (forward takes {plan.cache}, a cache object its caller passes in and advances; "
                      + ("the class declares attnbench_cache_object)" if plan.cache_object == "declared" else

@@ -1,0 +1,91 @@
+"""Conventions of the eleventh corpus's last refused classes (a development set, issue 46, round 18; our own code):
+
+- ``KeywordMaskOuter(dim_q, dim_kv, n_head, attn_module=None, add_bias=True)``: torchmultimodal's VideoGPT-style
+  layer. Its ``forward(q, kv=None, return_attn_weights=False, use_cache=False, causal=False, **attn_kwargs)`` names no
+  mask; the mask reaches its inner ``KeywordMaskInner`` only through ``**attn_kwargs`` as ``attention_mask``, a float
+  keep-mask (1 = attend). ``causal=True`` only switches step-wise caching: it masks nothing.
+- ``CallerBuffers(config)``: gemma_pytorch's ``GemmaAttention``. Its ``forward(hidden_states, freqs_cis,
+  kv_write_indices, kv_cache, mask, local_mask=None)`` takes the caller's preallocated ``(k_cache, v_cache)``, each
+  ``(B, max_seq_len, kv_heads, head_dim)``, writes the step's keys and values into them with ``index_copy_`` at
+  ``kv_write_indices``, attends over every slot, and adds ``mask`` ``(B|1, 1, T, max_seq_len)`` (a large negative
+  number where hidden, the unwritten slots too); GQA by ``repeat_interleave``; complex RoPE tables ``(T, head_dim/2)``.
+"""
+
+import dataclasses
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class KeywordMaskInner(nn.Module):
+    """Scaled dot-product attention on ``(b, h, t, d)`` with an optional float keep-mask."""
+
+    def forward(self, q, k, v, attention_mask=None, head_mask=None):
+        att = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if attention_mask is not None:
+            att = att.masked_fill(attention_mask == 0, float("-inf"))
+        return att.softmax(dim=-1) @ v
+
+
+class KeywordMaskOuter(nn.Module):
+    def __init__(self, dim_q: int, dim_kv: int, n_head: int, attn_module: nn.Module | None = None,
+                 add_bias: bool = True) -> None:
+        super().__init__()
+        self.n_head, self.d_k = n_head, dim_q // n_head
+        self.query = nn.Linear(dim_q, n_head * self.d_k, bias=add_bias)
+        self.key = nn.Linear(dim_kv, n_head * self.d_k, bias=add_bias)
+        self.value = nn.Linear(dim_kv, n_head * self.d_k, bias=add_bias)
+        self.output = nn.Linear(n_head * self.d_k, dim_q, bias=True)
+        self.attn = attn_module if attn_module is not None else KeywordMaskInner()
+
+    def _heads(self, t):
+        return t.unflatten(-1, (self.n_head, self.d_k)).transpose(1, 2)
+
+    def forward(self, q, kv=None, return_attn_weights=False, use_cache=False, causal=False, **attn_kwargs):
+        kv = q if kv is None else kv
+        out = self.attn(self._heads(self.query(q)), self._heads(self.key(kv)), self._heads(self.value(kv)),
+                        **attn_kwargs)
+        return self.output(out.transpose(1, 2).flatten(-2))
+
+
+@dataclasses.dataclass
+class BuffersConfig:
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    max_position_embeddings: int = 64
+
+
+def _rotate(x, freqs_cis):
+    """Meta/gemma complex RoPE, halves as real and imaginary parts, on ``(B, T, H, D)``."""
+    pairs = torch.view_as_complex(torch.stack(torch.chunk(x.transpose(1, 2).float(), 2, dim=-1), dim=-1))
+    out = torch.view_as_real(pairs * freqs_cis).type_as(x)
+    return torch.cat(torch.chunk(out, 2, dim=-1), dim=-2).reshape(*out.shape[:3], -1).transpose(1, 2)
+
+
+class CallerBuffers(nn.Module):
+    def __init__(self, config: BuffersConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.scaling = self.head_dim ** -0.5
+
+    def forward(self, hidden_states, freqs_cis, kv_write_indices, kv_cache, mask, local_mask=None):
+        b, t, _ = hidden_states.shape
+        xq, xk, xv = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        xq = _rotate(xq.view(b, t, self.num_heads, self.head_dim), freqs_cis)
+        xk = _rotate(xk.view(b, t, self.num_kv_heads, self.head_dim), freqs_cis)
+        xv = xv.view(b, t, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        k_cache.index_copy_(1, kv_write_indices, xk)
+        v_cache.index_copy_(1, kv_write_indices, xv)
+        rep = self.num_heads // self.num_kv_heads
+        key, value = (torch.repeat_interleave(c, rep, dim=2).transpose(1, 2) for c in (k_cache, v_cache))
+        scores = torch.matmul(xq.transpose(1, 2) * self.scaling, key.transpose(2, 3)) + mask
+        probs = F.softmax(scores.float(), dim=-1).type_as(xq)
+        return self.o_proj(torch.matmul(probs, value).transpose(1, 2).reshape(b, t, -1))
