@@ -844,3 +844,12 @@ def test_a_cache_the_caller_preallocates_and_the_class_writes_is_given_buffers(r
     assert code == 0 and "PASS" in out, out + err
     assert "bound kv_cache: preallocated zero key and value buffers (B, context_length, kv_heads, head_dim)" in said
     assert "inferred kv_cache: yes" in said and " decode " in out, out
+
+
+def test_a_cache_object_updated_at_a_position_appends_keys_along_their_sequence_axis(repo_cwd, capsys):
+    """``kv_cache.update(xk, xv, start_pos)`` with ``(B, S_new, H, D)`` keys: the int is the write position, not a
+    layer, and the keys grow along axis 1. Before round 18 each step made a layer of its own and appended along the
+    heads: the decoded tokens read the wrong keys."""
+    target = "tests/plugins/reach_roles/round18_position.py:UpdateAtPosition"
+    code, out, err = run(["check", target, "--kind", "forward,causality,decode"], capsys)
+    assert code == 0 and "PASS" in out and " decode " in out, out + err

@@ -96,20 +96,25 @@ class LayerCache:
 
     def __init__(self) -> None:
         self.layers: dict[int, AppendingCache] = {}  # each layer's keys and values, appended as a module cache's
+        self.tokens: int | None = None  # the step's new tokens, set by attnbench before each step (the sequence axis)
 
     def update(self, key_states, value_states, layer_idx=0, *args, **kwargs):
         """``cache_kwargs`` (positionally or as ``kwargs=``, as transformers 5 passes them) are not needed here. The
         layer index may come first (``update(layer_idx, k, v)``, from-scratch caches): it is the argument that is an
         int; an int equal to the tokens layer 0 holds is a write position (``update(start_pos, k, v)``), which
-        appending honours."""
+        appending honours; so is one in the layer index's place (``update(k, v, start_pos)``, with ``(B, S_new, H, D)``
+        keys appended along their sequence axis)."""
         if isinstance(key_states, int) and isinstance(layer_idx, torch.Tensor):
             first, key_states, value_states = key_states, value_states, layer_idx
-            position = first not in self.layers and 0 in self.layers and self.get_seq_length(0) == first
-            layer_idx = 0 if position else first
-        return self.layers.setdefault(layer_idx, AppendingCache()).update(None, key_states, value_states)
+            layer_idx = first
+        if isinstance(layer_idx, int) and layer_idx not in self.layers and 0 in self.layers \
+                and layer_idx in self.layers[0].lengths():  # a write position (``update(k, v, start_pos)``)
+            layer_idx = 0
+        return self.layers.setdefault(layer_idx, AppendingCache()).update(None, key_states, value_states, self.tokens)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return int(self.layers[layer_idx].k.shape[-2]) if layer_idx in self.layers else 0
+        layer = self.layers.get(layer_idx)
+        return 0 if layer is None or layer.k is None else int(layer.k.shape[-2 if layer.axis is None else layer.axis])
 
 
 LAYER = CacheObject(make=lambda spec, batch, device, dtype: LayerCache(),

@@ -35,7 +35,7 @@ from torch import nn
 
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures
-from attnbench.plugins.cache_objects import cache_object_for
+from attnbench.plugins.cache_objects import LayerCache, cache_object_for
 from attnbench.plugins.module_cache import AppendingCache, build_own_cache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
@@ -212,6 +212,13 @@ class ContextPlan:
                             f"{self.causal_arg}=False)"
                             if self.mask and not self.mask_required else f", False beside {self.mask}"
                             if self.mask else ""))
+        lines += self._cache_lines()
+        return lines
+
+
+    def _cache_lines(self) -> list[str]:
+        """How its cache parameter is given (buffers, an object, or what the previous step returned)."""
+        lines = []
         if self.cache and self.buffers:
             layout = "(B, context_length, kv_heads, head_dim)" if self.buffers == "bshd" else \
                 "(B, kv_heads, context_length, head_dim)"
@@ -230,7 +237,6 @@ class ContextPlan:
                             "that of a 4-token call)" if self.cache_probed else "")
                          + ("; use_cache=True while decoding" if self.use_cache else ""))
         return lines
-
 
     def _unmasked_lines(self) -> list[str]:
         """Why its mask is left at None, or why a class no form made causal is checked all the same."""
@@ -508,6 +514,8 @@ def _object_step(module: nn.Module, original, maker, plan: ContextPlan, spec: At
         if module._attnbench_cache is None:
             module._attnbench_cache = maker.make(spec, x.shape[0], x.device, x.dtype)
         cache = module._attnbench_cache
+        if isinstance(cache, LayerCache):
+            cache.tokens = x.shape[1]  # tells its sequence axis from its heads'
     kwargs = arguments(plan, spec, x, start, cache, use_cache)
     result = maker.step(cache, lambda: original(module, x, **kwargs), x.shape[1]) if use_cache else \
         original(module, x, **kwargs)

@@ -41,12 +41,30 @@ class AppendingCache:
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.axis: int | None = None  # the sequence axis, once a second step shows it
 
-    def update(self, input_pos, k_val: torch.Tensor, v_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k_val``/``v_val`` (``(B, H, S_new, D)``) and return the keys and values so far."""
-        self.k = k_val if self.k is None else torch.cat([self.k, k_val], dim=-2)
-        self.v = v_val if self.v is None else torch.cat([self.v, v_val], dim=-2)
+    def update(self, input_pos, k_val: torch.Tensor, v_val: torch.Tensor,
+               tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k_val``/``v_val`` and return the keys and values so far: along the sequence axis, ``-2`` for
+        ``(B, H, S_new, D)`` (Hugging Face's) or ``1`` for ``(B, S_new, H, D)`` (Meta's): the one of the two that holds
+        the step's ``tokens`` when only one does, else the one where a step's size differs from what is held (``-2``
+        when neither or both do)."""
+        if self.axis is None and tokens is not None and k_val.dim() == 4:
+            holds = [a for a in (1, -2) if k_val.shape[a] == tokens]
+            self.axis = holds[0] if len(holds) == 1 else None
+        if self.k is not None and self.axis is None:
+            differ = [a for a in (1, -2) if self.k.dim() == 4 and self.k.shape[a] != k_val.shape[a]]
+            self.axis = differ[0] if len(differ) == 1 else -2
+        self.k = k_val if self.k is None else torch.cat([self.k, k_val], dim=self.axis)
+        self.v = v_val if self.v is None else torch.cat([self.v, v_val], dim=self.axis)
         return self.k, self.v
+
+    def lengths(self) -> set[int]:
+        """The tokens it may hold: its sequence axis's size, or either candidate's before a second step shows it."""
+        if self.k is None:
+            return {0}
+        return {self.k.shape[self.axis]} if self.axis is not None or self.k.dim() != 4 else \
+            {self.k.shape[1], self.k.shape[-2]}
 
     __call__ = update
     forward = update

@@ -9,6 +9,7 @@
   ``(B, max_seq_len, kv_heads, head_dim)``, writes the step's keys and values into them with ``index_copy_`` at
   ``kv_write_indices``, attends over every slot, and adds ``mask`` ``(B|1, 1, T, max_seq_len)`` (a large negative
   number where hidden, the unwritten slots too); GQA by ``repeat_interleave``; complex RoPE tables ``(T, head_dim/2)``.
+- ``UpdateAtPosition(config)`` (in ``round18_position.py``, a module without a config class, as in its repository).
 """
 
 import dataclasses
@@ -89,3 +90,4 @@ class CallerBuffers(nn.Module):
         scores = torch.matmul(xq.transpose(1, 2) * self.scaling, key.transpose(2, 3)) + mask
         probs = F.softmax(scores.float(), dim=-1).type_as(xq)
         return self.o_proj(torch.matmul(probs, value).transpose(1, 2).reshape(b, t, -1))
+
