@@ -161,8 +161,13 @@ def _short_head(head: str) -> tuple[str, list[str]]:
     short, remarks = _without_remarks(head)
     if len(short) <= _ROOM:
         return short, remarks
-    for cut in reversed([i for i in _top_positions(head, ": ") if i >= 20]):
+    cuts = [i for i in _top_positions(head, ": ") if i >= 20]
+    for n, cut in reversed(list(enumerate(cuts))):
         left, left_remarks = _without_remarks(head[:cut + 1])
+        if len(left) <= _ROOM and _BARE.search(left) and n + 1 < len(cuts):  # "... failed: ValueError:" says no
+            cut = cuts[n + 1]  # cause: longer, with the exception's words (mutable default ... is not allowed)
+            left, left_remarks = _without_remarks(head[:cut + 1])
+            return left, [head[cut + 2:], *left_remarks]
         if len(left) <= _ROOM:
             return left, [head[cut + 2:], *left_remarks]
     cut = head.rfind(" ", 20, _ROOM)

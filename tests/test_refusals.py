@@ -280,3 +280,16 @@ def test_a_headline_ending_in_a_bare_exception_type_takes_the_line_that_says_wha
     assert lines[0] == "error: importing plug-in 'train.py' failed: AssertionError: train.py:3 " \
                        "\"assert torch.cuda.is_available()\"", lines
     assert refusal_lines(PluginLoadError("no cause here\nsecond"))[0] == "error: no cause here"
+
+
+def test_a_long_headline_is_not_cut_to_a_bare_exception_type():
+    """Cut at its last fitting ``: ``, a long import failure kept only ``... failed: ValueError:``; it keeps the
+    exception's words instead (kakaobrain's mutable dataclass default on Python 3.11)."""
+    from attnbench.errors import PluginLoadError, refusal_lines
+
+    exc = PluginLoadError("importing plug-in 'rqvae/models/rqtransformer/attentions.py' failed: ValueError: mutable "
+                          "default <class 'rqvae.models.rqtransformer.configs.AttentionBlockConfig'> for field block "
+                          "is not allowed: use default_factory", details=["at rqvae/models/configs.py:32: @dataclass"])
+    lines = refusal_lines(exc)
+    assert "ValueError: mutable default" in lines[0] and "for field block is not allowed" in lines[0], lines
+    assert any("default_factory" in line for line in lines[1:]), lines

@@ -853,3 +853,23 @@ def test_a_cache_object_updated_at_a_position_appends_keys_along_their_sequence_
     target = "tests/plugins/reach_roles/round18_position.py:UpdateAtPosition"
     code, out, err = run(["check", target, "--kind", "forward,causality,decode"], capsys)
     assert code == 0 and "PASS" in out and " decode " in out, out + err
+
+
+@pytest.mark.parametrize("cls", ["RopeArgument", "RopeArgumentUnannotated"])
+def test_a_rotary_module_the_forward_takes_is_built_for_each_spec(repo_cwd, capsys, cls):
+    """``forward(x, rope: RoPE, position_ids, ...)``: the module of its own code, built by its constructor's names
+    (``base`` the theta, ``max_seq_len`` the context length), and the class checked on its RoPE cases. Refused before
+    round 18 ("needs 'rope', which attnbench cannot supply")."""
+    target = f"tests/plugins/reach_roles/round18_rope_module.py:{cls}"
+    code, out, err = run(["check", target, "--kind", "forward,causality,decode", "-v"], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and "PASS" in out and " decode " in out, out + err
+    assert "bound rope: a RoPE (a module of its own code the forward takes)" in said, said
+
+
+def test_a_forward_that_returns_a_dataclass_is_read_by_its_fields(repo_cwd, capsys):
+    """``MultiHeadAttentionOutput(output, kv_cache)``: its first field is the output and its second the next cache,
+    as a tuple's would be. Refused before round 18 ("not causal with any mask form": the dataclass was the output)."""
+    code, out, err = run(["check", R18 + "DataclassOutput", "--kind", "forward,causality,decode", "-v"], capsys)
+    assert code == 0 and "PASS" in out and " decode " in out, out + err
+    assert "inferred kv_cache: yes" in " ".join(out.split()), out

@@ -27,6 +27,7 @@ and what is supplied, raised when the plug-in loads (never one failure per case)
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, replace
 
@@ -36,6 +37,7 @@ from torch import nn
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures
 from attnbench.plugins.cache_objects import LayerCache, cache_object_for
+from attnbench.plugins.helper_args import build_helper, module_class
 from attnbench.plugins.module_cache import AppendingCache, build_own_cache, describe_attr_cache
 from attnbench.spec import AttnSpec
 
@@ -147,6 +149,7 @@ class ContextPlan:
     cache_probed: bool = False  # the cache's name is none attnbench knows: a probe found it (plugins.cache_probe)
     keywords: bool = False  # the forward takes **kwargs: a mask no parameter names may reach an inner module through it
     buffers: str = ""  # the cache is the caller's preallocated (k, v) buffers, "bshd" or "bhsd" (a probe decides; gemma)
+    helpers: tuple = ()  # (name, nn.Module class) of arguments that are modules of its own code (plugins.helper_args)
 
     @property
     def rope_style(self) -> str:
@@ -172,6 +175,9 @@ class ContextPlan:
             through = " through its **kwargs (no parameter of its forward names a mask)" if self.keywords else ""
             lines.append(f"bound {self.mask}{through}: the causal/windowed mask of each step, {form} (decided by a "
                          "probe: changing the last token changes only the last output)")
+        for name, cls in self.helpers:
+            lines.append(f"bound {name}: a {cls.__qualname__} (a module of its own code the forward takes) built for "
+                         "each spec by its constructor's names")
         if self.inputs:
             lines.append(f"bound {', '.join(self.inputs)}: {self.x} again (self-attention: every input is the same "
                          "sequence; decided by the causal probe)")
@@ -266,6 +272,8 @@ def plan_for(target) -> ContextPlan | None:
     if not named:
         return None
     x, rest = named[0].name, named[1:]
+    helpers = tuple((p.name, cls) for p in rest if p.name not in KNOWN_NAMES and (cls := module_class(p, target)))
+    rest = [p for p in rest if p.name not in dict(helpers)]
     names = [p.name for p in rest]
     unknown = [p for p in rest if p.default is p.empty and p.name not in KNOWN_NAMES]
     name = getattr(target, "__qualname__", repr(target))
@@ -289,7 +297,7 @@ def plan_for(target) -> ContextPlan | None:
     causal_arg = next((n for n in names if n in CAUSAL_ARGS), None)
     mask = next((n for n in names if n in MASK_NAMES), None)
     required = {p.name for p in rest if p.default is p.empty}
-    if not (required or unknown or tables or position or cache or causal_arg or mask or
+    if not (required or unknown or tables or position or cache or causal_arg or mask or helpers or
             any(n in WINDOW_ARGS + LENGTH_NAMES for n in names)):
         return None  # e.g. forward(x, use_cache=False)
     # forward(x, attn_mask=None) too is planned: left at None when the class is causal without it, the causal form the
@@ -301,7 +309,7 @@ def plan_for(target) -> ContextPlan | None:
                                          for p in rest),
                        window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
                        span_arg=next((n for n in names if n in SPAN_ARGS), None), mask_required=mask in required,
-                       keywords=mask is None and any(p.kind == p.VAR_KEYWORD for p in params))
+                       keywords=mask is None and any(p.kind == p.VAR_KEYWORD for p in params), helpers=helpers)
 
 
 def _tensor_type(p: inspect.Parameter) -> bool:
@@ -378,6 +386,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
         kwargs[plan.position] = start if kind == "int" else ids[None] if kind.startswith("ids (1") else ids
     if plan.span_arg:
         kwargs[plan.span_arg] = start + T if decoding else None
+    kwargs.update({name: build_helper(cls, spec, device) for name, cls in plan.helpers})
     kwargs.update(dict.fromkeys(plan.inputs, x))
     kwargs.update(dict.fromkeys(plan.nones))
     total = start + T if decoding else T
@@ -437,6 +446,8 @@ def _split(result, plan: ContextPlan, t_new: int, total: int | None = None, head
     """``(out, next_cache)`` of a call of ``t_new`` tokens, ``total`` with those before it (``next_cache`` None when the
     class returns no cache: Hugging Face layers return ``(out, attention weights)``, their cache an object passed in;
     Whisper returns ``(out, qk)``, its scores, its cache filled by hooks of the whole model)."""
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):  # rafidka's MultiHeadAttentionOutput(
+        result = tuple(getattr(result, f.name) for f in dataclasses.fields(result))  # output, kv_cache): in order
     if isinstance(result, tuple | list) and result and isinstance(result[0], torch.Tensor):
         second = result[1] if plan.cache and len(result) > 1 else None
         return result[0], None if _weights(second, t_new) or _scores(second, t_new, total, head_dim) else second

@@ -43,6 +43,7 @@ from attnbench.plugins.causal_probe import forward_is_causal, probe_mask
 from attnbench.plugins.configs import with_own_config
 from attnbench.plugins.context import ContextPlan, arguments, bind_context, plan_for
 from attnbench.plugins.exits import plugin_exits
+from attnbench.plugins.helper_args import rotates
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
 from attnbench.plugins.measured import apply_measured
 from attnbench.plugins.module_cache import cache_attr, cache_builder
@@ -124,6 +125,9 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     external = sorted(n for n in forward if n in EXTERNAL_CACHE or (n != "use_cache" and CACHE_WORDS & set(n.lower().split("_"))))
     if plan is not None:
         context_caps, context_lines = infer_context(binding, plan, declared)
+        for key in ("requires", "refuses"):  # both sides' lists, not the context's alone
+            both = (*caps.get(key, ()), *context_caps.pop(key, ()))
+            caps.update({key: tuple(dict.fromkeys(both))} if both else {})
         caps.update(context_caps)
         lines += context_lines
     elif "use_cache" in forward and external and "kv_cache" not in declared:
@@ -347,6 +351,11 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
     takes a mask, a KV cache when it returns the next cache on a probe step."""
     caps: dict = {}
     lines = list(plan.describe())
+    turning = [n for n, cls in plan.helpers if rotates(cls)]
+    if turning and "rope" not in declared:
+        caps.update(rope=("half",), requires=("rope_theta",), refuses=("rope_scaling",))
+        lines.append(f"rope: half ({turning[0]} is a module of its own code whose constructor takes a theta: it always "
+                     "rotates, by the spec's theta; specs without RoPE, or with a RoPE scaling, are skipped)")
     if plan.tables and "rope" not in declared:
         caps["rope"] = (plan.rope_style,)
         lines.append(f"rope: {plan.rope_style} (forward takes {', '.join(plan.tables)}: attnbench supplies the spec's tables)")

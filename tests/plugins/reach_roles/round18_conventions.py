@@ -9,6 +9,9 @@
   ``(B, max_seq_len, kv_heads, head_dim)``, writes the step's keys and values into them with ``index_copy_`` at
   ``kv_write_indices``, attends over every slot, and adds ``mask`` ``(B|1, 1, T, max_seq_len)`` (a large negative
   number where hidden, the unwritten slots too); GQA by ``repeat_interleave``; complex RoPE tables ``(T, head_dim/2)``.
+- ``DataclassOutput(embed_dim, num_heads, causal, num_kv_heads=None)``: rafidka's layer: ``forward(x, attn_mask=None,
+  kv_cache=None)`` returns a dataclass ``(output, kv_cache)``, not a tuple; ``attn_mask`` is a ``(B, T)`` padding mask,
+  causality the constructor's ``causal``.
 - ``UpdateAtPosition(config)`` (in ``round18_position.py``, a module without a config class, as in its repository).
 """
 
@@ -91,3 +94,39 @@ class CallerBuffers(nn.Module):
         probs = F.softmax(scores.float(), dim=-1).type_as(xq)
         return self.o_proj(torch.matmul(probs, value).transpose(1, 2).reshape(b, t, -1))
 
+
+
+@dataclasses.dataclass
+class AttentionOutput:
+    output: torch.Tensor
+    kv_cache: tuple
+
+
+class DataclassOutput(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, causal: bool, num_kv_heads: int | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.causal = num_heads, embed_dim // num_heads, causal
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.W_q = nn.Linear(embed_dim, embed_dim)
+        self.W_k = nn.Linear(embed_dim, self.num_kv_heads * self.head_dim)
+        self.W_v = nn.Linear(embed_dim, self.num_kv_heads * self.head_dim)
+        self.W_o = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x, attn_mask=None, kv_cache=None) -> AttentionOutput:
+        b, t, _ = x.shape
+        q = self.W_q(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.W_k(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.W_v(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if kv_cache is not None:
+            k, v = torch.cat([kv_cache[0], k], dim=2), torch.cat([kv_cache[1], v], dim=2)
+        rep = self.num_heads // self.num_kv_heads
+        keys, values = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = q @ keys.transpose(-2, -1) / self.head_dim ** 0.5
+        total = keys.shape[2]
+        if self.causal:
+            scores = scores.masked_fill(torch.arange(total)[None, :] > torch.arange(total - t, total)[:, None],
+                                        float("-inf"))
+        if attn_mask is not None:  # (B, T): 0 = padding
+            scores = scores.masked_fill(attn_mask[:, None, None, :] == 0, float("-inf"))
+        out = (scores.softmax(dim=-1) @ values).transpose(1, 2).reshape(b, t, -1)
+        return AttentionOutput(self.W_o(out), (k, v))
