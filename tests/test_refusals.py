@@ -293,3 +293,11 @@ def test_a_long_headline_is_not_cut_to_a_bare_exception_type():
     lines = refusal_lines(exc)
     assert "ValueError: mutable default" in lines[0] and "for field block is not allowed" in lines[0], lines
     assert any("default_factory" in line for line in lines[1:]), lines
+
+
+def test_a_class_that_is_no_torch_module_is_refused_as_such_before_its_arguments(repo_cwd, capsys):
+    """A NumPy model's attention taking an ``np.random.Generator``: refused for what it is, not for the generator
+    (round 18: it led with "does not know what to pass for 'rng'")."""
+    lines = refusal(capsys, "numpy_module.py:CausalSelfAttention")
+    assert lines[0] == "error: CausalSelfAttention is not a torch.nn.Module (it derives from Module): attnbench checks " \
+                       "PyTorch attention layers", lines

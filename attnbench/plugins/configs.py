@@ -3,7 +3,7 @@
 ``Attention(config: ModelArgs)`` (gpt-fast), ``CausalSelfAttention(config, layer_idx)`` next to a ``GPTConfig``
 dataclass (nanochat) or ``CausalSelfAttention(config: Config, block_idx)`` (litgpt) read their config with the
 class's own field names, defaults and ``__post_init__``. attnbench builds that type: every field whose name says
-which spec field it is (:data:`~attnbench.plugins.binding.ALIASES`: ``n_local_heads``, ``n_query_groups``,
+which spec field it is (:data:`~attnbench.plugins.aliases.ALIASES`: ``n_local_heads``, ``n_query_groups``,
 ``n_kv_head`` are key/value heads; ``dim``, ``n_embd`` the width; ...) gets the spec's value, and the rest keep
 the class's defaults. ``check -v`` prints the mapping and the defaults kept.
 
@@ -135,7 +135,7 @@ def placeholders(cls: type, given: dict) -> dict:
 
 
 def aliases(spec: AttnSpec) -> dict:
-    """Every alias of every spec field (:data:`~attnbench.plugins.binding.ALIASES`) with the spec's value."""
+    """Every alias of every spec field (:data:`~attnbench.plugins.aliases.ALIASES`) with the spec's value."""
     values = spec_values(spec)
     return {alias: _field_value(alias, spec, values) for alias in _BY_NAME}
 

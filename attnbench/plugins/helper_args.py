@@ -16,7 +16,7 @@ import sys
 from torch import nn
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins.binding import ALIASES, spec_values
+from attnbench.plugins.aliases import ALIASES, spec_values
 from attnbench.spec import AttnSpec
 
 _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}

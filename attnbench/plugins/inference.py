@@ -125,10 +125,7 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     external = sorted(n for n in forward if n in EXTERNAL_CACHE or (n != "use_cache" and CACHE_WORDS & set(n.lower().split("_"))))
     if plan is not None:
         context_caps, context_lines = infer_context(binding, plan, declared)
-        for key in ("requires", "refuses"):  # both sides' lists, not the context's alone
-            both = (*caps.get(key, ()), *context_caps.pop(key, ()))
-            caps.update({key: tuple(dict.fromkeys(both))} if both else {})
-        caps.update(context_caps)
+        _merge(caps, context_caps)
         lines += context_lines
     elif "use_cache" in forward and external and "kv_cache" not in declared:
         lines.append(f"kv_cache: no (forward takes use_cache with {external[0]}: the cache is passed in, not kept by the class)")
@@ -162,6 +159,14 @@ def _positional(binding: Binding, names: set[str], where: str, declared: dict, p
                      "tokens before it are permuted)")
     caps, more = infer_positional(binding, names, where, declared)
     return caps, lines + more
+
+
+def _merge(caps: dict, more: dict) -> None:
+    """``more`` into ``caps``, the lists of what a class requires and refuses joined, not replaced."""
+    for key in ("requires", "refuses"):
+        both = (*caps.get(key, ()), *more.pop(key, ()))
+        caps.update({key: tuple(dict.fromkeys(both))} if both else {})
+    caps.update(more)
 
 
 def infer_positional(binding: Binding, names: set[str], where: str, declared: dict) -> tuple[dict, list[str]]:

@@ -1,7 +1,7 @@
 """Constructor parameters whose names say nothing attnbench knows, given their role by probes.
 
 ``MultiHeadAttention(n_state: int, n_head: int)``, ``Attn(width, nh, max_t)``: the names are the author's, and no
-table of aliases (:data:`~attnbench.plugins.binding.ALIASES`) can hold them all. Each unknown required parameter gets
+table of aliases (:data:`~attnbench.plugins.aliases.ALIASES`) can hold them all. Each unknown required parameter gets
 candidate *roles* (the spec fields a constructor can take: width, heads, kv heads, head dim, context length, dropout,
 bias), ordered by what its name and annotation hint; then probes decide. An assignment is kept when the class builds
 with it at two probe sizes and its weight matrices hold exactly as many elements as multi-head attention of that size
