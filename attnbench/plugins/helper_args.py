@@ -10,6 +10,7 @@ it. A helper whose constructor takes a theta rotates whatever the spec says, so 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 
@@ -23,7 +24,7 @@ _BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 
 
 def module_class(p: inspect.Parameter, target) -> type | None:
-    """The ``nn.Module`` class ``p`` is annotated with (a string annotation read in ``target``'s module), or, for a
+    """The ``nn.Module`` subclass ``p`` is annotated with (a string annotation read in ``target``'s module), or, for a
     required parameter with no annotation, the one ``nn.Module`` class of ``target``'s module its name begins
     (``rope`` for ``RoPE``, ``rotary_emb`` for ``RotaryEmbedding``); None otherwise."""
     module = sys.modules.get(getattr(target, "__module__", ""), None)
@@ -37,7 +38,7 @@ def module_class(p: inspect.Parameter, target) -> type | None:
                  and c.__name__.lower().startswith(word)]
         exact = [c for c in named if c.__name__.lower() == word]  # RoPE for rope, before RopeCache
         ann = exact[0] if len(exact) == 1 else named[0] if len(named) == 1 else None
-    return ann if isinstance(ann, type) and issubclass(ann, nn.Module) else None
+    return ann if isinstance(ann, type) and issubclass(ann, nn.Module) and ann is not nn.Module else None
 
 
 def _params(cls: type) -> list[inspect.Parameter]:
@@ -53,8 +54,10 @@ def rotates(cls: type) -> bool:
     return any(_BY_NAME.get(p.name) == "rope_theta" for p in _params(cls))
 
 
+@functools.lru_cache(maxsize=32)
 def build_helper(cls: type, spec: AttnSpec, device=None) -> nn.Module:
-    """``cls`` built for ``spec`` by its constructor's names (see the module's doc)."""
+    """``cls`` built for ``spec`` by its constructor's names (see the module's doc), once per spec and device (the
+    forward's every call gets the same one, as from its model: building it is no part of a timed step)."""
     values = spec_values(spec)
     kwargs = {}
     for p in _params(cls):
