@@ -839,7 +839,8 @@ def test_a_cache_the_caller_preallocates_and_the_class_writes_is_given_buffers(r
     caller's ``(k_cache, v_cache)`` buffers, written in place at the write indices, the mask over every slot; its
     decode cases run with the buffers kept across steps. Refused before round 18 ("raises however attnbench gives
     ...": ``k_cache, v_cache = None``)."""
-    code, out, err = run(["check", R18 + "CallerBuffers", "--kind", "forward,causality,decode", "-v"], capsys)
+    target = "tests/plugins/reach_roles/write_indices_cache.py:SlotCacheAttention"  # gemma's, from round 8
+    code, out, err = run(["check", target, "--kind", "forward,causality,decode", "-v"], capsys)
     said = " ".join(out.split())
     assert code == 0 and "PASS" in out, out + err
     assert "bound kv_cache: preallocated zero key and value buffers (B, context_length, kv_heads, head_dim)" in said

@@ -17,14 +17,13 @@ or -theta), one rotated side matches and the other does not, the divergence is l
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Callable
 from dataclasses import replace
 
 from attnbench.correctness.localize_finding import LAYOUT_OPS, Localization
 from attnbench.correctness.localize_match import matches
-from attnbench.correctness.localize_names import innermost
+from attnbench.correctness.localize_names import bound_name
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.stages import Stage
 
@@ -136,21 +135,16 @@ def never_rotated(div, ev) -> Localization | None:
     words = (f"the {other} side is rotated here, the {side} side never is: the scores take {side} as it came (its "
              f"rotation belongs beside this line)")
     # in a helper whose call is not given this side (``q, v = rotary(q, v)``), its call is the line; else its own
-    call = rotated.caller is not None and not _passes(rotated.caller, [ev.records[i] for i in sorted(plain)])
+    call = rotated.caller is not None and not _passes(rotated.caller, [ev.records[i] for i in sorted(plain)], ev)
     return named(div.name, rotated, words, ev.matched, call_site=call)
 
 
-def _passes(caller: tuple, plain: list[Record]) -> bool:
+def _passes(caller: tuple, plain: list[Record], ev) -> bool:
     """Does the call line ``caller`` read a name one of the records ``plain`` was assigned to (``xk`` in ``xq, xk =
-    self.rotate(xq, xk, ...)``)? True when no such name is known (nothing to go on: the helper's line stays)."""
-    names = set()
-    for rec in plain:
-        stmt = innermost(rec.path, rec.line, ast.stmt)
-        for target in stmt.targets if isinstance(stmt, ast.Assign) else []:  # every name of a tuple's, too
-            names |= {t.id for t in ast.walk(target) if isinstance(t, ast.Name)}
-    if not names:
-        return True
-    return any(re.search(rf"\b{re.escape(n)}\b", caller[2]) for n in names)
+    self.rotate(xq, xk, ...)``, by :func:`~attnbench.correctness.localize_names.bound_name`)? True when no such
+    name is known (nothing to go on: the helper's line stays)."""
+    names = {bound_name(rec, ev.records)[0] for rec in plain} - {None}
+    return not names or any(re.search(rf"\b{re.escape(n)}\b", caller[2]) for n in names)
 
 
 def paths_differ(div, ev) -> Localization | None:

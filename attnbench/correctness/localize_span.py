@@ -17,7 +17,7 @@ from dataclasses import replace
 from attnbench.correctness.localize_finding import Localization
 from attnbench.correctness.localize_names import innermost
 
-SCALED = frozenset({"scaled scores", "scaled q", "scaled k"})
+SCALED = frozenset({"scaled scores", "scaled q"})
 """The stages a wrong factor is named at."""
 
 WORDS = ("scale", "scaling", "alpha", "head_dim", "d_k", "dk", "d_head", "head_size", "norm_fact", "temperature")

@@ -50,6 +50,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "latent_dim": ("latent_dim", "kv_lora_rank", "d_latent", "latent_size", "kv_latent_dim"),
 }
 """Spec field -> the constructor parameter (and config field) names it binds to."""
+BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
+"""Constructor parameter (or config field) name -> the spec field it binds to."""
 
 
 def spec_values(spec: AttnSpec) -> dict[str, object]:

@@ -23,6 +23,7 @@ from torch import nn
 from attnbench.errors import PluginLoadError
 from attnbench.plugins import signatures
 from attnbench.plugins.aliases import ALIASES, spec_values
+from attnbench.plugins.aliases import BY_NAME as _BY_NAME
 from attnbench.plugins.config_guess import ADDON_WORDS
 from attnbench.spec import AttnSpec
 
@@ -46,7 +47,6 @@ _BOOK_ORDER = ("d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_b
 _CAPABILITY_KEYS = ("description", "source", "devices", "dtypes", "backward", "dropout", "same_width_only",
                     "min_torch", "gqa", "sliding_window", "non_causal", "kv_cache",
                     "rope", "qk_norm", "score_scale", "softcap", "rope_partial", "masks", "varlen", "qkv_bias")
-_BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 WINDOW_EVIDENCE = ("window", "sliding_window", "sliding_window_size", "attention_window")
 """Names that say a class computes sliding-window attention (a bare ``window_size`` does not)."""
 GUIDE = "docs/own-attention.md: Bring your own attention"

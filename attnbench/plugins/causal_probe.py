@@ -242,9 +242,15 @@ def _with_buffers(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | No
     ``kv_cache`` tuple, written with ``index_copy_`` at ``kv_write_indices``); None when none is."""
     if plan.cache is None or plan.cache_object or plan.buffers:
         return None
-    for layout in ("bshd", "bhsd"):
-        for variant, _ in _variants(replace(plan, buffers=layout)):
-            if not _runs(build, variant, probe):
+    return _first_of(build, [replace(plan, buffers=layout) for layout in ("bshd", "bhsd")], probe, runs_first=True)
+
+
+def _first_of(build, plans: list[ContextPlan], probe: AttnSpec, runs_first: bool = False) -> ContextPlan | None:
+    """The first assignment of ``plans`` (each with its arguments no name tells assigned in turn) and its forms under
+    which the class is causal; ``runs_first``: only assignments under which it runs at all go on to the mask forms."""
+    for plan in plans:
+        for variant, _ in _variants(plan):
+            if runs_first and not _runs(build, variant, probe):
                 continue  # raises however its tables are shaped: no mask form will change that (and it is quick)
             chosen, _, _ = _first_causal(build, variant, probe)
             if chosen is not None:
@@ -268,12 +274,7 @@ def _through_keywords(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan 
     ``attention_mask`` to its ``SelfAttention``); None when none is, and the refusal stands."""
     if not plan.keywords or plan.mask is not None:
         return None
-    for name in MASK_NAMES:
-        for variant, _ in _variants(replace(plan, mask=name, mask_required=True)):
-            chosen, _, _ = _first_causal(build, variant, probe)
-            if chosen is not None:
-                return chosen
-    return None
+    return _first_of(build, [replace(plan, mask=name, mask_required=True) for name in MASK_NAMES], probe)
 
 
 def checked_anyway(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:

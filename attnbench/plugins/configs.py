@@ -20,10 +20,11 @@ import inspect
 import sys
 
 from attnbench.plugins import signatures
-from attnbench.plugins.binding import ALIASES, Binding, hf_rope_scaling, spec_values
+from attnbench.plugins.aliases import BY_NAME as _BY_NAME
+from attnbench.plugins.aliases import spec_values
+from attnbench.plugins.binding import Binding, hf_rope_scaling
 from attnbench.spec import AttnSpec
 
-_BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 _CONFIG_SUFFIXES = ("Config", "Args", "Params", "Hparams", "Configuration")
 
 

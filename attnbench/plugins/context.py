@@ -408,13 +408,10 @@ def buffer_mask(spec: AttnSpec, start: int, length: int, decoding: bool, device=
     """``(length, context_length)`` bool, True = hidden, over a preallocated cache's every slot (gemma's mask): a
     query hides the slots after it (the unwritten ones too), outside its window, and, outside decoding (fresh
     buffers), the slots before ``start``; without causality only the unwritten slots."""
-    q = torch.arange(start, start + length, device=device)[:, None]
-    k = torch.arange(spec.context_length, device=device)[None, :]
-    hidden = (k > q) if spec.causal else (k >= start + length).expand(length, -1)
+    hidden = torch.nn.functional.pad(step_mask(spec, start, length, device), (0, spec.context_length - start - length),
+                                     value=True)
     if not decoding:
-        hidden = hidden | (k < start)
-    if spec.window is not None:
-        hidden = hidden | ((q - k).abs() >= spec.window)
+        hidden[:, :start] = True
     return hidden
 
 

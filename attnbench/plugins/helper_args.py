@@ -17,10 +17,9 @@ import sys
 from torch import nn
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins.aliases import ALIASES, spec_values
+from attnbench.plugins.aliases import BY_NAME as _BY_NAME
+from attnbench.plugins.aliases import spec_values
 from attnbench.spec import AttnSpec
-
-_BY_NAME = {alias: field for field, names in ALIASES.items() for alias in names}
 
 
 def module_class(p: inspect.Parameter, target) -> type | None:

@@ -4,11 +4,6 @@
   layer. Its ``forward(q, kv=None, return_attn_weights=False, use_cache=False, causal=False, **attn_kwargs)`` names no
   mask; the mask reaches its inner ``KeywordMaskInner`` only through ``**attn_kwargs`` as ``attention_mask``, a float
   keep-mask (1 = attend). ``causal=True`` only switches step-wise caching: it masks nothing.
-- ``CallerBuffers(config)``: gemma_pytorch's ``GemmaAttention``. Its ``forward(hidden_states, freqs_cis,
-  kv_write_indices, kv_cache, mask, local_mask=None)`` takes the caller's preallocated ``(k_cache, v_cache)``, each
-  ``(B, max_seq_len, kv_heads, head_dim)``, writes the step's keys and values into them with ``index_copy_`` at
-  ``kv_write_indices``, attends over every slot, and adds ``mask`` ``(B|1, 1, T, max_seq_len)`` (a large negative
-  number where hidden, the unwritten slots too); GQA by ``repeat_interleave``; complex RoPE tables ``(T, head_dim/2)``.
 - ``DataclassOutput(embed_dim, num_heads, causal, num_kv_heads=None)``: rafidka's layer: ``forward(x, attn_mask=None,
   kv_cache=None)`` returns a dataclass ``(output, kv_cache)``, not a tuple; ``attn_mask`` is a ``(B, T)`` padding mask,
   causality the constructor's ``causal``.
@@ -19,7 +14,6 @@ import dataclasses
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 
 class KeywordMaskInner(nn.Module):
@@ -51,49 +45,6 @@ class KeywordMaskOuter(nn.Module):
         out = self.attn(self._heads(self.query(q)), self._heads(self.key(kv)), self._heads(self.value(kv)),
                         **attn_kwargs)
         return self.output(out.transpose(1, 2).flatten(-2))
-
-
-@dataclasses.dataclass
-class BuffersConfig:
-    hidden_size: int = 64
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
-    max_position_embeddings: int = 64
-
-
-def _rotate(x, freqs_cis):
-    """Meta/gemma complex RoPE, halves as real and imaginary parts, on ``(B, T, H, D)``."""
-    pairs = torch.view_as_complex(torch.stack(torch.chunk(x.transpose(1, 2).float(), 2, dim=-1), dim=-1))
-    out = torch.view_as_real(pairs * freqs_cis).type_as(x)
-    return torch.cat(torch.chunk(out, 2, dim=-1), dim=-2).reshape(*out.shape[:3], -1).transpose(1, 2)
-
-
-class CallerBuffers(nn.Module):
-    def __init__(self, config: BuffersConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.scaling = self.head_dim ** -0.5
-
-    def forward(self, hidden_states, freqs_cis, kv_write_indices, kv_cache, mask, local_mask=None):
-        b, t, _ = hidden_states.shape
-        xq, xk, xv = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        xq = _rotate(xq.view(b, t, self.num_heads, self.head_dim), freqs_cis)
-        xk = _rotate(xk.view(b, t, self.num_kv_heads, self.head_dim), freqs_cis)
-        xv = xv.view(b, t, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        k_cache.index_copy_(1, kv_write_indices, xk)
-        v_cache.index_copy_(1, kv_write_indices, xv)
-        rep = self.num_heads // self.num_kv_heads
-        key, value = (torch.repeat_interleave(c, rep, dim=2).transpose(1, 2) for c in (k_cache, v_cache))
-        scores = torch.matmul(xq.transpose(1, 2) * self.scaling, key.transpose(2, 3)) + mask
-        probs = F.softmax(scores.float(), dim=-1).type_as(xq)
-        return self.o_proj(torch.matmul(probs, value).transpose(1, 2).reshape(b, t, -1))
-
 
 
 @dataclasses.dataclass
