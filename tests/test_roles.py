@@ -874,3 +874,54 @@ def test_a_forward_that_returns_a_dataclass_is_read_by_its_fields(repo_cwd, caps
     code, out, err = run(["check", R18 + "DataclassOutput", "--kind", "forward,causality,decode", "-v"], capsys)
     assert code == 0 and "PASS" in out and " decode " in out, out + err
     assert "inferred kv_cache: yes" in " ".join(out.split()), out
+
+
+R19 = "tests/plugins/reach_roles/round19_own_rope.py:"
+
+
+@pytest.mark.parametrize("cls, said", [
+    ("OwnBaseRotary", "rope: half, its own, theta 10000, +theta"),
+    ("OwnBaseInterleaved", "rope: interleaved, its own, theta 500000, +theta"),
+])
+def test_a_rope_no_name_says_is_measured_with_its_own_base(repo_cwd, capsys, cls, said):
+    """A class that builds its tables in ``__init__`` from the head size alone (``RotaryEmbedding(head_dim)`` at its
+    ``base=10000`` default; Meta's complex ``freqs_cis`` buffer at 500,000) always rotates: its pairing and base are
+    measured, and every case is checked with RoPE at that base. Before round 19 it was checked without RoPE and
+    failed every case; the complex buffer was also cast to real by the build in float64."""
+    code, out, err = run(["check", R19 + cls, "--kind", "forward,causality,backward", "-v"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert said in " ".join(out.split()), out
+
+
+def test_a_cached_class_with_its_own_rope_decodes_at_the_cached_offset(repo_cwd, capsys):
+    code, out, err = run(["check", R19 + "OwnBaseCached", "--kind", "forward,decode"], capsys)
+    assert code == 0 and "PASS" in out and " decode " in out, out + err
+
+
+def test_a_class_with_its_own_rope_that_leaves_its_keys_unrotated_fails(repo_cwd, capsys):
+    """The measurement reads the queries' turn against an unrotated key at position 0, so a class that forgets to
+    rotate its keys is still seen to rotate, and fails its cases (the bug), rather than passing as RoPE-free."""
+    code, out, err = run(["check", R19 + "OwnBaseKeysUnrotated", "--kind", "forward", "-v"], capsys)
+    assert code == 1 and "FAIL" in out, out + err
+    assert "its own, theta 10000" in " ".join(out.split()), out
+
+
+def test_positions_learned_rather_than_rotated_are_no_rope(repo_cwd, capsys):
+    code, out, err = run(["check", R19 + "LearnedPositions", "--kind", "forward", "-v"], capsys)
+    assert "its own, theta" not in " ".join((out + err).split()), out + err
+
+
+def test_a_mask_sized_by_a_module_constant_is_the_class_s_own_limit(repo_cwd, capsys):
+    """nanoGPT's mask buffer sized by a module-level ``block_size``: nothing the constructor takes sets it, so the
+    longest sequence it takes is measured (64) and the longer cases are skipped as its own constraint. Before round
+    19 they raised, and the class FAILed."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/round19_own_length.py:GlobalBlockSize", "-v"], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and "PASS" in out, out + err
+    assert "context length: at most 64 tokens, its own" in said and "its own constraint" in said, said
+
+
+def test_a_class_that_takes_any_length_has_no_limit_inferred(repo_cwd, capsys):
+    code, out, err = run(["check", "tests/plugins/reach_roles/round19_own_length.py:UnboundedLength",
+                          "--kind", "forward,low_precision", "-v"], capsys)
+    assert code == 0 and "context length: at most" not in " ".join(out.split()), out + err

@@ -115,12 +115,26 @@ class Implementation:
             raise PluginLoadError(f"{self.name} failed to build for {spec}: {type(exc).__name__}: {exc}") from exc
         if not isinstance(module, nn.Module):
             raise PluginLoadError(f"{self.name}'s factory returned {type(module).__name__}, not an nn.Module")
-        module = module.to(device=outcome.device, dtype=outcome.dtype)
+        module = _moved(module, outcome.device, outcome.dtype)
         if weights is not None:
             load_weights(module, weights, spec)
         if self.transform is not None:
             module = self.transform(module)
         return module
+
+
+def _moved(module: nn.Module, device, dtype) -> nn.Module:
+    """``module`` on ``device`` in ``dtype``, its complex buffers (Meta-style ``freqs_cis`` tables a class registers)
+    moved but kept complex: ``Module.to(float64)`` would cast them to real and drop their imaginary part, which no
+    caller of such a class does (it builds the class in the dtype, or moves it with ``.to(device)``)."""
+    held = [(owner, leaf, t) for name, t in module.named_buffers() if t is not None and t.is_complex()
+            for owner, leaf in [(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])]]
+    for owner, leaf, _ in held:
+        owner._buffers[leaf] = None
+    module = module.to(device=device, dtype=dtype)
+    for owner, leaf, t in held:
+        owner._buffers[leaf] = t.to(device)
+    return module
 
 
 _REGISTRY: dict[str, Implementation] = {}

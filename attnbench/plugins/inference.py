@@ -47,6 +47,8 @@ from attnbench.plugins.helper_args import rotates
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
 from attnbench.plugins.measured import apply_measured
 from attnbench.plugins.module_cache import cache_attr, cache_builder
+from attnbench.plugins.own_length import apply_max_length
+from attnbench.plugins.own_rope import apply_own_rope
 from attnbench.plugins.scale_flag import scale_by_flag
 from attnbench.spec import AttnSpec
 
@@ -672,6 +674,7 @@ def implementation_fields(obj, source: str) -> dict:
         own["even_head_dim"] = odd
         evidence.append(f"head_dim: even only (it always rotates q and k by pairs; at head_dim 3 a probe raised {odd}): "
                         "cases with an odd head dim are skipped")
+    evidence += apply_max_length(binding, plan, own)
     has_bias = "qkv_bias" in binding.fields
     if binding.style == "config":  # a config offers every field: what the class reads on a probe says what it has
         read = config_fields_read(binding)
@@ -686,6 +689,7 @@ def implementation_fields(obj, source: str) -> dict:
     has_bias = has_bias and caps.pop("qkv_bias", True) is not False  # declared: no q/k/v bias (an adapter's)
     factory = _factory(binding, has_bias, plan, caps.pop("requires", ()), caps.pop("refuses", ()), own, declared,
                        evidence)
+    evidence += apply_own_rope(factory, caps, declared, obj)
     evidence += apply_measured(factory, caps, declared, obj)
     factory.evidence = evidence
     factory.imported = IMPORTED.get(getattr(obj, "__module__", ""), "")

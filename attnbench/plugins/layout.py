@@ -658,9 +658,13 @@ class PluginFactory:
         if "rope_theta" in self.requires and spec.rope_theta is None and spec.head_dim % 2:
             raise UnavailableError(f"{name} needs an even head dim, not {spec.head_dim}: it always applies its own "
                                    f"rotary embeddings ({OWN_CONSTRAINT})")
+        own_theta = self.own.get("rope_theta")  # a base of its own, measured (plugins.own_rope)
+        if own_theta is not None and spec.rope_theta not in (None, own_theta):
+            raise UnavailableError(f"{name} always rotates with its own theta {own_theta:g} (measured), not "
+                                   f"{spec.rope_theta:g} ({OWN_CONSTRAINT})")
         for f in self.requires:
             if getattr(spec, f, None) is None:
-                fill[f] = 10000.0 if f == "rope_theta" else (qk_norm or ("head",))[0]
+                fill[f] = (own_theta or 10000.0) if f == "rope_theta" else (qk_norm or ("head",))[0]
         if "rope_theta" in fill and "rope_style" in self.own:  # its own pairs (GPT-J's interleaved), measured
             fill["rope_style"] = self.own["rope_style"]
         spec = replace(spec, **fill) if fill else spec
@@ -668,6 +672,9 @@ class PluginFactory:
             spec = replace(spec, norm_eps=self.own["norm_eps"])
         if self.own.get("rope_sign", 1) != 1 and spec.rope_theta is not None and spec.rope_sign == 1:
             spec = replace(spec, rope_sign=self.own["rope_sign"])  # its pairs turn the other way (plugins.measured)
+        if spec.context_length > self.own.get("max_len", spec.context_length):
+            raise UnavailableError(f"{name} takes at most {self.own['max_len']} tokens, not a context of "
+                                   f"{spec.context_length} ({OWN_CONSTRAINT}: nothing it takes sets its length)")
         if self.own.get("heads") == 1 and spec.num_heads != 1:
             raise UnavailableError(f"{name} always has one head, not {spec.num_heads} ({OWN_CONSTRAINT})")
         if self.own.get("kv_heads") == 1 and (spec.num_kv_heads or spec.num_heads) != 1:

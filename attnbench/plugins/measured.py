@@ -252,18 +252,23 @@ NORM_WORDS = ("norm", "rsqrt")
 """Words whose absence from a class's module spares it the QK-norm probe (see :func:`may_norm`)."""
 
 
+def source_mentions(obj, words: tuple[str, ...]) -> bool:
+    """Whether the source of ``obj``'s module mentions one of ``words`` (lower case), or cannot be read."""
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    try:
+        text = inspect.getsource(module) if module is not None else None
+    except (OSError, TypeError):
+        text = None
+    return text is None or any(w in text.lower() for w in words)
+
+
 def may_norm(obj) -> bool:
     """Whether ``obj``'s module could hold a QK-norm without weights: its source mentions a norm (``rms_norm``,
     ``F.normalize``, ``RMSNorm``, ``rsqrt``...), or cannot be read. The probe calls the class's forward where the
     plug-in is loaded, often the driver of a run, which ``--isolate`` does not protect: a class that crashes its
     process (a native extension's segfault) would end the run there instead of becoming rows with that error, so
     the forward is called there only when the source gives a reason to."""
-    module = sys.modules.get(getattr(obj, "__module__", "") or "")
-    try:
-        text = inspect.getsource(module) if module is not None else None
-    except (OSError, TypeError):
-        text = None
-    return text is None or any(w in text.lower() for w in NORM_WORDS)
+    return source_mentions(obj, NORM_WORDS)
 
 
 def apply_measured(factory, caps: dict, declared: dict, obj=None) -> list[str]:
@@ -271,7 +276,7 @@ def apply_measured(factory, caps: dict, declared: dict, obj=None) -> list[str]:
     module (and whose source mentions one: :func:`may_norm`); record them on ``factory`` (``own``/``requires``) and
     ``caps``; the ``check -v`` lines."""
     lines = []
-    if caps.get("rope") and "rope" not in declared:
+    if caps.get("rope") and "rope" not in declared and "rope_theta" not in factory.own:  # own_rope measured it
         found = rope_direction(factory)
         if found is None:
             lines.append("rope direction: not measured (the probe showed no clean rotation of a pair): +theta assumed")
