@@ -925,3 +925,28 @@ def test_a_class_that_takes_any_length_has_no_limit_inferred(repo_cwd, capsys):
     code, out, err = run(["check", "tests/plugins/reach_roles/round19_own_length.py:UnboundedLength",
                           "--kind", "forward,low_precision", "-v"], capsys)
     assert code == 0 and "context length: at most" not in " ".join(out.split()), out + err
+
+
+R19C = "tests/plugins/reach_roles/round19_conventions.py:"
+
+
+@pytest.mark.parametrize("cls, said", [
+    ("ScoresThenOutput", "bound mask"),  # TimesFM's (scores, output): was "not causal with any mask form"
+    ("PaddingMaskRequired", "(B, T) padding mask"),  # d3rlpy's: was "not causal with any mask form"
+    ("RequiredFlag", "bound use_kv_cache: False"),  # lag-llama's: was "needs 'use_kv_cache'"
+    ("LiteralNorm", "qk_norm=qk_norm"),  # stable-audio's: was "raised ValueError: qk_norm must be one of ..."
+    ("DropoutModuleArgument", "bound mask"),  # DI-engine's: was "a whole block, not an attention layer"
+])
+def test_round19_conventions_pass(repo_cwd, capsys, cls, said):
+    """The fourteenth corpus's conventions (a development set), reproduced: each refused before round 19."""
+    code, out, err = run(["check", R19C + cls, "--kind", "forward,causality", "-v"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+    assert said in " ".join(out.split()), out
+
+
+def test_a_per_dimension_scale_left_empty_is_named_not_a_later_symptom(repo_cwd, capsys):
+    """A ``torch.empty`` vector parameter gave the probes NaN, and the class was refused as "not causal with any mask
+    form"; its garbage values now give way to ones for the probes, and the refusal names the parameter that has no
+    counterpart in multi-head attention."""
+    code, out, err = run(["check", R19C + "EmptyQueryScale", "--kind", "forward"], capsys)
+    assert code == 2 and "no canonical counterpart for scaling" in " ".join((out + err).split()), out + err

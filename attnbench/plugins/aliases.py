@@ -13,7 +13,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "d_in": ("d_in", "d_model", "embed_dim", "n_embd", "hidden_size", "dim", "emb_dim", "embedding_dim",
              "n_embed", "d_embed", "input_dim", "in_features", "in_dim"),
     "d_out": ("d_out", "out_features", "output_dim", "out_dim", "dim_out"),
-    "num_heads": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_head"),
+    "num_heads": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_head",
+                  "head_num"),
     # num_kv_groups: the book's (chapter 4) name for the number of key/value heads
     # n_local_heads (gpt-fast), n_query_groups (litgpt): the number of key/value heads under another name
     "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "n_key_value_heads", "kv_heads",
@@ -25,7 +26,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "dropout": ("dropout", "attn_pdrop", "attention_dropout", "p", "attn_dropout", "dropout_p", "attn_drop",
                 "attention_probs_dropout_prob", "dropout_rate", "attn_dropout_rate", "dropout_prob"),
     "qkv_bias": ("qkv_bias", "bias", "use_bias", "attention_bias", "add_bias", "use_qkv_bias"),
-    "head_dim": ("head_dim", "dim_head", "head_size", "d_head", "d_k", "n_embd_head"),
+    "head_dim": ("head_dim", "dim_head", "head_size", "d_head", "d_k", "n_embd_head", "dim_heads", "n_embd_per_head",
+                 "dim_per_head"),
     # window_size is bound (a class that declares sliding_window gets the window through it) but is no
     # evidence of a sliding window: it can size a cache (the book's optimized KV cache), see WINDOW_EVIDENCE
     "window": ("window", "sliding_window", "sliding_window_size", "attention_window", "window_size"),

@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from attnbench.errors import PluginLoadError
+from attnbench.errors import PluginLoadError, UnavailableError
 from attnbench.plugins import signatures
 from attnbench.plugins.aliases import ALIASES, spec_values
 from attnbench.plugins.aliases import BY_NAME as _BY_NAME
 from attnbench.plugins.config_guess import ADDON_WORDS
+from attnbench.plugins.outputs import output_first
 from attnbench.spec import AttnSpec
 
 RESIDUAL_DROPOUT = ("resid_pdrop", "resid_dropout", "residual_dropout", "hidden_dropout_prob", "hidden_dropout",
@@ -197,6 +198,7 @@ class Binding:
         module = self._build(spec)
         if isinstance(module, nn.Module):
             initialised(module, self.target)
+            module.register_forward_hook(output_first, with_kwargs=True)
         if self.cast and isinstance(module, nn.Module):  # built in bfloat16 (a class attribute, .half()): as a whole
             module = module.to(torch.get_default_dtype())
         if self.channels_first and isinstance(module, nn.Module):
@@ -227,6 +229,10 @@ class Binding:
                 self.make_config(spec) if field == "config" else values[field]
             if field == "window" and kwargs[param] is None and param in self._required():
                 kwargs[param] = values["context_length"]  # required, no window: one over every position (causal)
+            if isinstance(kwargs[param], str | type(None)):
+                kwargs[param] = _in_choices(self.target, param, kwargs[param])
+            if field == "dropout" and param in dropout_modules(self.target):
+                kwargs[param] = nn.Dropout(kwargs[param])  # DI-engine's `dropout: nn.Module`
         return self.target(**kwargs, **fixed(self.extras), **projections(self.modules, values), **flags)
 
     def _required(self) -> set[str]:
@@ -275,24 +281,53 @@ UNINITIALISED: dict = {}
 """Constructor -> the weight matrices it left uninitialised (``torch.empty``), for ``check -v``."""
 
 
+def dropout_modules(target) -> set[str]:
+    """The constructor parameters of ``target`` named as a dropout and annotated as a module (DI-engine's
+    ``Attention(..., dropout: nn.Module)``): given ``nn.Dropout`` of the spec's rate, not the rate."""
+    try:
+        params = _signature(target).parameters.values()
+    except PluginLoadError:
+        return set()
+    return {p.name for p in params if p.name in ALIASES["dropout"]
+            and any(w in str(p.annotation) for w in ("Module", "Dropout"))}
+
+
+def _in_choices(target, param: str, value):
+    """``value`` for a parameter that takes strings of its own (stable-audio's ``qk_norm: Literal['l2', 'ln', 'none'] =
+    'none'``): the spec's ``None`` is its default, a string its choices lack is a spec it cannot take."""
+    p = _signature(target).parameters.get(param)
+    if p is None or not isinstance(p.default, str):
+        return value
+    choices = typing.get_args(p.annotation) if typing.get_origin(p.annotation) is typing.Literal else ()
+    if value is None:
+        return p.default
+    if choices and value not in choices:
+        raise UnavailableError(f"{getattr(target, '__qualname__', target)} takes {param} in {list(choices)}, not "
+                               f"{value!r} (the class's own constraint)")
+    return value
+
+
 def initialised(module: nn.Module, target) -> None:
     """Give random values to the weight matrices ``module``'s constructor left uninitialised (TransformerLens's
     ``nn.Parameter(torch.empty(...))``, initialised by the whole model): non-finite or huge, and then also those all
-    zero (biases aside). Probes read
+    zero (biases aside); a vector left so gets ones (zeros for a bias: TimesFM's per-dimension query scale). Probes read
     outputs, and garbage weights give none; every case loads its own weights. Nothing is touched in a class whose
     weights are all finite and moderate."""
     matrices = {n: p for n, p in module.named_parameters()
                 if p.dim() >= 2 and p.numel() and p.dtype.is_floating_point and p.device.type != "meta"}
     with torch.no_grad():
         garbage = {n for n, p in matrices.items() if not bool(torch.isfinite(p).all()) or float(p.abs().max()) > 1e6}
-        if not garbage:
-            return
-        empty = {n for n, p in matrices.items() if not p.any() and not re.search(r"(^|[._])(b|bias)(_|$)", n)}
+        empty = {n for n, p in matrices.items() if garbage and not p.any()
+                 and not re.search(r"(^|[._])(b|bias)(_|$)", n)}
         g = torch.Generator().manual_seed(0)
         for name in sorted(garbage | empty):  # torch.empty gives zeros too, where the memory was fresh
             p = matrices[name]
             p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) / max(p.shape[-2:]) ** 0.5)
-    UNINITIALISED.setdefault(target, set()).update(garbage | empty)
+        vectors = {n: p for n, p in module.named_parameters() if p.dim() == 1 and p.numel() and p.dtype.is_floating_point
+                   and p.device.type != "meta" and (not bool(torch.isfinite(p).all()) or float(p.abs().max()) > 1e6)}
+        for name, p in vectors.items():  # a bias gets zeros, anything else (a gain, a per-dimension scale) ones
+            p.fill_(0.0 if re.search(r"(^|[._])(b|bias)(_|$)", name) else 1.0)
+    UNINITIALISED.setdefault(target, set()).update(garbage | empty | set(vectors))
 
 
 def _signature(target) -> inspect.Signature:

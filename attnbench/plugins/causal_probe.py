@@ -28,6 +28,7 @@ from attnbench.plugins.context import (
     GUIDE,
     MASK_FORMS,
     MASK_NAMES,
+    PADDING,
     PAIR_NAMES,
     SUPPLIED,
     TABLE_DIMS,
@@ -137,7 +138,7 @@ def _first_causal(build, plan: ContextPlan, probe: AttnSpec) -> tuple[ContextPla
     for pairs, dims, *none in _shapes(plan):
         plan = replace(plan, position_none=bool(none))
         for full in (True, False) if plan.position and plan.tables else (False,):
-            for form in (MASK_FORMS if plan.mask else (None,)):
+            for form in (_mask_forms(plan) if plan.mask else (None,)):
                 chosen = replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
                 verdict = _moves(build, _masking(chosen), probe, form, full)
                 if verdict is True and form is not None and not _scores_matter(build, _masking(chosen), probe):
@@ -148,6 +149,13 @@ def _first_causal(build, plan: ContextPlan, probe: AttnSpec) -> tuple[ContextPla
                 tables = [f"{t} as {_TABLE_WORDS[pairs]}" for t in plan.tables if plan.cis(t)]
                 tried.append(f"{', '.join([*tables, form.describe() if form else 'no mask'])}: {verdict or 'not causal'}")
     return (None, tried, ran) if flat is None else (_with_flag(build, flat, probe), tried, True)
+
+
+def _mask_forms(plan: ContextPlan) -> tuple:
+    """The mask forms to try: a ``(B, T)`` padding mask hiding nothing only for a mask the forward requires by a mask's
+    name (an optional one is left at None when the class masks the future by itself)."""
+    named = plan.mask_required and plan.mask in MASK_NAMES  # a required input of another name may be tables (flux's pe)
+    return MASK_FORMS if named else tuple(f for f in MASK_FORMS if f.dims != PADDING)
 
 
 def _scores_matter(build, plan: ContextPlan, spec: AttnSpec) -> bool:
@@ -293,7 +301,7 @@ def checked_anyway(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | N
         if variant.mask is None and variant.unmasked:  # an optional mask left at None: the class's own (causal) mask
             forms = [variant]
         else:
-            forms = [_masking(replace(variant, mask_form=form)) for form in (MASK_FORMS if variant.mask else (None,))]
+            forms = [_masking(replace(variant, mask_form=form)) for form in (_mask_forms(variant) if variant.mask else (None,))]
         found = least_leaking(build, forms, probe, bind_context, said)
         if found is not None:
             return found

@@ -39,6 +39,7 @@ from attnbench.plugins import signatures
 from attnbench.plugins.cache_objects import LayerCache, cache_object_for
 from attnbench.plugins.helper_args import build_helper, module_class
 from attnbench.plugins.module_cache import AppendingCache, build_own_cache, describe_attr_cache
+from attnbench.plugins.outputs import output_first
 from attnbench.spec import AttnSpec
 
 MASK_NAMES = ("mask", "attn_mask", "attention_mask", "causal_mask", "attn_bias", "attention_bias")  # forms: probed
@@ -93,6 +94,8 @@ class MaskForm:
             return m[None].repeat(batch, 1, 1)
         if self.dims == BATCHED_HEADS:  # Hugging Face's (bsz, 1, q_len, kv_len), checked by its size
             return m[None, None].repeat(batch, 1, 1, 1)
+        if self.dims == PADDING:  # a key padding mask: the last query's row, which hides no key of a causal mask
+            return m[-1][None].repeat(batch, 1)
         return m[None, None] if self.dims == 4 else m[None] if self.dims == 3 else m
 
     def describe(self) -> str:
@@ -106,9 +109,14 @@ BATCHED = -3
 repeats or views it per head and refuses to broadcast)."""
 BATCHED_HEADS = -4
 """``MaskForm.dims`` of a ``(B, 1, T_new, T_total)`` mask (Hugging Face's eager attention checks that size)."""
-SHAPES = {2: "(T_new, T_total)", 3: "(1, T_new, T_total), broadcast over the batch", 4: "(1, 1, T_new, T_total)",
+PADDING = -5
+"""``MaskForm.dims`` of a ``(B, T_total)`` key padding mask that hides no key: a class that masks the future itself and
+requires its caller's padding mask (d3rlpy's ``attention_mask.view(B, 1, 1, T) * -10000``). Its content says nothing
+of the future, so such a class takes no window or non-causal spec by its mask."""
+SHAPES = {PADDING: "(B, T_total), a padding mask hiding no key",
+          2: "(T_new, T_total)", 3: "(1, T_new, T_total), broadcast over the batch", 4: "(1, 1, T_new, T_total)",
           BATCHED: "(B, T_new, T_total), one per batch row", BATCHED_HEADS: "(B, 1, T_new, T_total), one per batch row"}
-MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3, BATCHED, BATCHED_HEADS) for k in ("hidden", "keep", "additive",
+MASK_FORMS = tuple(MaskForm(k, d) for d in (2, 4, 3, BATCHED, BATCHED_HEADS, PADDING) for k in ("hidden", "keep", "additive",
                                                                                          "keep_float"))
 
 
@@ -129,6 +137,7 @@ class ContextPlan:
     cache_builder: str | None = None  # the class's method that builds its own such cache (plugins.module_cache)
     span_arg: str | None = None  # the end of a preallocated cache's filled part (SPAN_ARGS)
     nones: tuple[str, ...] = ()  # required arguments the class runs causally without: None (plugins.causal_probe)
+    falses: tuple[str, ...] = ()  # required bool flags (lag-llama's use_kv_cache): False, the plainest call
     seq_lengths: tuple[str, ...] = ()  # (B,) lengths of the sequences (no padding): every key so far (causal_probe)
     cache_default: bool = False  # the cache parameter defaults to a value of its own (an empty tensor): kept when empty
     window_arg: str | None = None  # a (left, right) window argument (WINDOW_ARGS)
@@ -204,6 +213,8 @@ class ContextPlan:
         if self.nones:
             lines.append(f"bound {', '.join(self.nones)}: None (a required input the class runs causally without, by a "
                          "probe: an extra input its model mixes in, none here)")
+        if self.falses:
+            lines.append(f"bound {', '.join(self.falses)}: False (a required bool flag; attnbench calls the class plainly)")
         if self.seq_lengths:
             lines.append(f"bound {', '.join(self.seq_lengths)}: each sequence's length (B,), every token so far (no "
                          "padding; by a probe)")
@@ -277,7 +288,9 @@ def plan_for(target) -> ContextPlan | None:
     names = [p.name for p in rest]
     unknown = [p for p in rest if p.default is p.empty and p.name not in KNOWN_NAMES]
     name = getattr(target, "__qualname__", repr(target))
-    typed = [p.name for p in unknown if plain_type(p)]
+    falses = tuple(p.name for p in unknown if _annotated(p, "bool"))
+    typed = [p.name for p in unknown if plain_type(p) and p.name not in falses]
+    unknown = [p for p in unknown if p.name not in falses]
     # a tensor defaulting to None that the class may not do without (LlamaGen's `freqs_cis: torch.Tensor = None`):
     # probed too, None first, so a class that runs without it is bound as before
     unknown += [p for p in rest if p.default is None and p.name not in KNOWN_NAMES and _tensor_type(p)]
@@ -297,7 +310,7 @@ def plan_for(target) -> ContextPlan | None:
     causal_arg = next((n for n in names if n in CAUSAL_ARGS), None)
     mask = next((n for n in names if n in MASK_NAMES), None)
     required = {p.name for p in rest if p.default is p.empty}
-    if not (required or unknown or tables or position or cache or causal_arg or mask or helpers or
+    if not (required or unknown or falses or tables or position or cache or causal_arg or mask or helpers or
             any(n in WINDOW_ARGS + LENGTH_NAMES for n in names)):
         return None  # e.g. forward(x, use_cache=False)
     # forward(x, attn_mask=None) too is planned: left at None when the class is causal without it, the causal form the
@@ -309,7 +322,8 @@ def plan_for(target) -> ContextPlan | None:
                                          for p in rest),
                        window_arg=next((n for n in names if n in WINDOW_ARGS), None), causal_arg=causal_arg,
                        span_arg=next((n for n in names if n in SPAN_ARGS), None), mask_required=mask in required,
-                       keywords=mask is None and any(p.kind == p.VAR_KEYWORD for p in params), helpers=helpers)
+                       keywords=mask is None and any(p.kind == p.VAR_KEYWORD for p in params), helpers=helpers,
+                       falses=falses)
 
 
 def _tensor_type(p: inspect.Parameter) -> bool:
@@ -320,8 +334,12 @@ def _tensor_type(p: inspect.Parameter) -> bool:
 
 def plain_type(p: inspect.Parameter) -> bool:
     """Is ``p`` annotated ``int``, ``float``, ``bool`` or ``str``: no tensor a probe could give it?"""
+    return _annotated(p, "int", "float", "bool", "str")
+
+
+def _annotated(p: inspect.Parameter, *types: str) -> bool:
     ann = p.annotation
-    return (ann if isinstance(ann, str) else getattr(ann, "__name__", "")) in ("int", "float", "bool", "str")
+    return (ann if isinstance(ann, str) else getattr(ann, "__name__", "")) in types
 
 
 def step_mask(spec: AttnSpec, start: int, length: int, device=None) -> torch.Tensor:
@@ -389,6 +407,7 @@ def arguments(plan: ContextPlan, spec: AttnSpec, x: torch.Tensor, start: int, ca
     kwargs.update({name: build_helper(cls, spec, device) for name, cls in plan.helpers})
     kwargs.update(dict.fromkeys(plan.inputs, x))
     kwargs.update(dict.fromkeys(plan.nones))
+    kwargs.update(dict.fromkeys(plan.falses, False))
     total = start + T if decoding else T
     kwargs.update({n: torch.full((x.shape[0],), total, dtype=torch.long, device=device) for n in plan.seq_lengths})
     kwargs.update(dict.fromkeys(plan.lengths, spec.context_length))
@@ -439,13 +458,15 @@ def _shaped(table: torch.Tensor, dims: str) -> torch.Tensor:
     return table[None] if dims == "3d" else table[None, None] if dims == "4d" else table  # "" and "2d": (T, head_dim)
 
 
-def _split(result, plan: ContextPlan, t_new: int, total: int | None = None, head_dim: int | None = None):
+def _split(result, plan: ContextPlan, t_new: int, total: int | None = None, head_dim: int | None = None,
+           x: torch.Tensor | None = None):
     """``(out, next_cache)`` of a call of ``t_new`` tokens, ``total`` with those before it (``next_cache`` None when the
     class returns no cache: Hugging Face layers return ``(out, attention weights)``, their cache an object passed in;
     Whisper returns ``(out, qk)``, its scores, its cache filled by hooks of the whole model)."""
     if dataclasses.is_dataclass(result) and not isinstance(result, type):  # rafidka's MultiHeadAttentionOutput(
         result = tuple(getattr(result, f.name) for f in dataclasses.fields(result))  # output, kv_cache): in order
     if isinstance(result, tuple | list) and result and isinstance(result[0], torch.Tensor):
+        result = output_first(None, (x,), {}, result) if x is not None else result  # TimesFM's (scores, output)
         second = result[1] if plan.cache and len(result) > 1 else None
         return result[0], None if _weights(second, t_new) or _scores(second, t_new, total, head_dim) else second
     return result, None
@@ -492,7 +513,7 @@ def bind_context(module: nn.Module, plan: ContextPlan, spec: AttnSpec) -> nn.Mod
                 setattr(self, plan.attr_cache, None)
                 self._attnbench_installed = False
         out, next_cache = _split(original(self, x, **arguments(plan, spec, x, start, cache, use_cache)), plan, x.shape[1],
-                                 start + x.shape[1], spec.head_dim)
+                                 start + x.shape[1], spec.head_dim, x)
         if use_cache:
             self._attnbench_pos = start + x.shape[1]
             self._attnbench_cache = cache if plan.buffers else next_cache
@@ -529,5 +550,5 @@ def _object_step(module: nn.Module, original, maker, plan: ContextPlan, spec: At
         original(module, x, **kwargs)
     if use_cache:
         module._attnbench_pos = start + x.shape[1]
-    return _split(result, replace(plan, cache=None), x.shape[1])[0]
+    return _split(result, replace(plan, cache=None), x.shape[1], x=x)[0]
 

@@ -41,7 +41,7 @@ from attnbench.plugins.cache_probe import only_cache, with_probed_cache
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.causal_probe import forward_is_causal, probe_mask
 from attnbench.plugins.configs import with_own_config
-from attnbench.plugins.context import ContextPlan, arguments, bind_context, plan_for
+from attnbench.plugins.context import PADDING, ContextPlan, arguments, bind_context, plan_for
 from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.helper_args import rotates
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
@@ -369,7 +369,11 @@ def infer_context(binding: Binding, plan: ContextPlan, declared: dict) -> tuple[
     if plan.window_arg and not plan.mask and "sliding_window" not in declared:
         caps["sliding_window"] = True
         lines.append(f"sliding_window: yes (forward takes {plan.window_arg}: attnbench supplies the spec's window)")
-    if plan.mask:
+    if plan.mask and plan.mask_form is not None and plan.mask_form.dims == PADDING:
+        caps.update({key: False for key in ("sliding_window", "non_causal") if key not in declared})
+        lines.append(f"sliding_window, non_causal: no (forward takes {plan.mask} as a (B, T) padding mask, which hides "
+                     "no key here; the class masks the future itself)")
+    elif plan.mask:
         read = _mask_content_read(binding, plan)
         for key in ("sliding_window", "non_causal"):
             if key not in declared:

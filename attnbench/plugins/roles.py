@@ -214,8 +214,15 @@ def solve(build_with, target, unknown: list[inspect.Parameter], taken: set[str])
 
 def _beyond_attention(module, spec: AttnSpec) -> str:
     """What ``module`` holds beyond multi-head attention's weight matrices (a relative-position table, a memory): the
-    matrices with a size no projection of ``spec`` has, when it holds more than attention does; ``""`` otherwise."""
-    if not isinstance(module, nn.Module) or _matrices(module) <= weight_elements(spec):
+    matrices with a size no projection of ``spec`` has, when it holds more than attention does; its matrices when it
+    holds fewer (projections shared by every head); ``""`` otherwise."""
+    if not isinstance(module, nn.Module):
+        return ""
+    if 0 < _matrices(module) < weight_elements(spec):  # the 2017 tutorials' Linear(head_dim, head_dim) every head shares
+        held = [f"{n} {tuple(p.shape)}" for n, p in module.named_parameters() if p.dim() >= 2]
+        return (f"its weight matrices ({', '.join(held[:4])}) hold fewer weights than multi-head attention's "
+                f"W_q, W_k, W_v, W_o {(spec.d_out, spec.d_in)} (projections every head shares?)")
+    if _matrices(module) <= weight_elements(spec):
         return ""
     kv = spec.kv_dim
     sizes = {spec.d_in, spec.d_out, kv, 2 * kv, spec.d_out + 2 * kv, spec.head_dim, spec.num_heads, spec.kv_heads}

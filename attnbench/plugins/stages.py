@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins.binding import Binding
+from attnbench.plugins.binding import Binding, dropout_modules
 from attnbench.plugins.inner_modules import inner_module, no_weights
 from attnbench.plugins.roles import first_line, weight_elements, whole_block
 from attnbench.plugins.signatures import signature
@@ -66,6 +66,8 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
                                       "available, or point --impl at a factory that builds it for one process on this "
                                       "device") from None
             failures.append(f"{type(exc).__name__}: {first_line(exc)}")
+    if built is None and binding.style == "config" and binding.config_factory is not None:
+        binding, built = _with_generic_config(binding, probe, failures[0])
     if built is None:
         raise ConstructionError(f"{_name(binding)} cannot be built: {binding.describe()} raised {failures[0]} (and at "
                               f"d_model 64, 4 heads: {failures[-1]}); {ADAPT_HINT}") from None
@@ -80,13 +82,26 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
     return with_channels_first(with_dtype(binding, built), built)
 
 
+def _with_generic_config(binding: Binding, probe: AttnSpec, raised: str):
+    """``(binding, module)`` built with attnbench's config, which carries every alias, when the class's own config type
+    could not build it (EAGLE's 4.x-era ``LlamaAttention(config: LlamaConfig)`` raises inside transformers 5's
+    ``LlamaConfig``); ``(binding, None)`` when that fails too."""
+    generic = replace(binding, config_factory=None,
+                      config_note=f"<attnbench's config: its own config type {binding.config_note.split('(')[0]} raised "
+                                  f"{raised}>")
+    try:
+        return generic, generic(replace(probe, rope_theta=10000.0))
+    except Exception:  # noqa: BLE001 - the own type's failure is the one named
+        return binding, None
+
+
 def _not_a_layer(binding: Binding) -> None:
     """Refuse a class whose constructor takes a module its forward calls (an inner attention its caller builds)."""
     try:
         params = list(signature(binding.target).parameters.values())
     except (TypeError, ValueError):
         return
-    inner = inner_module(binding.target, params, {p for p, _ in binding.modules})
+    inner = inner_module(binding.target, params, {p for p, _ in binding.modules} | dropout_modules(binding.target))
     if inner is not None:
         raise PluginLoadError(f"{_name(binding)} is not a whole attention layer by itself: {inner}",
                               fix=f"{ADAPT_HINT} (the module to build), or check a class that builds it with its inner "
