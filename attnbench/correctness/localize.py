@@ -41,6 +41,7 @@ from attnbench.correctness.localize_layout import layout_stage, misordered_merge
 from attnbench.correctness.localize_mask import mask_origin, sdpa_flag
 from attnbench.correctness.localize_match import MASKED, Fit, best_fit, matches
 from attnbench.correctness.localize_norm import foreign_step, norm_step
+from attnbench.correctness.localize_parts import wrong_part
 from attnbench.correctness.localize_pick import BASELINE_JUDGED, targets
 from attnbench.correctness.localize_record import Record
 from attnbench.correctness.localize_replay import Replay, replays
@@ -126,7 +127,7 @@ def _locate(records: list[Record], stages: list[Stage], tol: float, returned: in
     gain = _gain_factor(div, ev)
     if gain is not None:
         return gain
-    for refine in (norm_step, split_scale, softmax_step, misjoined, unused_mask, unnormalised, swapped_roles, values_from_other,
+    for refine in (norm_step, split_scale, softmax_step, misjoined, wrong_part, unused_mask, unnormalised, swapped_roles, values_from_other,
                    shared_scale, moved_scale, scaled_chain, unrotated, paths_differ, never_rotated, discarded):
         found = refine(div, ev)
         if found is not None:

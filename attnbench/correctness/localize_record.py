@@ -235,11 +235,22 @@ class Recorder(TorchFunctionMode):
             frame = frame.f_back
         if found:  # a library's frames (einops' rearrange) stand for the class's line that called it
             own = [f for f in found if not library(f[0], found[-1][0])]
+            own = [f for f in own if not _passes_through(f)] or own  # OpenNMT's `lambda f, x: f(x)`: its caller's line
             found = [(p, n, linecache.getline(p, n).strip(), *rest) for p, n, _, *rest in (own or found)[:2]]
         if not found:
             return None
         caller = (*found[1][:3], found[0][3]) if len(found) > 1 else None
         return (*found[0][:3], caller, (found[0][0], found[0][4]))
+
+
+PASS_THROUGH = re.compile(r"lambda\s+(\w+)\s*,\s*\*?(\w+)\s*:\s*\1\(\s*\*?\2\s*\)")
+"""A lambda that only calls its first argument with its second (``lambda f, x: f(x)``, a checkpointing switch left
+off): the torch call it makes is its caller's line."""
+
+
+def _passes_through(frame_info: tuple) -> bool:
+    path, line, _, name, _ = frame_info
+    return name == "<lambda>" and bool(PASS_THROUGH.search(linecache.getline(path, line)))
 
 
 class ProfileHook:

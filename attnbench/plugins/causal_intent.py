@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 import warnings
 from dataclasses import replace
 
@@ -36,23 +37,45 @@ NOT_CAUSAL = re.compile(r"\b\w*causal\w*\s*(=|==|:\s*bool\s*=)\s*False\b|\bnot\s
 """What says the opposite: ``is_causal=False`` (an encoder's SDPA call), ``if not self.causal``."""
 
 
+FLAG_ATTR = re.compile(r"\b\w*causal\w*\s*=\s*self\.(\w+)")
+"""``is_causal=self.causal``: no intent when the class's own attribute is False (flux's encoder, ``causal = False``)."""
+
+
 def intent(target) -> str:
     """Why ``target`` is meant to be causal: the first line of its forward (else of its ``__init__``, a causal mask
     buffer) that says so, as ``line N "text"``; or ``""``."""
     for method in ("forward", "__init__"):
-        said = _first_saying(getattr(target, method, None))
+        said = _first_saying(getattr(target, method, None), target)
         if said:
             return said
-    return ""
+    for method in ("forward", "__init__"):  # a helper of its module they call (d3rlpy's create_attention_mask: tril)
+        for helper in _helpers(target, getattr(target, method, None)):
+            said = _first_saying(helper)
+            if said:
+                return f"{said} (in {helper.__name__}, which its {method} calls)"
+    name = getattr(target, "__name__", "")
+    return f"its name {name!r}" if re.search(r"(?<!non)(?<!never)(?<!not)(?<!un)(?<!non_)causal", name, re.I) else ""
 
 
-def _first_saying(function) -> str:
+def _helpers(target, function) -> list:
+    """The functions of ``target``'s module that ``function`` calls by name."""
+    module = sys.modules.get(getattr(target, "__module__", "") or "")
+    try:
+        text = inspect.getsource(function) if module is not None else ""
+    except (OSError, TypeError):
+        return []
+    called = dict.fromkeys(re.findall(r"(?<![\w.])([A-Za-z_]\w*)\s*\(", text))
+    return [f for name in called if inspect.isfunction(f := getattr(module, name, None))]
+
+
+def _first_saying(function, target=None) -> str:
     try:
         lines, start = inspect.getsourcelines(function)
     except (OSError, TypeError):
         return ""
     for i, line in enumerate(lines):
         code = NOT_CAUSAL.sub("", line.split("#", 1)[0])
+        code = FLAG_ATTR.sub(lambda m: "" if getattr(target, m.group(1), None) is False else m.group(0), code)
         if INTENT.search(code) and not code.strip().startswith(("def ", '"', "'")):
             return f"line {start + i} {code.strip()[:60]!r}"
     return ""

@@ -135,20 +135,27 @@ def _first_causal(build, plan: ContextPlan, probe: AttnSpec) -> tuple[ContextPla
     """The first choice of forms under which the class is causal (None when none is), what each try gave in words,
     and whether the class ran under any of them."""
     tried, ran, flat = [], False, None
+    for chosen in _choices(plan):
+        form, full = chosen.mask_form, chosen.full_tables
+        verdict = _moves(build, _masking(chosen), probe, form, full)
+        if verdict is True and form is not None and not _scores_matter(build, _masking(chosen), probe):
+            flat = flat or chosen  # causal, but the scores drowned (BERT's (1 - mask) * min given -inf)
+        elif verdict is True:
+            return _with_flag(build, chosen, probe), tried, True
+        ran = ran or verdict is False
+        tables = [f"{t} as {_TABLE_WORDS[chosen.table_form]}" for t in plan.tables if plan.cis(t)]
+        tried.append(f"{', '.join([*tables, form.describe() if form else 'no mask'])}: {verdict or 'not causal'}")
+    return (None, tried, ran) if flat is None else (_with_flag(build, flat, probe), tried, True)
+
+
+def _choices(plan: ContextPlan):
+    """Each choice of table form, table shape, position None or not, full tables or not, and mask form for ``plan``,
+    the default first."""
     for pairs, dims, *none in _shapes(plan):
         plan = replace(plan, position_none=bool(none))
         for full in (True, False) if plan.position and plan.tables else (False,):
             for form in (_mask_forms(plan) if plan.mask else (None,)):
-                chosen = replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
-                verdict = _moves(build, _masking(chosen), probe, form, full)
-                if verdict is True and form is not None and not _scores_matter(build, _masking(chosen), probe):
-                    flat = flat or chosen  # causal, but the scores drowned (BERT's (1 - mask) * min given -inf)
-                elif verdict is True:
-                    return _with_flag(build, chosen, probe), tried, True
-                ran = ran or verdict is False
-                tables = [f"{t} as {_TABLE_WORDS[pairs]}" for t in plan.tables if plan.cis(t)]
-                tried.append(f"{', '.join([*tables, form.describe() if form else 'no mask'])}: {verdict or 'not causal'}")
-    return (None, tried, ran) if flat is None else (_with_flag(build, flat, probe), tried, True)
+                yield replace(plan, mask_form=form, full_tables=full, table_form=pairs, table_dims=dims)
 
 
 def _mask_forms(plan: ContextPlan) -> tuple:
@@ -301,7 +308,7 @@ def checked_anyway(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | N
         if variant.mask is None and variant.unmasked:  # an optional mask left at None: the class's own (causal) mask
             forms = [variant]
         else:
-            forms = [_masking(replace(variant, mask_form=form)) for form in (_mask_forms(variant) if variant.mask else (None,))]
+            forms = [_masking(chosen) for chosen in _choices(variant)]
         found = least_leaking(build, forms, probe, bind_context, said)
         if found is not None:
             return found

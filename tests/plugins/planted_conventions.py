@@ -1868,3 +1868,92 @@ class GroupedKeysNeverRotated(nn.Module):
         v = v.repeat_interleave(self.nh // self.nkv, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+# --- round 19: a fourteenth corpus's development set (planted14dev) -- rotations written out in halves, a wrapper --
+
+
+class HalvesRotary(nn.Module):
+    """RoPE written out over real and imaginary halves (baby-llama2's ``apply_rotary_emb``): each part on its own line,
+    then ``torch.stack([real, imag], -1).flatten(3)``; interleaved pairs, tables of its own."""
+
+    attnbench_capabilities = {"dropout": False, "rope": ("interleaved",), "sliding_window": False}
+
+    def __init__(self, d_in, d_out, context_length, num_heads, rope_theta=10_000.0):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.wq, self.wk, self.wv = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.wo = nn.Linear(d_out, d_out, bias=False)
+        inv = 1.0 / (rope_theta or 1.0) ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv) * (rope_theta is not None)
+        self.register_buffer("fcos", angles.cos(), persistent=False)
+        self.register_buffer("fsin", angles.sin(), persistent=False)
+
+    def rotate(self, xq, xk):
+        T = xq.shape[1]
+        cos, sin = self.fcos[:T, None].to(xq.dtype), self.fsin[:T, None].to(xq.dtype)
+        xq_r, xq_i = xq.unflatten(-1, (-1, 2)).unbind(-1)
+        xk_r, xk_i = xk.unflatten(-1, (-1, 2)).unbind(-1)
+        xq_out_r = xq_r * cos - xq_i * sin
+        xq_out_i = xq_r * sin + xq_i * cos
+        xk_out_r = xk_r * cos - xk_i * sin
+        xk_out_i = xk_r * sin + xk_i * cos
+        return self.join(xq_out_r, xq_out_i), self.join_k(xk_out_r, xk_out_i)
+
+    def join(self, real, imag):
+        return torch.stack([real, imag], dim=-1).flatten(3)
+
+    def join_k(self, real, imag):
+        return torch.stack([real, imag], dim=-1).flatten(3)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = (w(x).view(B, T, self.nh, self.hd) for w in (self.wq, self.wk, self.wv))
+        q, k = self.rotate(q, k) if self.hd % 2 == 0 else (q, k)  # an odd head: no RoPE case runs there
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class HalvesKeyImagWrong(HalvesRotary):
+    """The keys' imaginary half with its second term's sign turned: the real half, on the line before, is right."""
+
+    def rotate(self, xq, xk):
+        T = xq.shape[1]
+        cos, sin = self.fcos[:T, None].to(xq.dtype), self.fsin[:T, None].to(xq.dtype)
+        xq_r, xq_i = xq.unflatten(-1, (-1, 2)).unbind(-1)
+        xk_r, xk_i = xk.unflatten(-1, (-1, 2)).unbind(-1)
+        xq_out_r = xq_r * cos - xq_i * sin
+        xq_out_i = xq_r * sin + xq_i * cos
+        xk_out_r = xk_r * cos - xk_i * sin
+        xk_out_i = xk_r * sin - xk_i * cos  # PLANTED
+        return self.join(xq_out_r, xq_out_i), self.join(xk_out_r, xk_out_i)
+
+
+class HalvesStackedSwapped(HalvesRotary):
+    """The keys' halves, both right, stacked the other way round (the queries' too would be the same function)."""
+
+    def join_k(self, real, imag):
+        return torch.stack([imag, real], dim=-1).flatten(3)  # PLANTED
+
+
+class PassThroughWrapper(nn.Module):
+    """OpenNMT's ``self.maybe_ckpt = checkpoint if ... else lambda f, x: f(x)``: every projection is called through a
+    pass-through lambda; the values made with the key projection."""
+
+    attnbench_capabilities = {"dropout": False, "rope": False, "sliding_window": False}
+
+    def __init__(self, d_in, d_out, context_length, num_heads):
+        super().__init__()
+        self.nh, self.hd = num_heads, d_out // num_heads
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_in, d_out, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(d_out, d_out, bias=False)
+        self.maybe_ckpt = lambda f, x: f(x)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.maybe_ckpt(self.q_proj, x)
+        k = self.maybe_ckpt(self.k_proj, x)
+        v = self.maybe_ckpt(self.k_proj, x)  # PLANTED
+        q, k, v = (t.view(B, T, self.nh, self.hd).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
