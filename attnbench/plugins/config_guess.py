@@ -110,7 +110,8 @@ def guess(target, name: str, config=None) -> tuple[object, str]:
     return zero, "compared with no string in its source: 0, off; read as a part, the config itself"
 
 
-GROUP_WORDS = ({"kv", "groups"}, {"kv", "group"}, {"key", "value", "groups"}, {"queries", "per", "kv"}, {"n", "rep"})
+GROUP_WORDS = ({"kv", "groups"}, {"kv", "group"}, {"key", "value", "groups"}, {"queries", "per", "kv"}, {"n", "rep"},
+               {"group", "size"})
 """Word sets of a field that holds query heads per kv head (``n_kv_groups``, ``num_key_value_groups``,
 ``num_queries_per_kv``, ``n_rep``): what ``repeat_kv`` repeats by."""
 

@@ -136,3 +136,33 @@ class DropoutModuleArgument(nn.Module):
             attention = attention.masked_fill(~mask, float("-inf"))
         attention = self.dropout(F.softmax(attention, dim=-1))
         return self.project((attention @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+@dataclass
+class GroupConfig:
+    n_head: int = 6
+    n_embd: int = 768
+    head_dim: int = 128
+    group_size: int = 1
+
+
+class GroupSizeConfig(nn.Module):
+    """T6's ``llama-gqa.py``: query heads per kv head read from the config as ``group_size`` (guessed 0 before, a
+    ZeroDivisionError in the constructor)."""
+
+    def __init__(self, config: GroupConfig):
+        super().__init__()
+        self.n_head, self.head_dim, self.group_size = config.n_head, config.head_dim, config.group_size
+        self.c_q = nn.Linear(config.n_embd, self.head_dim * self.n_head, bias=False)
+        self.c_k = nn.Linear(config.n_embd, self.head_dim * self.n_head // self.group_size, bias=False)
+        self.c_v = nn.Linear(config.n_embd, self.head_dim * self.n_head // self.group_size, bias=False)
+        self.c_proj = nn.Linear(self.head_dim * self.n_head, config.n_embd, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.c_q(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(b, t, self.n_head // self.group_size, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(b, t, self.n_head // self.group_size, self.head_dim).transpose(1, 2)
+        k, v = k.repeat_interleave(self.group_size, dim=1), v.repeat_interleave(self.group_size, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
