@@ -327,7 +327,8 @@ def initialised(module: nn.Module, target) -> None:
                    and p.device.type != "meta" and (not bool(torch.isfinite(p).all()) or float(p.abs().max()) > 1e6)}
         for name, p in vectors.items():  # a bias gets zeros, anything else (a gain, a per-dimension scale) ones
             p.fill_(0.0 if re.search(r"(^|[._])(b|bias)(_|$)", name) else 1.0)
-    UNINITIALISED.setdefault(target, set()).update(garbage | empty | set(vectors))
+    if garbage or vectors:
+        UNINITIALISED.setdefault(target, set()).update(garbage | empty | set(vectors))
 
 
 def _signature(target) -> inspect.Signature:

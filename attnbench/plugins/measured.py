@@ -138,25 +138,29 @@ def _heads(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(*t.shape[:-1], PROBE.num_heads, _HD)
 
 
+def pair_turn(probe: _Probe, a: int, b: int) -> torch.Tensor:
+    """Per head: how the log-odds of the key at position 0 differ between ``+e_b`` and ``-e_b`` for a query ``e_a`` at
+    position 1, with ``W = I`` (``2 s sin(w)`` when dimensions ``a`` and ``b`` are a pair that turns by ``w`` per
+    position; 0 when they are no pair)."""
+    eye = torch.eye(PROBE.d_out, dtype=torch.float64)
+    w = _weights(eye, eye.clone())
+    logs = []
+    for sign in (1.0, -1.0):
+        x = torch.zeros(1, 2, PROBE.d_in, dtype=torch.float64)
+        x[0, 1, a::_HD] = 1.0
+        x[0, 0, b::_HD] = sign
+        y = _heads(probe.run(w, x)[0, 1])
+        logs.append(torch.log(sign * y[:, b] / y[:, a]))
+    return logs[0] - logs[1]
+
+
 def rope_direction(factory) -> tuple[int, int] | None:
     """``(sign, partner)``: 1 when the class turns pairs by +theta, -1 by -theta; ``partner`` the dimension paired
     with dimension 0 (``head_dim/2`` half, 1 interleaved). ``None`` when the probe shows no clean rotation."""
     spec = AttnSpec(**{**PROBE.kwargs(), "rope_theta": 10000.0})
     try:
         probe = _Probe(factory, spec)
-        eye = torch.eye(PROBE.d_out, dtype=torch.float64)
-        w = _weights(eye, eye.clone())
-        diffs = []
-        for j in range(1, _HD):
-            logs = []
-            for sign in (1.0, -1.0):
-                x = torch.zeros(1, 2, PROBE.d_in, dtype=torch.float64)
-                x[0, 1, 0::_HD] = 1.0
-                x[0, 0, j::_HD] = sign
-                y = _heads(probe.run(w, x)[0, 1])
-                p_other, p_own = sign * y[:, j], y[:, 0]
-                logs.append(torch.log(p_other / p_own))
-            diffs.append(logs[0] - logs[1])  # per head
+        diffs = [pair_turn(probe, 0, j) for j in range(1, _HD)]  # per head
     except Exception:  # does not build or run on the probe: nothing inferred
         return None
     sizes = torch.stack([d.abs().min() for d in diffs])

@@ -16,4 +16,5 @@ def output_first(module: nn.Module, args, kwargs, out):
     if len(like) != 1 or like[0] == 0:
         return out
     i = like[0]
-    return type(out)((out[i], *out[:i], *out[i + 1:])) if isinstance(out, list) else (out[i], *out[:i], *out[i + 1:])
+    first = (out[i], *out[:i], *out[i + 1:])
+    return list(first) if isinstance(out, list) else first

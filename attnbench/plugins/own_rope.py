@@ -3,7 +3,7 @@
 Many classes build their rotary tables in ``__init__`` from the head size alone (``RotaryEmbedding(head_dim)``,
 whose ``base=10000`` default no caller changes; Llama 3 ports that write ``theta=500000.0`` into the call). No name
 says RoPE, so the class was checked without it and failed every case. Here the class itself says so, by the probe of
-:func:`~attnbench.plugins.measured.rope_direction` extended to every pair:
+:func:`~attnbench.plugins.measured.rope_direction` extended to every pair (:func:`~attnbench.plugins.measured.pair_turn`):
 
 * the token at position 1 holds ``e_a`` in every head and the one at position 0 ``+e_b`` or ``-e_b``, where ``(a, b)``
   is the ``i``-th pair of the measured pairing (half: ``(i, i + head_dim/2)``, interleaved: ``(2i, 2i + 1)``), with
@@ -35,21 +35,6 @@ def may_rotate(obj) -> bool:
     return measured.source_mentions(obj, ROTARY_WORDS)
 
 
-def _turn(probe: measured._Probe, a: int, b: int) -> torch.Tensor:
-    """Per head: the log-odds of the key at position 0 (``+e_b`` against ``-e_b``) for a query ``e_a`` at position 1."""
-    hd = measured._HD
-    w = measured._weights(torch.eye(measured.PROBE.d_out, dtype=torch.float64),
-                          torch.eye(measured.PROBE.d_out, dtype=torch.float64))
-    logs = []
-    for sign in (1.0, -1.0):
-        x = torch.zeros(1, 2, measured.PROBE.d_in, dtype=torch.float64)
-        x[0, 1, a::hd] = 1.0
-        x[0, 0, b::hd] = sign
-        y = measured._heads(probe.run(w, x)[0, 1])
-        logs.append(torch.log(sign * y[:, b] / y[:, a]))
-    return logs[0] - logs[1]
-
-
 def own_theta(factory, style: str) -> float | None:
     """The base of the RoPE ``factory``'s class applies by itself, pairs ``style``; ``None`` when the pairs fit no one
     base (or the probe cannot run)."""
@@ -57,7 +42,7 @@ def own_theta(factory, style: str) -> float | None:
     pair = {"half": lambda i: (i, i + hd // 2), "interleaved": lambda i: (2 * i, 2 * i + 1)}[style]
     try:
         probe = measured._Probe(factory, AttnSpec(**measured.PROBE.kwargs()))
-        turns = [_turn(probe, *pair(i)) for i in range(hd // 2)]
+        turns = [measured.pair_turn(probe, *pair(i)) for i in range(hd // 2)]
     except Exception:  # does not build or run on the probe: nothing inferred
         return None
     ratios = [t / turns[0] for t in turns[1:]]
