@@ -476,6 +476,10 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
      "holds the reference's k (used as v"),
     ("GroupedKeysNeverRotated", ["GroupedKeysNeverRotated"], ("forward", "rope_half_theta500_gqa", "float64"),
      "rotated k", "the k side never is"),
+    ("DispatchCopiedKeysAsValues", ["copied_attention_keys_as_values"], ("forward", "gpt_like", "float64"), "v heads",
+     "\"return self.attend(x, self.num_heads"),
+    ("HalvesQueryRealSignTurned", ["HalvesQueryRealSignTurned"], ("forward", "rope_interleaved_theta100_bias", "float64"),
+     "rotated q", "part 1 of the 2 joined at"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"), ("HalvesRotary", "rope_interleaved_theta100_bias"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
@@ -483,7 +487,7 @@ CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"), ("Ha
                     ("CappedSteps", "softcap"), ("OwnSoftmaxGrad", "gpt_like"), ("QScaledFirst", "gpt_like"),
                     ("WholeProjectionNorm", "qknorm_full_rope_window"), ("InterleavedAngles", "rope_interleaved_theta100_bias"),
                     ("MultiQuery", "mqa"), ("LogSumExpSoftmax", "gpt_like"), ("QueryChunks", "gpt_like"),
-                    ("OnlineSoftmax", "gpt_like")]
+                    ("OnlineSoftmax", "gpt_like"), ("DispatchCopied", "gpt_like")]
 
 
 def _run(target: str, kind: str, shape: str, dtype: str):

@@ -222,7 +222,8 @@ def test_display_name(repo_cwd):
 @pytest.mark.parametrize("token, role", [("W_query", "q"), ("q_proj", "q"), ("wq", "q"), ("to_qkv", "qkv"),
                                          ("c_attn", "qkv"), ("Wqkv", "qkv"), ("in_proj_weight", "qkv"),
                                          ("c_proj", "o"), ("o_proj", "o"), ("wo", "o"), ("dense", "o"),
-                                         ("bias_k", "k"), ("value", "v"), ("alpha", None), ("ln_1", None)])
+                                         ("bias_k", "k"), ("value", "v"), ("alpha", None), ("ln_1", None),
+                                         ("out_proj_weight", "o"), ("layer_norm_weight", None), ("weight", None)])
 def test_role_of_names(token, role):
     assert role_of(token) == role
 

@@ -416,7 +416,8 @@ def test_projections_no_name_binds_are_bound_by_shape_and_probe(repo_cwd, capsys
     assert code == 0 and "PASS" in out, out + err
     said = " ".join(out.split())
     if cls == "ShuffledNets":  # registration order is v, q, k: only the probe binds them right
-        assert "q <- qkv_nets.1, k <- qkv_nets.2, v <- qkv_nets.0, o <- out_projection_net: measured" in said
+        assert "q <- qkv_nets.1, k <- qkv_nets.2, v <- qkv_nets.0: measured" in said  # o: out_projection's name
+        assert "W_o <- out_projection_net.weight" in said
     if cls == "FrozenScale":
         assert "scale: kept as built" in said
 
@@ -951,3 +952,24 @@ def test_a_per_dimension_scale_left_empty_is_named_not_a_later_symptom(repo_cwd,
     counterpart in multi-head attention."""
     code, out, err = run(["check", R19C + "EmptyQueryScale", "--kind", "forward"], capsys)
     assert code == 2 and "no canonical counterpart for scaling" in " ".join((out + err).split()), out + err
+
+
+def test_a_module_that_turns_gradients_off_at_import_is_checked_with_them_on(repo_cwd, capsys):
+    """min-dalle's package turns grad mode off as it is imported: every case raised "element 0 of tensors does not
+    require grad". The import's switch is put back, and ``-v`` says so."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/round20_grad_off_at_import.py:GradOffAtImport",
+                          "--kind", "forward,backward", "-v"], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and "PASS" in out, out + err
+    assert "importing its module turned torch's grad mode: True -> False; attnbench put it back" in said, out
+    assert torch.is_grad_enabled()
+
+
+def test_projections_wider_than_the_model_width_are_the_first_cause_not_causality(repo_cwd, capsys):
+    """EAGLE's draft attention: every mask form raised the same shape error at its q projection, and the refusal led
+    with "not causal with any mask form"; it names the projection that takes 2 * hidden_size features."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/round20_wide_input.py:JoinedStatesAttention"], capsys)
+    said = " ".join((out + err).split())
+    assert code == 2 and "error: JoinedStatesAttention's q_proj takes 48 features, but its input hidden_states has the " \
+        "width its constructor was given (24)" in said, said
+    assert "not causal" not in said.split("tried")[0], said

@@ -12,6 +12,7 @@ records fed it. A call of the class's code that raises is kept too (:class:`Fail
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import linecache
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
+
+from attnbench.correctness.localize_dispatch import dispatch_off, dispatching_copy
 
 _SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["attnbench"]))
 """Frames in these folders are the machinery, never the class's line (the class's own file is anywhere else)."""
@@ -166,6 +169,10 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        copy = dispatching_copy(func)
+        if copy is not None:  # a copy of torch's code dispatching to torch's original: its own body runs, recorded
+            with dispatch_off(copy), self._pushed():
+                return copy(*args, **kwargs)
         flat_in, _ = tree_flatten((args, kwargs))
         ins = [t for t in flat_in if isinstance(t, torch.Tensor) and id(t) in self._from]
         try:
@@ -197,6 +204,15 @@ class Recorder(TorchFunctionMode):
                                                where[4]))
             self._alive.append(t)
         return out
+
+    @contextlib.contextmanager
+    def _pushed(self):
+        """This mode active again inside its own ``__torch_function__`` (which runs with it popped)."""
+        torch.overrides._push_mode(self)
+        try:
+            yield
+        finally:
+            torch.overrides._pop_mode()
 
     def _aux(self, func, flat_in: list, out) -> None:
         """Keep a tensor the class's code made from no input (:class:`Aux`), small ones only (masks, not weights)."""
@@ -236,6 +252,7 @@ class Recorder(TorchFunctionMode):
         if found:  # a library's frames (einops' rearrange) stand for the class's line that called it
             own = [f for f in found if not library(f[0], found[-1][0])]
             own = [f for f in own if not _passes_through(f)] or own  # OpenNMT's `lambda f, x: f(x)`: its caller's line
+            own = [f for i, f in enumerate(own) if i == 0 or _function(f) != _function(own[i - 1])]  # a copy's dispatch
             found = [(p, n, linecache.getline(p, n).strip(), *rest) for p, n, _, *rest in (own or found)[:2]]
         if not found:
             return None
@@ -246,6 +263,12 @@ class Recorder(TorchFunctionMode):
 PASS_THROUGH = re.compile(r"lambda\s+(\w+)\s*,\s*\*?(\w+)\s*:\s*\1\(\s*\*?\2\s*\)")
 """A lambda that only calls its first argument with its second (``lambda f, x: f(x)``, a checkpointing switch left
 off): the torch call it makes is its caller's line."""
+
+
+def _function(frame_info: tuple) -> tuple:
+    """The function a frame runs: its file, name and first line (a function re-entered through its own dispatch,
+    :mod:`~attnbench.correctness.localize_dispatch`, is one call, not a helper called by itself)."""
+    return frame_info[0], frame_info[3], frame_info[4]
 
 
 def _passes_through(frame_info: tuple) -> bool:

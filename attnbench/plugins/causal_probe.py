@@ -348,11 +348,35 @@ def _refusal(build, plan: ContextPlan, probe: AttnSpec, outcomes: list) -> Plugi
                                details=[f"tried {'; '.join(tried[:4])}"],
                                fix=f"check a causal self-attention class ({GUIDE})")
     errors = {t[t.index(": raises ") + 2:] for *_, seen, _ in outcomes for t in seen if ": raises " in t}
-    if ran or not plan.probed or len(errors) == 1:  # the same error however its arguments are given: not theirs
+    if not ran and len(errors) == 1 and outcomes:  # the same error however its arguments are given: not theirs
+        return _raises_anyway(build, plan, probe, outcomes[0][0], errors.pop(), tried)
+    if ran or not plan.probed:
         given = f" ({words})" if words else ""
         return PluginLoadError(f"{plan.target}.forward is not causal with any mask form attnbench can supply{inputs}"
                                f"{given} ({'; '.join(tried[:6])}); check what {plan.mask or plan.x} expects ({GUIDE})")
     return _cannot_supply(build, plan, probe, outcomes)
+
+
+def _raises_anyway(build, plan: ContextPlan, probe: AttnSpec, variant: ContextPlan, error: str,
+                   tried: list[str]) -> PluginLoadError:
+    """Every way of giving its mask raised the same ``error``: that error is the first cause, not causality. A
+    projection that receives ``x`` at a width not its own is named (EAGLE's draft ``LlamaAttention``: its projections
+    take two hidden states joined, ``2 * hidden_size`` features)."""
+    given = plan.mask or ", ".join(plan.probed) or "its arguments"
+    width = other_width(build, variant, probe)
+    if width is not None and not variant.inputs:
+        name, features = width
+        return PluginLoadError(f"{plan.target}'s {name} takes {features} features, but its input {plan.x} has the "
+                               f"width its constructor was given ({probe.d_in}): its forward {error}, however "
+                               f"attnbench gives {given}",
+                               details=[f"tried {'; '.join(tried[:3])}"],
+                               fix="an input wider than the model width by design (EAGLE's draft layer joins two "
+                                   "hidden states) is not one attnbench's cases give: wrap the class so that it takes "
+                                   f"x of its model width, with a weight_adapter for the wider projections ({GUIDE})")
+    return PluginLoadError(f"{plan.target}.forward {error}, however attnbench gives {given}",
+                           details=[f"tried {'; '.join(tried[:3])}"],
+                           fix=f"check what its forward needs there, or `attnbench adapt FILE:Class` writes an adapter "
+                               f"({GUIDE})")
 
 
 def _cannot_supply(build, plan: ContextPlan, probe: AttnSpec, outcomes: list) -> PluginLoadError:
@@ -387,9 +411,13 @@ def _cannot_supply(build, plan: ContextPlan, probe: AttnSpec, outcomes: list) ->
 def other_width(build, plan: ContextPlan, probe: AttnSpec) -> tuple[str, int] | None:
     """``(linear, in_features)`` of the first ``nn.Linear`` that, with ``plan``'s inputs given ``x``, received a width
     other than its own (cross-attention's keys and values take the context's width); None when none did."""
-    try:
-        module = bind_context(build(probe).eval(), plan, probe)
-    except Exception:  # does not build: nothing measured
+    for spec in (probe, replace(probe, rope_theta=10000.0)):  # a class that needs a theta (EAGLE's rotary base)
+        try:
+            module = bind_context(build(spec).eval(), plan, spec)
+            break
+        except Exception:  # does not build: nothing measured
+            module = None
+    if module is None:
         return None
     seen: list[tuple[str, int]] = []
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 
 from attnbench.errors import PluginLoadError
-from attnbench.plugins import signatures, stages
+from attnbench.plugins import import_state, signatures, stages
 from attnbench.plugins.binding import (
     ALIASES,
     CUDA_WORDS,
@@ -93,7 +93,7 @@ def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = N
     layout contradicts."""
     name = getattr(target, "__qualname__", repr(target))
     caps: dict = {}
-    lines: list[str] = []
+    lines: list[str] = import_state.lines(target)
     read = config_fields_read(binding)
     if read is not None:
         lines.append(f"config fields read (what it reads is what it supports): {', '.join(read) or 'none'}")

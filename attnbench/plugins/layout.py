@@ -64,12 +64,22 @@ def role_of(token: str) -> str | None:
     for pre in _PREFIXES:
         if not s.startswith(pre):
             continue
-        rest = s[len(pre):]
-        for suf in _SUFFIXES:
-            if rest.endswith(suf):
-                core = rest[:len(rest) - len(suf)] if suf else rest
-                if core in _ROLE_OF_CORE:
-                    return _ROLE_OF_CORE[core]
+        role = _role_of_core(s[len(pre):])
+        if role is not None:
+            return role
+    return None
+
+
+def _role_of_core(rest: str, suffixes: int = 2) -> str | None:
+    """The role of ``rest`` with up to ``suffixes`` of :data:`_SUFFIXES` taken off its end (``outprojweight``: a bare
+    parameter named like a projection's weight, GPT-SoVITS's ``out_proj_weight``)."""
+    if rest in _ROLE_OF_CORE:
+        return _ROLE_OF_CORE[rest]
+    for suf in _SUFFIXES[1:] if suffixes else ():
+        if rest.endswith(suf) and len(rest) > len(suf):
+            role = _role_of_core(rest[:-len(suf)], suffixes - 1)
+            if role is not None:
+                return role
     return None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from attnbench.errors import PluginLoadError
+from attnbench.plugins import import_state
 from attnbench.plugins.exits import PluginExit, plugin_exits
 
 _DISPLAY = re.compile(r"^([A-Za-z0-9_.+-]+)=(.+)$")
@@ -136,7 +137,7 @@ def _import_script(path_text: str, resolved: Path, mod_name: str) -> ModuleType:
     # them, and one that parses its arguments at import (argparse) does not read attnbench's own
     sys.argv[:] = [str(resolved)]
     try:
-        _run(f"importing plug-in {path_text!r}", lambda: spec.loader.exec_module(module))
+        _run(f"importing plug-in {path_text!r}", lambda: spec.loader.exec_module(module) or module)
     except PluginLoadError:
         del sys.modules[mod_name]
         raise
@@ -160,9 +161,12 @@ def _import_package_module(path_text: str, root: Path, dotted: str) -> ModuleTyp
 def _run(what: str, load, module: str = ""):
     """``load()`` (``what``: importing a file, or the ``module``), its failures a :class:`PluginLoadError` naming the
     first cause (:func:`import_error`); a ``module`` that is itself missing (or its package) is "not found"."""
+    turned: list[str] = []
     try:
-        with plugin_exits(what):
-            return load()
+        with plugin_exits(what), import_state.kept(turned):  # min-dalle's set_grad_enabled(False): put back
+            module = load()
+        import_state.note(module, turned)
+        return module
     except PluginExit as exc:
         raise PluginLoadError(str(exc)) from None
     except Exception as exc:

@@ -22,6 +22,7 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import handle_torch_function, has_torch_function
 
 
 class FusedManual(nn.Module):
@@ -1957,3 +1958,62 @@ class PassThroughWrapper(nn.Module):
         q, k, v = (t.view(B, T, self.nh, self.hd).transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+# --- round 20: a copy of torch's functional code that keeps torch's dispatch (planted14dev's GPT-SoVITS bugs) -------
+
+
+def copied_attention(x, num_heads, in_proj_weight, out_proj_weight, cache=None):
+    """GPT-SoVITS's ``multi_head_attention_forward_patched``: copied from torch, its dispatch kept, naming torch's
+    function and handing it an argument torch's does not take (``cache``). Outside a mode the body runs."""
+    if has_torch_function((x, in_proj_weight, out_proj_weight)):
+        return handle_torch_function(F.multi_head_attention_forward, (x, in_proj_weight, out_proj_weight), x,
+                                     num_heads, in_proj_weight, out_proj_weight, cache=cache)
+    q, k, v = F.linear(x, in_proj_weight).unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4)
+    return F.linear(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2),
+                    out_proj_weight)
+
+
+def copied_attention_keys_as_values(x, num_heads, in_proj_weight, out_proj_weight, cache=None):
+    """:func:`copied_attention` with the keys passed as the values."""
+    if has_torch_function((x, in_proj_weight, out_proj_weight)):
+        return handle_torch_function(F.multi_head_attention_forward, (x, in_proj_weight, out_proj_weight), x,
+                                     num_heads, in_proj_weight, out_proj_weight, cache=cache)
+    q, k, v = F.linear(x, in_proj_weight).unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4)
+    out = F.scaled_dot_product_attention(q, k, k, is_causal=True)  # PLANTED
+    return F.linear(out.transpose(1, 2).flatten(2), out_proj_weight)
+
+
+class DispatchCopied(nn.Module):
+    """A fused in-projection and an output weight handed to a module-level copy of torch's functional code."""
+
+    attnbench_capabilities = {"dropout": False, "rope": False, "sliding_window": False}
+    attend = staticmethod(copied_attention)
+
+    def __init__(self, d_in, d_out, context_length, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj_weight = nn.Parameter(torch.randn(3 * d_out, d_in) / math.sqrt(d_in))
+        self.out_proj_weight = nn.Parameter(torch.randn(d_out, d_out) / math.sqrt(d_out))
+
+    def forward(self, x):
+        return self.attend(x, self.num_heads, self.in_proj_weight, self.out_proj_weight, cache={})
+
+
+class DispatchCopiedKeysAsValues(DispatchCopied):
+    attend = staticmethod(copied_attention_keys_as_values)
+
+
+class HalvesQueryRealSignTurned(HalvesRotary):
+    """The queries' real half with its second term's sign turned: no rotation at all (the keys' halves are right)."""
+
+    def rotate(self, xq, xk):
+        T = xq.shape[1]
+        cos, sin = self.fcos[:T, None].to(xq.dtype), self.fsin[:T, None].to(xq.dtype)
+        xq_r, xq_i = xq.unflatten(-1, (-1, 2)).unbind(-1)
+        xk_r, xk_i = xk.unflatten(-1, (-1, 2)).unbind(-1)
+        xq_out_r = xq_r * cos + xq_i * sin  # PLANTED
+        xq_out_i = xq_r * sin + xq_i * cos
+        xk_out_r = xk_r * cos - xk_i * sin
+        xk_out_i = xk_r * sin + xk_i * cos
+        return self.join(xq_out_r, xq_out_i), self.join(xk_out_r, xk_out_i)
