@@ -301,3 +301,24 @@ def test_a_class_that_is_no_torch_module_is_refused_as_such_before_its_arguments
     lines = refusal(capsys, "numpy_module.py:CausalSelfAttention")
     assert lines[0] == "error: CausalSelfAttention is not a torch.nn.Module (it derives from Module): attnbench checks " \
                        "PyTorch attention layers", lines
+
+
+def test_a_field_an_installed_library_s_object_lacks_is_named_with_the_library_and_its_version():
+    """EAGLE's 4.x-era ``Qwen2Attention`` reads ``config.rope_theta``, which transformers 5's ``Qwen2Config`` does not
+    have: the refusal names the library and its version, not only the AttributeError (a field of the user's own
+    object says nothing of a library)."""
+    transformers = pytest.importorskip("transformers")
+    from attnbench.plugins.library_version import written_for_another
+
+    with pytest.raises(AttributeError) as raised:
+        transformers.LlamaConfig().a_field_no_version_has  # noqa: B018
+    said = written_for_another(raised.value)
+    assert said.startswith("it reads LlamaConfig.a_field_no_version_has, which transformers ")
+    assert f"transformers {transformers.__version__}'s LlamaConfig does not have" in said
+
+    class Own:
+        pass
+
+    with pytest.raises(AttributeError) as raised:
+        Own().missing  # noqa: B018
+    assert written_for_another(raised.value) is None

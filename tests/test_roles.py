@@ -973,3 +973,17 @@ def test_projections_wider_than_the_model_width_are_the_first_cause_not_causalit
     assert code == 2 and "error: JoinedStatesAttention's q_proj takes 48 features, but its input hidden_states has the " \
         "width its constructor was given (24)" in said, said
     assert "not causal" not in said.split("tried")[0], said
+
+
+def test_a_4x_era_hugging_face_copy_decodes_and_its_tables_end_at_the_tokens_it_sees(repo_cwd, capsys):
+    """EAGLE's ``modeling_mixtral_kv``: its (out, None, past_key_value) was read as "no next cache" (its probe also
+    built it without the theta it needs), and its tables of kv_seq_len rows, indexed by position_ids, raised
+    IndexError at a start past 0: an ERROR. It now decodes against the reference, and the start cases are its own
+    constraint."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/round20_old_hf_tables.py:KvSeqLenTables",
+                          "--kind", "forward,decode,rope_start", "-v"], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and "PASS" in out, out + err
+    assert "inferred kv_cache: yes (forward takes past_key_value and returns the next cache" in said, said
+    assert re.search(r"│ decode +│ float64 +│ +[1-9]", out), out
+    assert "ERROR" not in out, out

@@ -162,6 +162,7 @@ class Binding:
     causal_flags: tuple[tuple[str, bool], ...] = ()  # (parameter, its value for causal attention), found by a probe
     cast: str = ""  # the dtype the class builds its weights in when not the default's: cast as a whole (plugins.stages)
     channels_first: bool = False  # projections are pointwise Conv1d on (B, C, T): checked as (B, T, C) (plugins.channels_first)
+    probe_theta: float | None = None  # a class that builds only with a rotary base (EAGLE's tables): its probes' theta
     time_first: bool = False  # its forward takes (T, B, C): checked as (B, T, C) (plugins.time_first)
     one_width: bool = False  # its roles fit multi-head attention only where d_in == d_out (plugins.roles)
 
@@ -192,7 +193,8 @@ class Binding:
     @property
     def probe(self) -> AttnSpec:
         """The spec the class is probed at: :data:`PROBE`, or :data:`SQUARE_PROBE` when it takes one width."""
-        return SQUARE_PROBE if self.same_width_only else PROBE
+        base = SQUARE_PROBE if self.same_width_only else PROBE
+        return base if self.probe_theta is None else replace(base, rope_theta=self.probe_theta)
 
     def __call__(self, spec: AttnSpec) -> nn.Module:
         module = self._build(spec)

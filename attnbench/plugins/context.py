@@ -467,8 +467,9 @@ def _split(result, plan: ContextPlan, t_new: int, total: int | None = None, head
         result = tuple(getattr(result, f.name) for f in dataclasses.fields(result))  # output, kv_cache): in order
     if isinstance(result, tuple | list) and result and isinstance(result[0], torch.Tensor):
         result = output_first(None, (x,), {}, result) if x is not None else result  # TimesFM's (scores, output)
-        second = result[1] if plan.cache and len(result) > 1 else None
-        return result[0], None if _weights(second, t_new) or _scores(second, t_new, total, head_dim) else second
+        rest = [r for r in result[1:] if r is not None and not _weights(r, t_new)  # 4.x-era Hugging Face:
+                and not _scores(r, t_new, total, head_dim)] if plan.cache else []  # (out, None or weights, past)
+        return result[0], rest[0] if rest else None
     return result, None
 
 

@@ -21,6 +21,7 @@ from torch import nn
 from attnbench.errors import PluginLoadError
 from attnbench.plugins.binding import Binding, dropout_modules
 from attnbench.plugins.inner_modules import inner_module, no_weights
+from attnbench.plugins.library_version import written_for_another
 from attnbench.plugins.roles import first_line, weight_elements, whole_block
 from attnbench.plugins.signatures import signature
 from attnbench.spec import AttnSpec
@@ -54,7 +55,7 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
     """``binding`` once its class is known to build here (else one :class:`PluginLoadError`: the environment it needs,
     or the call tried and what it raised at both sizes), cast as a whole when its weights come out in another dtype."""
     _not_a_layer(binding)
-    built, failures = None, []
+    built, failures, first = None, [], None
     for spec in (replace(probe, rope_theta=10000.0), ROOMY):
         try:
             built = binding(spec)
@@ -66,11 +67,18 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
                                       "available, or point --impl at a factory that builds it for one process on this "
                                       "device") from None
             failures.append(f"{type(exc).__name__}: {first_line(exc)}")
+            first = first or exc
     if built is None and binding.style == "config" and binding.config_factory is not None:
         binding, built = _with_generic_config(binding, probe, failures[0])
     if built is None:
+        version = written_for_another(first)
+        if version is not None:
+            raise ConstructionError(f"{_name(binding)} cannot be built: {version}",
+                                    details=[f"{binding.describe()} raised {failures[0]}"],
+                                    fix="install the version of that library the class's repository pins, or set the field in an "
+                                        "adapter (`attnbench adapt FILE:Class`)") from None
         raise ConstructionError(f"{_name(binding)} cannot be built: {binding.describe()} raised {failures[0]} (and at "
-                              f"d_model 64, 4 heads: {failures[-1]}); {ADAPT_HINT}") from None
+                                f"d_model 64, 4 heads: {failures[-1]}); {ADAPT_HINT}") from None
     block = whole_block(built, spec)
     if block is not None:
         raise PluginLoadError(f"{_name(binding)} is a whole block, not an attention layer: {block}; check the attention class "
@@ -79,7 +87,19 @@ def construct(binding: Binding, probe: AttnSpec, environment_cause) -> Binding:
     if kernel is not None:
         raise PluginLoadError(f"{_name(binding)} is not an attention layer: {kernel}",
                               fix="check the layer that projects x and calls it (FILE:Class)")
-    return with_channels_first(with_dtype(binding, built), built)
+    return with_channels_first(with_dtype(_theta_for_probes(binding, probe), built), built)
+
+
+def _theta_for_probes(binding: Binding, probe: AttnSpec) -> Binding:
+    """``binding`` with a rotary base for its probes when it builds only with one (EAGLE's ``LlamaRotaryEmbedding``:
+    ``base ** ...`` of a ``None`` theta): every later probe then builds it, not only those that set a theta."""
+    if probe.rope_theta is not None:
+        return binding
+    try:
+        binding(probe)
+        return binding
+    except Exception:  # noqa: BLE001 - it built at theta 10000 above: the theta is what it needs
+        return replace(binding, probe_theta=10000.0)
 
 
 def _with_generic_config(binding: Binding, probe: AttnSpec, raised: str):
