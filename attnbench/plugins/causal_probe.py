@@ -317,7 +317,9 @@ def checked_anyway(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | N
 
 def _attends_over(build, plan: ContextPlan, probe: AttnSpec, name: str) -> bool:
     """Is ``name`` (given ``x``) a sequence the class attends over? Changing it at the first position alone moves the
-    outputs at later positions, as keys or values do; an elementwise factor (a temperature) moves only the first."""
+    outputs at later positions, as keys or values do; an elementwise factor (a temperature) moves only the first. One
+    that moves nothing is read as a sequence too: a planted ``probs @ k`` leaves the values unused (joeynmt's
+    ``forward(k, v, q, mask)``), and the cases, not the binding, should say so."""
     spec = replace(probe, rope_theta=10000.0) if plan.table_form in ("real", "matrix") else probe
     try:
         module = build(spec).eval()
@@ -330,7 +332,8 @@ def _attends_over(build, plan: ContextPlan, probe: AttnSpec, name: str) -> bool:
     except Exception:  # the causal probe ran it: what it raises here, the cases show
         return True
     a, b = (t[0] if isinstance(t, tuple | list) else t for t in (a, b))
-    return bool((a[:, 1:] - b[:, 1:]).abs().max() > 1e-6 * a.abs().max())
+    moved = (a - b).abs() > 1e-6 * a.abs().max()
+    return bool(moved[:, 1:].any() or not moved.any())  # moving nothing: an input a bug leaves unused (k used as v)
 
 
 def _refusal(build, plan: ContextPlan, probe: AttnSpec, outcomes: list) -> PluginLoadError:

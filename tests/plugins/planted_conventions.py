@@ -2017,3 +2017,40 @@ class HalvesQueryRealSignTurned(HalvesRotary):
         xk_out_r = xk_r * cos - xk_i * sin
         xk_out_i = xk_r * sin + xk_i * cos
         return self.join(xq_out_r, xq_out_i), self.join(xk_out_r, xk_out_i)
+
+
+# --- round 20: planted16dev (read) -- an input a bug leaves unused is still a sequence --------------------------------
+
+
+class KeyValueQueryOrder(nn.Module):
+    """joeynmt's ``forward(k, v, q, mask)``: keys first, a bool keep-mask filled with ``-inf``."""
+
+    attnbench_capabilities = {"dropout": False, "rope": False, "sliding_window": False}
+
+    def __init__(self, num_heads, size):
+        super().__init__()
+        self.num_heads, self.head_size = num_heads, size // num_heads
+        self.k_layer, self.v_layer, self.q_layer, self.output_layer = (nn.Linear(size, size) for _ in range(4))
+
+    def heads(self, t):
+        return t.view(t.size(0), -1, self.num_heads, self.head_size).transpose(1, 2)
+
+    def attend(self, q, k, v, mask):
+        scores = torch.matmul(q / math.sqrt(self.head_size), k.transpose(2, 3))
+        scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf")) if mask is not None else scores
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+    def forward(self, k, v, q, mask=None):
+        k, v, q = self.heads(self.k_layer(k)), self.heads(self.v_layer(v)), self.heads(self.q_layer(q))
+        context = self.attend(q, k, v, mask)
+        return self.output_layer(context.transpose(1, 2).reshape(context.size(0), -1, self.num_heads * self.head_size))
+
+
+class ValuesNeverUsed(KeyValueQueryOrder):
+    """The probabilities multiply the keys: the value input is unused, which read as "v is no sequence it attends
+    over" (an elementwise input), and the class was refused as not causal with any mask form."""
+
+    def attend(self, q, k, v, mask):
+        scores = torch.matmul(q / math.sqrt(self.head_size), k.transpose(2, 3))
+        scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf")) if mask is not None else scores
+        return torch.matmul(torch.softmax(scores, dim=-1), k)  # PLANTED
