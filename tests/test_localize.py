@@ -481,6 +481,8 @@ CONVENTION_CASES = [  # class, the classes holding its planted line, case (kind,
     ("HalvesQueryRealSignTurned", ["HalvesQueryRealSignTurned"], ("forward", "rope_interleaved_theta100_bias", "float64"),
      "rotated q", "part 1 of the 2 joined at"),
     ("ValuesNeverUsed", ["ValuesNeverUsed"], ("forward", "gpt_like", "float64"), "v", "holds the reference's k"),
+    ("WholeAttentionZeroSlot", ["WholeAttentionZeroSlot"], ("forward", "gpt_like", "float64"), "output",
+     "computes the whole attention in this one torch call (multi_head_attention_forward)"),
 ]
 CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"), ("HalvesRotary", "rope_interleaved_theta100_bias"),
                     ("ComplexRope", "rope_interleaved_theta100_bias"), ("PerHead", "gpt_like"),
@@ -489,7 +491,7 @@ CONVENTION_BASES = [("FusedManual", "gpt_like"), ("OwnRotary", "gpt_like"), ("Ha
                     ("WholeProjectionNorm", "qknorm_full_rope_window"), ("InterleavedAngles", "rope_interleaved_theta100_bias"),
                     ("MultiQuery", "mqa"), ("LogSumExpSoftmax", "gpt_like"), ("QueryChunks", "gpt_like"),
                     ("OnlineSoftmax", "gpt_like"), ("DispatchCopied", "gpt_like"),
-                    ("KeyValueQueryOrder", "gpt_like")]
+                    ("KeyValueQueryOrder", "gpt_like"), ("WholeAttentionCall", "gpt_like")]
 
 
 def _run(target: str, kind: str, shape: str, dtype: str):

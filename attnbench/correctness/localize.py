@@ -226,10 +226,29 @@ def first_divergence(ev: Evidence) -> Divergence | Localization | None:
             if offset is not None:
                 return offset
         if not ev.matched and not div.exact:  # no anchor at all: a tensor of the stage's form is no evidence of where
+            whole = _whole_attention_call(ev)
+            if whole is not None:
+                return whole
             return cannot_tell("no tensor of the class matches any stage of the reference, not even its projections "
                                "(another split of the heads?): the values cannot say where it diverges")
         return div
     return None
+
+
+WHOLE_ATTENTION = ("multi_head_attention_forward",)
+"""Torch calls that compute a whole attention layer, projections included: nothing before them is the class's own."""
+
+
+def _whole_attention_call(ev: Evidence) -> Localization | None:
+    """The one torch call that computes the whole attention (fairseq's and VALL-E-X's ``F.multi_head_attention_forward``
+    with the class's weights), named when nothing of the class matches any stage: what differs is in its arguments."""
+    calls = [r for r in ev.records if r.op in WHOLE_ATTENTION]
+    if not calls:
+        return None
+    words = (f"the class computes the whole attention in this one torch call ({calls[0].op}), and its output is "
+             "another than the reference's: what differs is in the arguments it is given (heads, masks, add_zero_attn, "
+             "bias_k/bias_v, the weights)")
+    return named("output", calls[0], words, ev.matched)
 
 
 def _bias_offset(ev: Evidence) -> Localization | None:

@@ -2054,3 +2054,38 @@ class ValuesNeverUsed(KeyValueQueryOrder):
         scores = torch.matmul(q / math.sqrt(self.head_size), k.transpose(2, 3))
         scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf")) if mask is not None else scores
         return torch.matmul(torch.softmax(scores, dim=-1), k)  # PLANTED
+
+
+class WholeAttentionCall(nn.Module):
+    """fairseq's (and VALL-E-X's) ``MultiheadAttention`` off its fast path: the whole layer is one
+    ``F.multi_head_attention_forward`` call, time-first, with the class's separate projection weights."""
+
+    attnbench_capabilities = {"dropout": False, "rope": False, "sliding_window": False}
+
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(embed_dim, embed_dim) for _ in range(4))
+
+    def arguments(self, mask):
+        return dict(embed_dim_to_check=self.embed_dim, num_heads=self.num_heads, in_proj_weight=torch.empty([0]),
+                    in_proj_bias=torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)), bias_k=None,
+                    bias_v=None, dropout_p=0.0, out_proj_weight=self.out_proj.weight, out_proj_bias=self.out_proj.bias,
+                    training=False, need_weights=False, attn_mask=mask, use_separate_proj_weight=True,
+                    q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight, v_proj_weight=self.v_proj.weight)
+
+    def call(self, t, mask):
+        return F.multi_head_attention_forward(t, t, t, add_zero_attn=False, **self.arguments(mask))[0]
+
+    def forward(self, x):
+        t, T = x.transpose(0, 1), x.shape[1]
+        mask = torch.triu(torch.full((T, T), float("-inf"), dtype=x.dtype, device=x.device), 1)
+        return self.call(t, mask).transpose(0, 1)
+
+
+class WholeAttentionZeroSlot(WholeAttentionCall):
+    """VALL-E-X's copy with ``add_zero_attn`` forced on: a zero key and value every query attends to. Nothing of the
+    class matched any stage, and the localiser could not tell."""
+
+    def call(self, t, mask):
+        return F.multi_head_attention_forward(t, t, t, add_zero_attn=True, **self.arguments(mask))[0]  # PLANTED
