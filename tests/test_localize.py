@@ -618,3 +618,16 @@ def test_a_fused_split_per_head_is_read_as_gpt_neox_s_layout(repo_cwd, capsys):
     code, out, err = cli(["check", "-v", "tests/plugins/planted_stages.py:FusedSplitPerHead", "--kind", "forward"], capsys)
     assert code == 0, out + err
     assert "rows: its fused q/k/v rows are held per kv head" in " ".join(out.split()), out
+
+
+@pytest.mark.slow
+def test_a_scale_flag_on_by_default_is_not_switched_off_to_hide_a_second_scale(repo_cwd):
+    """UER's ``with_scale=True`` with a second scale planted: the binding flipped the flag off (the measured scale then
+    matched the reference's) and the class passed. Only a flag that switches an absent scale on is flipped now."""
+    base = "tests/plugins/planted_conventions.py:ScaleFlagOn"
+    assert _run(base, "forward", "gpt_like", "float64")[1].status == "pass"
+    target = base + "Twice"
+    case, row = _run(target, "forward", "gpt_like", "float64")
+    assert row.status == "fail", row.message
+    found = localize.localize_case(target, case, tol=row.tolerance)
+    assert found.stage == "scaled scores" and "off by a factor of 0.25" in found.line, found.line

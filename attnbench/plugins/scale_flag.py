@@ -52,7 +52,7 @@ def measured_scale(factory) -> float | None:
 
 def scale_by_flag(binding, make_factory, factory) -> tuple[object, object, str | None]:
     """``(binding, factory, note)``: with the one unbound boolean flag flipped whose other value brings the measured
-    score scale to ``1/sqrt(head_dim)`` when the class as built has another; as given (note None) otherwise."""
+    score scale to ``1/sqrt(head_dim)`` when the class as built scales by nothing; as given (note None) otherwise."""
     from attnbench.plugins.stages import bool_flags
 
     want = 1 / math.sqrt(PROBE.head_dim)
@@ -60,8 +60,9 @@ def scale_by_flag(binding, make_factory, factory) -> tuple[object, object, str |
     if not flags:
         return binding, factory, None
     built = measured_scale(factory)
-    if built is None or abs(built / want - 1) <= RELATIVE:
-        return binding, factory, None
+    if built is None or abs(built / want - 1) <= RELATIVE or abs(built - 1) > RELATIVE:
+        return binding, factory, None  # a flag that switches the scale on: as built, unscaled (a planted second
+        # scale under UER's with_scale=True, 1/head_dim as built, must fail, not be switched off)
     for name, default in flags:
         candidate = replace(binding, extras=(*binding.extras, (name, not default)))
         try:

@@ -2089,3 +2089,36 @@ class WholeAttentionZeroSlot(WholeAttentionCall):
 
     def call(self, t, mask):
         return F.multi_head_attention_forward(t, t, t, add_zero_attn=True, **self.arguments(mask))[0]  # PLANTED
+
+
+class ScaleFlagOn(nn.Module):
+    """UER's ``MultiHeadedAttention(..., with_scale=True)``: the scale under a flag that is on by default."""
+
+    attnbench_capabilities = {"dropout": False, "rope": False, "sliding_window": False}
+
+    def __init__(self, hidden_size, heads_num, with_scale=True):
+        super().__init__()
+        self.heads_num, self.per_head_size, self.with_scale = heads_num, hidden_size // heads_num, with_scale
+        self.linear_layers = nn.ModuleList([nn.Linear(hidden_size, hidden_size) for _ in range(3)])
+        self.final_linear = nn.Linear(hidden_size, hidden_size)
+
+    def scores(self, query, key):
+        return torch.matmul(query, key.transpose(-2, -1))
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        query, key, value = (layer(x).view(B, T, self.heads_num, -1).transpose(1, 2) for layer in self.linear_layers)
+        scores = self.scores(query, key)
+        if self.with_scale:
+            scores = scores / math.sqrt(float(self.per_head_size))
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), value)
+        return self.final_linear(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class ScaleFlagOnTwice(ScaleFlagOn):
+    """A second scale, planted where the scores are made: flipping ``with_scale`` off gave the reference's scale, and
+    the binding did so, hiding the bug (the class passed)."""
+
+    def scores(self, query, key):
+        return torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(float(self.per_head_size))  # PLANTED
