@@ -263,11 +263,13 @@ def test_an_optional_or_bias_named_mask_is_probed_for_its_causal_form(repo_cwd, 
     assert code == 0 and "PASS" in out, out + err
 
 
-def test_a_mask_no_form_of_which_is_causal_is_refused_as_not_causal(repo_cwd, capsys):
-    """dinov2's MemEffAttention without xformers ignores its `attn_bias`: refused with that cause, where it used to
-    run without a mask and fail every case."""
-    code, out, err = run(["check", "tests/plugins/reach_roles/optional_mask_forms.py:NeverCausal"], capsys)
-    assert code == 2 and "is not causal with any mask form attnbench can supply" in err, out + err
+def test_a_mask_no_form_of_which_is_causal_leaves_an_encoder_checked_non_causal(repo_cwd, capsys):
+    """dinov2's MemEffAttention without xformers ignores its `attn_bias`: it ran without a mask and failed every case
+    (round 9), then was refused as not causal with any mask form; it is a ViT's attention, an encoder's (round 20),
+    checked against the non-causal reference."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/optional_mask_forms.py:NeverCausal", "-v",
+                          "--kind", "forward,causality"], capsys)
+    assert code == 0 and "causal: no, an encoder's attention" in " ".join(out.split()), out + err
 
 
 def test_a_class_multi_query_by_construction_runs_its_one_kv_head_cases(repo_cwd, capsys):
@@ -380,16 +382,21 @@ def test_query_key_value_inputs_get_x_and_pass(repo_cwd):
     assert impl.factory.context.inputs == ("key", "value") and impl.factory.context.mask == "attn_mask"
 
 
-@pytest.mark.parametrize(("cls", "headline"), [
-    ("CrossAttention", "CrossAttention is cross-attention with context given x (self-attention): it is not causal "
-                       "with any mask form attnbench can supply"),
-    ("FixedWidthCrossAttention", "FixedWidthCrossAttention is cross-attention: context has a width of its own, so it "
-                                 "cannot be x: not a self-attention layer")])
-def test_cross_attention_that_cannot_be_causal_self_attention_is_refused_as_such(repo_cwd, capsys, cls, headline):
-    code, _, err = run(["check", RR + "second_inputs.py:" + cls], capsys)
+def test_cross_attention_of_a_fixed_other_width_is_refused_as_such(repo_cwd, capsys):
+    code, _, err = run(["check", RR + "second_inputs.py:FixedWidthCrossAttention"], capsys)
+    headline = ("FixedWidthCrossAttention is cross-attention: context has a width of its own, so it cannot be x: not "
+                "a self-attention layer")
     assert code == 2 and err.splitlines()[0] == f"error: {headline}", err
-    assert ("context_dim is the width of its second input" if cls == "CrossAttention" else "to_k takes 40 features") \
-        in err
+    assert "to_k takes 40 features" in err
+
+
+def test_cross_attention_given_x_with_no_causal_form_is_checked_as_an_encoder_s(repo_cwd, capsys):
+    """Stable Diffusion's ``CrossAttention(query_dim, context_dim)`` with a padding mask, its context given x: it was
+    refused as "cross-attention: not causal with any mask form"; given x it is a non-causal self-attention (round 20),
+    which is what ldm computes with ``context=None``, and is checked so."""
+    code, out, err = run(["check", RR + "second_inputs.py:CrossAttention", "-v", "--kind", "forward,causality"], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and "causal: no, an encoder's attention" in said, out + err
 
 
 @pytest.mark.parametrize("cls", ["MaskedCrossAttention", "DefaultWidthCrossAttention"])
@@ -987,3 +994,26 @@ def test_a_4x_era_hugging_face_copy_decodes_and_its_tables_end_at_the_tokens_it_
     assert "inferred kv_cache: yes (forward takes past_key_value and returns the next cache" in said, said
     assert re.search(r"│ decode +│ float64 +│ +[1-9]", out), out
     assert "ERROR" not in out, out
+
+
+RE = "tests/plugins/reach_roles/round20_encoder.py:"
+
+
+@pytest.mark.parametrize("cls", ["EncoderAttention", "PaddingMaskEncoder"])
+def test_an_encoder_s_attention_is_checked_non_causal(repo_cwd, capsys, cls):
+    """ViT's attention FAILed every case as "no causal mask", and a BERT-style layer with a padding mask was refused
+    as "not causal with any mask form": each is an encoder's attention, checked against the non-causal reference."""
+    code, out, err = run(["check", RE + cls, "--kind", "forward,backward,causality", "-v"], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and "PASS" in out, out + err
+    assert "inferred causal: no, an encoder's attention (decided by a probe" in said, said
+    assert "1 skipped: an encoder's attention: every case ran non-causal" in said, said
+
+
+@pytest.mark.parametrize("cls", ["EncoderScaleWrong", "CausalMaskLineGone"])
+def test_an_encoder_with_a_bug_and_a_causal_class_without_its_mask_fail(repo_cwd, capsys, cls):
+    """A wrong scale in an encoder fails its non-causal cases; a class whose tril buffer says it is causal is not an
+    encoder when its mask line is gone: it fails as before."""
+    code, out, err = run(["check", RE + cls, "--kind", "forward", "-v"], capsys)
+    assert code == 1 and "FAIL" in out, out + err
+    assert ("an encoder's attention" in out) == (cls == "EncoderScaleWrong"), out

@@ -185,7 +185,9 @@ def coverage_line(rows) -> str:
     ran = rows[rows.status != "skip"]
     skipped = rows[rows.status == "skip"]
     own = skipped[skipped.message.str.contains(OWN_CONSTRAINT, regex=False)]
-    why = own.message.str.contains("needs an even head dim", regex=False).map({True: "odd head dim", False: "its own constraint"})
+    why = own.message.map(lambda m: "odd head dim" if "needs an even head dim" in m else
+                          "an encoder's attention: every case ran non-causal" if "an encoder's attention" in m else
+                          "its own constraint")
     counts = ", ".join(f"{n} {w}" if len(why.unique()) > 1 else w for w, n in why.value_counts().items())
     other = len(skipped) - len(own)
     tail = f"; {other} more are for variants, devices or dtypes it does not have" if other else ""

@@ -163,6 +163,7 @@ class Binding:
     cast: str = ""  # the dtype the class builds its weights in when not the default's: cast as a whole (plugins.stages)
     channels_first: bool = False  # projections are pointwise Conv1d on (B, C, T): checked as (B, T, C) (plugins.channels_first)
     probe_theta: float | None = None  # a class that builds only with a rotary base (EAGLE's tables): its probes' theta
+    encoder: bool = False  # not causal and not meant to be: checked non-causal (plugins.encoder)
     time_first: bool = False  # its forward takes (T, B, C): checked as (B, T, C) (plugins.time_first)
     one_width: bool = False  # its roles fit multi-head attention only where d_in == d_out (plugins.roles)
 

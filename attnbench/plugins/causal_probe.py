@@ -245,10 +245,26 @@ def probe_mask(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan:
             tried = [f"{local} given x: each output reads {local} at its own position only, not a sequence it attends "
                      "over", *tried]
         outcomes.append((variant, words, tried, ran and local is None))
-    found = _through_keywords(build, plan, probe) or _with_buffers(build, plan, probe)
+    found = _through_keywords(build, plan, probe) or _with_buffers(build, plan, probe) or _encoder(build, outcomes, probe)
     if found is not None:
         return found
     raise _refusal(build, plan, probe, outcomes)
+
+
+def _encoder(build, outcomes: list, probe: AttnSpec) -> ContextPlan | None:
+    """The first way of giving its arguments, with no mask, under which the class ran and is an encoder's attention
+    (:mod:`~attnbench.plugins.encoder`: a BERT-style padding mask left at None, rtdl's ``x_kv`` given ``x``); None
+    otherwise."""
+    from attnbench.plugins.encoder import is_encoder, sized
+
+    if not isinstance(getattr(build, "fields", None), set):  # not a Binding: nothing to read its sizes from
+        return None
+    length = sized(build)
+    for variant, _, _, ran in outcomes:
+        if ran and variant.mask is None and is_encoder(build, probe, lambda m, v=variant: bind_context(m, v, probe),
+                                                       length):
+            return replace(variant, encoder=True)
+    return None
 
 
 def _with_buffers(build, plan: ContextPlan, probe: AttnSpec) -> ContextPlan | None:

@@ -152,6 +152,7 @@ class ContextPlan:
     cache_object: str | None = None  # the cache is an object passed in and advanced by the caller (plugins.cache_objects)
     lengths: tuple[str, ...] = ()  # forward-level context lengths (LENGTH_NAMES): the spec's
     unmasked: str | None = None  # an optional mask left at None: no form of it made the class causal, None did
+    encoder: bool = False  # no form made it causal, and it is an encoder's attention (plugins.encoder)
     inputs: tuple[str, ...] = ()  # further required inputs: x again, for self-attention (plugins.causal_probe)
     probed: tuple[str, ...] = ()  # required arguments no name tells, their forms not yet decided (plugins.causal_probe)
     leaky: str = ""  # no form made it causal, but its forward says it is: why it is checked (plugins.causal_intent)

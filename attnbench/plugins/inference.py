@@ -29,19 +29,20 @@ from attnbench.plugins.binding import (
     CUDA_WORDS,
     DISTRIBUTED_WORDS,
     PROBE,
-    SQUARE_PROBE,
     WINDOW_EVIDENCE,
     Binding,
     bind,
     capabilities,
-    fixed,
 )
 from attnbench.plugins.cache_objects import SHAPES, cache_object_for, recognise
 from attnbench.plugins.cache_probe import only_cache, with_probed_cache
 from attnbench.plugins.cache_state import RESET_METHODS, reset_cache, reset_method, step_restorer
 from attnbench.plugins.causal_probe import forward_is_causal, probe_mask
+from attnbench.plugins.config_reads import config_fields_read
 from attnbench.plugins.configs import with_own_config
 from attnbench.plugins.context import PADDING, ContextPlan, arguments, bind_context, plan_for
+from attnbench.plugins.encoder import LINE as ENCODER_LINE
+from attnbench.plugins.encoder import is_encoder, sized
 from attnbench.plugins.exits import plugin_exits
 from attnbench.plugins.helper_args import rotates
 from attnbench.plugins.loading import IMPORTED, first_line, import_failure
@@ -69,20 +70,6 @@ def _forward_params(target) -> set[str]:
         return set(signatures.signature(forward).parameters)
     except (TypeError, ValueError):
         return set()
-
-
-def config_fields_read(binding: Binding) -> list[str] | None:
-    """The config fields a ``Attention(config)`` constructor reads when built on a probe (``None``: not a config
-    constructor, or it does not build on the probe)."""
-    if binding.style != "config":
-        return None
-    config = binding.make_config(replace(SQUARE_PROBE, num_kv_heads=2, rope_theta=10000.0))  # a class may need a theta
-    config.__dict__["_attnbench_read"] = []
-    try:
-        binding.target(**{binding.config_param: config}, **fixed(binding.extras))
-    except Exception:  # refuses the probe: nothing inferred from its config (the cases show what it does)
-        return None
-    return list(config.__dict__["_attnbench_read"])
 
 
 def infer(target, binding: Binding, declared: dict, plan: ContextPlan | None = None) -> tuple[dict, list[str]]:
@@ -515,7 +502,9 @@ def _causal_stage(obj, binding: Binding) -> tuple[Binding, ContextPlan | None]:
         if plain is None:
             raise
         return binding, plain
-    return (binding if plan is not None else _forward_x_causal_stage(binding)), plan
+    if plan is not None:
+        return (replace(binding, encoder=True) if plan.encoder else binding), plan
+    return _forward_x_causal_stage(binding), plan
 
 
 def _nothing_to_choose(obj, binding: Binding) -> ContextPlan | None:
@@ -611,12 +600,15 @@ def _mixes_tokens(binding: Binding, plan: ContextPlan) -> bool:
 
 def _forward_x_causal_stage(binding: Binding) -> Binding:
     """A ``forward(x)`` class that is not causal as built: the constructor flag that makes it causal, if one does."""
-    if not stages.bool_flags(binding):  # nothing to flip: its forward is not run here (a crash would end a driver)
-        return binding
+    if not stages.bool_flags(binding):  # nothing to flip: an encoder's (ViT's) attention, or causal as it is
+        return replace(binding, encoder=True) if is_encoder(binding, binding.probe, sized=sized(binding)) else binding
     probe = replace(binding.probe, causal=True)
     if forward_is_causal(binding, probe):
         return binding
-    return stages.causal_by_flag(binding, lambda b: forward_is_causal(b, probe)) or binding
+    flagged = stages.causal_by_flag(binding, lambda b: forward_is_causal(b, probe))
+    if flagged is not None:
+        return flagged
+    return replace(binding, encoder=True) if is_encoder(binding, binding.probe, sized=sized(binding)) else binding
 
 
 def _factory(binding: Binding, has_bias: bool, plan, requires, refuses, own: dict, declared: dict, evidence: list):
@@ -679,6 +671,9 @@ def implementation_fields(obj, source: str) -> dict:
         evidence.append(f"head_dim: even only (it always rotates q and k by pairs; at head_dim 3 a probe raised {odd}): "
                         "cases with an odd head dim are skipped")
     evidence += apply_max_length(binding, plan, own)
+    if binding.encoder and "non_causal" not in declared:
+        own["encoder"], caps["non_causal"] = True, True
+        evidence.append(ENCODER_LINE)
     has_bias = "qkv_bias" in binding.fields
     if binding.style == "config":  # a config offers every field: what the class reads on a probe says what it has
         read = config_fields_read(binding)

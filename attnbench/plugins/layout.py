@@ -685,6 +685,8 @@ class PluginFactory:
         if spec.context_length > self.own.get("max_len", spec.context_length):
             raise UnavailableError(f"{name} takes at most {self.own['max_len']} tokens, not a context of "
                                    f"{spec.context_length} ({OWN_CONSTRAINT}: nothing it takes sets its length)")
+        if self.own.get("encoder") and spec.causal:  # an encoder's attention (plugins.encoder): what it computes
+            spec = replace(spec, causal=False)
         if self.own.get("heads") == 1 and spec.num_heads != 1:
             raise UnavailableError(f"{name} always has one head, not {spec.num_heads} ({OWN_CONSTRAINT})")
         if self.own.get("kv_heads") == 1 and (spec.num_kv_heads or spec.num_heads) != 1:
