@@ -331,3 +331,21 @@ def test_a_headline_whose_only_cut_leaves_a_bare_exception_type_keeps_its_words(
             "(forward line 270), however attnbench gives attention_mask")
     first = refusal_lines(PluginLoadError(head, details=["tried"], fix="check it"))[0]
     assert first.startswith("error: LlamaAttention.forward raises RuntimeError: mat1 and mat2 shapes cannot be"), first
+
+
+def test_a_file_whose_package_needs_a_missing_module_it_does_not_import_itself_is_imported_by_its_path(tmp_path):
+    """Stability AI's ``sgm/modules/attention.py``: its package's ``__init__`` imports kornia, the file only torch; it
+    was refused as "it imports 'kornia', which is not installed here". It is imported by its path, and says so."""
+    from attnbench.plugins.loading import IMPORTED, import_file
+
+    package = tmp_path / "pkg_needing_more" / "modules"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("import attnbench_test_no_such_module  # noqa: F401\n")
+    (package / "__init__.py").write_text("")
+    (package / "attention.py").write_text("import torch\n\n\nclass Attention(torch.nn.Module):\n    pass\n")
+    (package / "relative.py").write_text("from . import attention  # noqa: F401\n")
+    module = import_file(str(package / "attention.py"))
+    assert module.Attention.__name__ == "Attention"
+    assert "its package's __init__ imports 'attnbench_test_no_such_module'" in IMPORTED[module.__name__]
+    with pytest.raises(PluginLoadError, match="attnbench_test_no_such_module"):
+        import_file(str(package / "relative.py"))  # a relative import needs its package: the refusal stands

@@ -1017,3 +1017,33 @@ def test_an_encoder_with_a_bug_and_a_causal_class_without_its_mask_fail(repo_cwd
     code, out, err = run(["check", RE + cls, "--kind", "forward", "-v"], capsys)
     assert code == 1 and "FAIL" in out, out + err
     assert ("an encoder's attention" in out) == (cls == "EncoderScaleWrong"), out
+
+
+def test_the_mask_probe_reads_a_returned_dataclass_by_its_fields(repo_cwd, capsys):
+    """Chronos-2's ``AttentionOutput(hidden_states, attn_weights)``: the mask probe compared the returned objects and
+    attnbench crashed with a traceback; the dataclass is read as the tuple of its fields, its output first."""
+    code, out, err = run(["check", "tests/plugins/reach_roles/round20_dataclass_output.py:DataclassOutput",
+                          "--kind", "forward,causality"], capsys)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_a_required_optional_config_field_gets_none_and_num_att_heads_is_the_heads():
+    """i6_models' config dataclasses: every field required, ``rel_pos_clip: Optional[int]`` among them, and the heads
+    as ``num_att_heads``; the dataclass could not be built (``cannot be built``)."""
+    import dataclasses
+    from typing import Optional
+
+    from attnbench.plugins.aliases import ALIASES
+    from attnbench.plugins.configs import placeholders
+
+    @dataclasses.dataclass
+    class Cfg:
+        input_dim: int
+        num_att_heads: int
+        rel_pos_clip: Optional[int]  # noqa: UP045 - the spelling i6_models uses
+        axes: str | None
+        with_bias: bool
+
+    assert placeholders(Cfg, {"input_dim": 8, "num_att_heads": 2}) == {"rel_pos_clip": None, "axes": None,
+                                                                       "with_bias": False}
+    assert "num_att_heads" in ALIASES["num_heads"]

@@ -14,7 +14,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
              "n_embed", "d_embed", "input_dim", "in_features", "in_dim"),
     "d_out": ("d_out", "out_features", "output_dim", "out_dim", "dim_out"),
     "num_heads": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "num_head",
-                  "head_num"),
+                  "head_num", "num_att_heads", "att_heads"),
     # num_kv_groups: the book's (chapter 4) name for the number of key/value heads
     # n_local_heads (gpt-fast), n_query_groups (litgpt): the number of key/value heads under another name
     "num_kv_heads": ("num_kv_heads", "n_kv_heads", "n_kv_head", "num_key_value_heads", "n_key_value_heads", "kv_heads",

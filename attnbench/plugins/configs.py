@@ -129,10 +129,21 @@ def placeholders(cls: type, given: dict) -> dict:
     out = {}
     for f in dataclasses.fields(cls):
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        if (f.init and f.name not in given and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING and kind in PLACEHOLDERS):
+        if not f.init or f.name in given or f.default is not dataclasses.MISSING \
+                or f.default_factory is not dataclasses.MISSING:
+            continue
+        if kind in PLACEHOLDERS:
             out[f.name] = PLACEHOLDERS[kind]
+        elif _optional(f.type):  # i6_models' required `rel_pos_clip: Optional[int]`: None is one of its values
+            out[f.name] = None
     return out
+
+
+def _optional(annotation) -> bool:
+    """Whether an annotation admits ``None``: ``Optional[int]``, ``int | None`` (as a string, too)."""
+    if isinstance(annotation, str):
+        return annotation.replace(" ", "").startswith("Optional[") or annotation.replace(" ", "").endswith("|None")
+    return type(None) in getattr(annotation, "__args__", ())
 
 
 def aliases(spec: AttnSpec) -> dict:

@@ -78,7 +78,10 @@ def import_file(path_text: str) -> ModuleType:
         except PluginLoadError as exc:  # a package inside a folder without __init__.py, imported by its full name
             rooted = _namespace_root(resolved, exc.__context__)
             if rooted is None or rooted == package:
-                raise
+                alone = _standalone(path_text, resolved, exc.__context__)
+                if alone is None:
+                    raise
+                return alone
             sys.modules.pop(package[1], None)
             module = _import_package_module(path_text, *rooted)
             IMPORTED[module.__name__] = (f"imported {resolved.name} as {rooted[1]}: its package imports "
@@ -100,6 +103,29 @@ def import_file(path_text: str) -> ModuleType:
         IMPORTED[module.__name__] = (f"imported {resolved.name} as {rooted[1]}: it imports {rooted[1].split('.')[0]!r}, "
                                      f"a folder of its repository without __init__.py, so {rooted[0]} is on sys.path")
         return module
+
+
+def _standalone(path_text: str, resolved: Path, exc: BaseException | None) -> ModuleType | None:
+    """The file imported by its path when its package's ``__init__`` needs a module that is not installed and that the
+    file itself does not import, with no relative import of its own (Stability AI's ``sgm/modules/attention.py``: the
+    package imports kornia, the file only torch and einops); ``None`` otherwise (the package's refusal stands)."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if not missing:
+        return None
+    tree = ast.parse(resolved.read_text(encoding="utf-8", errors="replace"))
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    own = {a.name.split(".")[0] for n in imports if isinstance(n, ast.Import) for a in n.names}
+    own |= {n.module.split(".")[0] for n in imports if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    if missing.split(".")[0] in own or any(isinstance(n, ast.ImportFrom) and n.level > 0 for n in imports):
+        return None
+    mod_name = f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    try:
+        module = sys.modules.get(mod_name) or _import_script(path_text, resolved, mod_name)
+    except PluginLoadError:
+        return None
+    IMPORTED[mod_name] = (f"imported {resolved.name} by its path, as a script: its package's __init__ imports "
+                          f"{missing!r}, which is not installed here, and the file itself does not")
+    return module
 
 
 def _namespace_root(resolved: Path, exc: BaseException | None) -> tuple[Path, str] | None:
