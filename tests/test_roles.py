@@ -1047,3 +1047,19 @@ def test_a_required_optional_config_field_gets_none_and_num_att_heads_is_the_hea
     assert placeholders(Cfg, {"input_dim": 8, "num_att_heads": 2}) == {"rel_pos_clip": None, "axes": None,
                                                                        "with_bias": False}
     assert "num_att_heads" in ALIASES["num_heads"]
+
+
+def test_an_import_s_switches_are_put_back_and_the_cpu_leaves_no_device_mode():
+    """What an import turns is put back and said; a default device put back to the CPU is no default at all (a
+    ``set_default_device("cpu")`` would leave a TorchFunctionMode under every later call)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from attnbench.plugins.import_state import kept
+
+    turned: list[str] = []
+    with kept(turned):
+        torch.set_default_device("meta")
+        torch.set_grad_enabled(False)
+    assert turned == ["grad mode: True -> False", "default device: cpu -> meta"]
+    assert torch.is_grad_enabled() and torch.get_default_device().type == "cpu"
+    assert not _get_current_function_mode_stack()

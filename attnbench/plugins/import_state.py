@@ -13,10 +13,17 @@ from contextlib import contextmanager
 
 import torch
 
+
+def _set_device(device: torch.device) -> None:
+    """Put the default device back; the CPU as no default at all (``set_default_device("cpu")`` would push a
+    ``TorchFunctionMode`` of its own, one more mode under every call and under the localiser's recorder)."""
+    torch.set_default_device(None if device.type == "cpu" else device)
+
+
 SWITCHES = {
     "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
     "default dtype": (torch.get_default_dtype, torch.set_default_dtype),
-    "default device": (torch.get_default_device, torch.set_default_device),
+    "default device": (torch.get_default_device, _set_device),
     "deterministic algorithms": (torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
     "anomaly detection": (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
     "float32 matmul precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
