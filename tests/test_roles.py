@@ -390,6 +390,7 @@ def test_cross_attention_of_a_fixed_other_width_is_refused_as_such(repo_cwd, cap
     assert "to_k takes 40 features" in err
 
 
+@pytest.mark.slow  # a whole check of a class (round 20): the README's fast set stays under 5 minutes
 def test_cross_attention_given_x_with_no_causal_form_is_checked_as_an_encoder_s(repo_cwd, capsys):
     """Stable Diffusion's ``CrossAttention(query_dim, context_dim)`` with a padding mask, its context given x: it was
     refused as "cross-attention: not causal with any mask form"; given x it is a non-causal self-attention (round 20),
@@ -961,6 +962,7 @@ def test_a_per_dimension_scale_left_empty_is_named_not_a_later_symptom(repo_cwd,
     assert code == 2 and "no canonical counterpart for scaling" in " ".join((out + err).split()), out + err
 
 
+@pytest.mark.slow  # a whole check of a class (round 20): the README's fast set stays under 5 minutes
 def test_a_module_that_turns_gradients_off_at_import_is_checked_with_them_on(repo_cwd, capsys):
     """min-dalle's package turns grad mode off as it is imported: every case raised "element 0 of tensors does not
     require grad". The import's switch is put back, and ``-v`` says so."""
@@ -972,6 +974,7 @@ def test_a_module_that_turns_gradients_off_at_import_is_checked_with_them_on(rep
     assert torch.is_grad_enabled()
 
 
+@pytest.mark.slow  # a whole check of a class (round 20): the README's fast set stays under 5 minutes
 def test_projections_wider_than_the_model_width_are_the_first_cause_not_causality(repo_cwd, capsys):
     """EAGLE's draft attention: every mask form raised the same shape error at its q projection, and the refusal led
     with "not causal with any mask form"; it names the projection that takes 2 * hidden_size features."""
@@ -982,6 +985,7 @@ def test_projections_wider_than_the_model_width_are_the_first_cause_not_causalit
     assert "not causal" not in said.split("tried")[0], said
 
 
+@pytest.mark.slow  # a whole check of a class (round 20): the README's fast set stays under 5 minutes
 def test_a_4x_era_hugging_face_copy_decodes_and_its_tables_end_at_the_tokens_it_sees(repo_cwd, capsys):
     """EAGLE's ``modeling_mixtral_kv``: its (out, None, past_key_value) was read as "no next cache" (its probe also
     built it without the theta it needs), and its tables of kv_seq_len rows, indexed by position_ids, raised
@@ -1019,6 +1023,7 @@ def test_an_encoder_with_a_bug_and_a_causal_class_without_its_mask_fail(repo_cwd
     assert ("an encoder's attention" in out) == (cls == "EncoderScaleWrong"), out
 
 
+@pytest.mark.slow  # a whole check of a class (round 20): the README's fast set stays under 5 minutes
 def test_the_mask_probe_reads_a_returned_dataclass_by_its_fields(repo_cwd, capsys):
     """Chronos-2's ``AttentionOutput(hidden_states, attn_weights)``: the mask probe compared the returned objects and
     attnbench crashed with a traceback; the dataclass is read as the tuple of its fields, its output first."""
