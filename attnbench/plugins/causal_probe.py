@@ -430,13 +430,9 @@ def _cannot_supply(build, plan: ContextPlan, probe: AttnSpec, outcomes: list) ->
 def other_width(build, plan: ContextPlan, probe: AttnSpec) -> tuple[str, int] | None:
     """``(linear, in_features)`` of the first ``nn.Linear`` that, with ``plan``'s inputs given ``x``, received a width
     other than its own (cross-attention's keys and values take the context's width); None when none did."""
-    for spec in (probe, replace(probe, rope_theta=10000.0)):  # a class that needs a theta (EAGLE's rotary base)
-        try:
-            module = bind_context(build(spec).eval(), plan, spec)
-            break
-        except Exception:  # does not build: nothing measured
-            module = None
-    if module is None:
+    try:
+        module = bind_context(build(probe).eval(), plan, probe)
+    except Exception:  # does not build: nothing measured
         return None
     seen: list[tuple[str, int]] = []
 

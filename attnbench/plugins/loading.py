@@ -90,7 +90,7 @@ def import_file(path_text: str) -> ModuleType:
             return module
         IMPORTED[module.__name__] = how_imported(path_text)
         return module
-    mod_name = f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    mod_name = _script_name(resolved)
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     try:
@@ -103,6 +103,11 @@ def import_file(path_text: str) -> ModuleType:
         IMPORTED[module.__name__] = (f"imported {resolved.name} as {rooted[1]}: it imports {rooted[1].split('.')[0]!r}, "
                                      f"a folder of its repository without __init__.py, so {rooted[0]} is on sys.path")
         return module
+
+
+def _script_name(resolved: Path) -> str:
+    """The private module name of a file imported as a script: one per resolved path."""
+    return f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
 
 
 def _standalone(path_text: str, resolved: Path, exc: BaseException | None) -> ModuleType | None:
@@ -118,7 +123,7 @@ def _standalone(path_text: str, resolved: Path, exc: BaseException | None) -> Mo
     own |= {n.module.split(".")[0] for n in imports if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
     if missing.split(".")[0] in own or any(isinstance(n, ast.ImportFrom) and n.level > 0 for n in imports):
         return None
-    mod_name = f"attnbench_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    mod_name = _script_name(resolved)
     try:
         module = sys.modules.get(mod_name) or _import_script(path_text, resolved, mod_name)
     except PluginLoadError:
